@@ -1,0 +1,196 @@
+"""``EmbeddedBackend``: ART's Backend protocol (0.5.18, ``art/backend.py``) on the embedded engine.
+
+Checkpoints follow ART's layout, ``<path>/<project>/models/<name>/checkpoints/<step:04d>/``, each
+holding the LoRA adapter and the AdamW state, so ART's ``get_step`` and ``delete_checkpoints`` work
+unchanged. Registering a model that already has checkpoints resumes from the latest one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterable, Optional
+
+from art import dev
+from art._backend_training import aggregate_rl_training_metrics, build_rl_train_configs
+from art.backend import Backend
+from art.local.checkpoints import delete_checkpoints
+from art.model import Model, TrainableModel
+from art.preprocessing.pack import packed_tensors_from_tokenized_results
+from art.preprocessing.tokenize import tokenize_trajectory_groups
+from art.trajectories import Trajectory, TrajectoryGroup
+from art.types import TrainResult
+from art.utils.get_model_step import get_step_from_dir
+from art.utils.output_dirs import get_model_dir, get_step_checkpoint_dir
+
+from summrl.backends.embedded.engine import Engine, LoraSettings, round_up
+from summrl.backends.embedded.server import Batcher, InferenceServer, build_app
+
+
+def has_reward_variance(group: TrajectoryGroup) -> bool:
+    rewards = [t.reward for t in group.trajectories]
+    return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9
+
+
+class EmbeddedBackend(Backend):
+    def __init__(self, config: Any, *, model: Any, path: str) -> None:
+        """``config`` is an EmbeddedBackendConfig, ``model`` the ModelConfig whose weights to load."""
+        self.config = config
+        self.model_config = model
+        self._path = path
+        self._engine: Optional[Engine] = None
+        self._server: Optional[InferenceServer] = None
+        self._batcher: Optional[Batcher] = None
+        self._api_key = secrets.token_urlsafe(16)
+        self._models: dict[str, TrainableModel] = {}
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(
+                base_model=self.model_config.base_model,
+                weights=self.model_config.weights,
+                lora=LoraSettings(**{k: getattr(self.model_config.lora, k) for k in ("r", "alpha", "dropout", "target_modules")}),
+                device=self.config.device,
+                dtype=self.config.dtype,
+                num_threads=self.config.num_threads,
+            )
+        return self._engine
+
+    def model_dir(self, model: Model) -> str:
+        return get_model_dir(model=model, art_path=self._path)
+
+    def _served_models(self) -> dict[str, bool]:
+        """Names the endpoint answers: each model's latest checkpoint (LoRA) and the base model (no LoRA)."""
+        names = {self.model_config.base_model: False}
+        for model in self._models.values():
+            step = get_step_from_dir(self.model_dir(model))
+            names[f"{model.name}@{step}"] = True
+            names[model.name] = True
+        return names
+
+    # ------------------------------------------------------------------ ART Backend protocol
+
+    def _model_inference_name(self, model: Model, step: int | None = None) -> str:
+        if step is None:
+            step = get_step_from_dir(self.model_dir(model)) if model.trainable else 0
+        return f"{model.name}@{step}"
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await asyncio.to_thread(self._server.stop)
+            self._server = None
+        if self._batcher is not None:
+            await asyncio.to_thread(self._batcher.close)
+            self._batcher = None
+
+    async def register(self, model: Model) -> None:
+        model.base_path = self._path
+        output_dir = self.model_dir(model)
+        os.makedirs(output_dir, exist_ok=True)
+        with open(f"{output_dir}/model.json", "w") as f:
+            json.dump(model.model_dump(mode="json"), f)
+        if model.trainable:
+            if self._models and model.name not in self._models:
+                raise ValueError("the embedded backend trains one model at a time; start another run for another model")
+            self._models[model.name] = model  # type: ignore[assignment]
+
+    async def _get_step(self, model: TrainableModel) -> int:
+        return get_step_from_dir(self.model_dir(model))
+
+    async def _delete_checkpoint_files(self, model: TrainableModel, steps_to_keep: list[int]) -> None:
+        delete_checkpoints(self.model_dir(model), steps_to_keep)
+
+    async def _prepare_backend_for_training(
+        self, model: TrainableModel, config: dev.OpenAIServerConfig | None = None
+    ) -> tuple[str, str]:
+        engine = await asyncio.to_thread(lambda: self.engine)
+        step = get_step_from_dir(self.model_dir(model))
+        if step > 0:  # resume: the adapter and optimizer of the latest checkpoint
+            await asyncio.to_thread(engine.load_checkpoint, Path(get_step_checkpoint_dir(self.model_dir(model), step)))
+        if self._server is None:
+            self._batcher = Batcher(engine, self.config.max_batch_size, self.config.batch_window_ms / 1000)
+            app = build_app(engine, self._batcher, self._api_key, self._served_models)
+            self._server = InferenceServer(app)
+            await asyncio.to_thread(self._server.start)
+        return self._server.base_url, self._api_key
+
+    async def train(  # type: ignore[override]
+        self,
+        model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        *,
+        learning_rate: float = 5e-6,
+        loss_fn: str = "cispo",
+        scale_rewards: bool = True,
+        advantage_balance: float = 0.0,
+        importance_sampling_level: str = "token",
+        epsilon: float | None = None,
+        epsilon_high: float | None = None,
+        save_checkpoint: bool = True,
+        **unsupported: Any,
+    ) -> TrainResult:
+        """One GRPO step: ART tokenizes and packs, ART's loss, AdamW on the LoRA weights, then a checkpoint."""
+        if loss_fn not in ("cispo", "ppo"):
+            raise ValueError(f"the embedded backend supports loss_fn='cispo' or 'ppo', got {loss_fn!r}")
+        ignored = {k: v for k, v in unsupported.items() if v not in (None, False, 0, 0.0)}
+        if ignored:
+            raise ValueError(f"the embedded backend does not support {', '.join(sorted(ignored))}")
+        started = time.monotonic()
+        groups = list(trajectory_groups)
+        trainable = [g for g in groups if has_reward_variance(g)]  # zero variance: no signal
+        config, dev_config = build_rl_train_configs(
+            learning_rate=learning_rate,
+            advantage_balance=advantage_balance,
+            scale_rewards=scale_rewards,
+            importance_sampling_level=importance_sampling_level,  # type: ignore[arg-type]
+            ppo=loss_fn == "ppo",
+            epsilon=epsilon,
+            epsilon_high=epsilon_high,
+        )
+        step_metrics: list[dict[str, float]] = []
+        packed = await asyncio.to_thread(self._pack, trainable)
+        if packed is not None:
+            step_metrics = await asyncio.to_thread(self.engine.train_packed, packed, config, dev_config)
+        step = get_step_from_dir(self.model_dir(model)) + 1
+        if save_checkpoint:
+            directory = Path(get_step_checkpoint_dir(self.model_dir(model), step))
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(self.engine.save_checkpoint, directory)
+        metrics = aggregate_rl_training_metrics(
+            training_metrics=step_metrics, trajectory_groups=groups, trainer_started=started
+        )
+        metrics["train/skipped_zero_variance_groups"] = float(len(groups) - len(trainable))
+        metrics["train/packed_sequences"] = float(0 if packed is None else packed["tokens"].shape[0])
+        return TrainResult(step=step, metrics=metrics)
+
+    def _pack(self, groups: list[TrajectoryGroup]) -> Optional[dict]:
+        if not groups:
+            return None
+        tokenizer = self.engine.tokenizer
+        results = list(
+            tokenize_trajectory_groups(tokenizer, groups, allow_training_without_logprobs=False, scale_rewards=True)
+        )
+        if not results:
+            return None
+        # One group packs into one sequence: its shared prompt once, then each completion.
+        by_prompt: dict[int, int] = {}
+        for r in results:
+            by_prompt[r.prompt_id] = by_prompt.get(r.prompt_id, r.prompt_length) + len(r.token_ids) - r.prompt_length
+        seq_len = self.config.packed_sequence_length or round_up(max(by_prompt.values()), 128)
+        return dict(
+            packed_tensors_from_tokenized_results(
+                results, seq_len, pad_token_id=tokenizer.pad_token_id, truncate_long_results=False
+            )
+        )
+
+    def _train_sft(self, model: TrainableModel, trajectories: Iterable[Trajectory], config: Any,
+                   dev_config: Any, verbose: bool = False) -> AsyncIterator[dict[str, float]]:
+        raise NotImplementedError("the embedded backend trains with RL only (backend.train); SFT is not supported")

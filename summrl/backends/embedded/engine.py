@@ -1,0 +1,297 @@
+"""The embedded engine: one in-process causal LM with a LoRA adapter that both samples and trains.
+
+Generation shares work the way a group's rollouts allow it: requests that arrive together are run
+as one ``generate`` call, and requests with the same prompt (a group's rollouts) share one prefill
+whose KV cache is copied to each row. Training reuses ART's preprocessing (tokenize and pack, one
+shared prompt per group) and ART's loss; it computes the vocabulary projection only at completion
+positions, which is where the loss needs log-probabilities.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from summrl.data import resolve_path
+
+
+def resolve_device(name: str) -> torch.device:
+    if name != "auto":
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, device: torch.device):
+    """Load tokenizer and model from ``weights`` (folder, .gguf file, ``pkg:`` path) or the hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    kwargs: dict[str, Any] = {}
+    if weights:
+        path = resolve_path(weights)
+        if not path.exists():
+            raise FileNotFoundError(f"model.weights={weights}: {path} does not exist")
+        if path.suffix == ".gguf":
+            source, kwargs["gguf_file"] = str(path.parent), path.name
+        else:
+            source = str(path)
+    else:
+        source = base_model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    except OSError as e:
+        raise RuntimeError(
+            f"could not load {source!r} ({e}). With no network, point model.weights at a local folder or .gguf file."
+        ) from e
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, model.to(device)
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def key(self) -> tuple:
+        return (self.temperature, self.top_p)
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+
+
+@dataclass
+class LoraSettings:
+    r: int
+    alpha: int
+    dropout: float
+    target_modules: list[str] = field(default_factory=list)
+
+
+class Engine:
+    """Owns the model. ``lock`` serializes generation and training: weights change between steps only."""
+
+    def __init__(
+        self,
+        *,
+        base_model: str,
+        weights: Optional[str],
+        lora: LoraSettings,
+        device: str = "auto",
+        dtype: str = "float32",
+        num_threads: Optional[int] = None,
+    ) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.device = resolve_device(device)
+        self.dtype = getattr(torch, dtype)
+        self.tokenizer, base = load_causal_lm(base_model, weights, self.dtype, self.device)
+        self.model = get_peft_model(
+            base,
+            LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                       target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
+        )
+        self.model.eval()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0
+        )
+        self.lock = threading.Lock()
+        self.eos_ids = self._eos_ids()
+
+    def _eos_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        ids.update(eos if isinstance(eos, list) else [eos])
+        return sorted(i for i in ids if i is not None)
+
+    # ------------------------------------------------------------------ inference
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(out, "keys"):
+            out = out["input_ids"]
+        return list(out)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], params: SamplingParams, use_lora: bool = True) -> list[Completion]:
+        """Sample one completion per prompt. Identical prompts share a single prefill."""
+        with self.lock:
+            if use_lora:
+                return self._generate(prompts, params)
+            with self.model.disable_adapter():
+                return self._generate(prompts, params)
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        from transformers import DynamicCache
+
+        unique: list[tuple[int, ...]] = list(dict.fromkeys(tuple(p) for p in prompts))
+        row_of = [unique.index(tuple(p)) for p in prompts]
+        width = max(len(p) for p in unique)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in unique], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in unique], device=self.device)
+        # Prefill everything but the last prompt token once per distinct prompt ...
+        cache = DynamicCache()
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1],
+                   past_key_values=cache, use_cache=True)
+        # ... then copy each prompt's cache to every request that shares it.
+        index = torch.tensor(row_of, device=self.device)
+        cache.batch_select_indices(index)
+        do_sample = params.temperature > 0
+        out = self.model.generate(
+            input_ids=ids[index],
+            attention_mask=mask[index],
+            past_key_values=cache,
+            max_new_tokens=params.max_tokens,
+            do_sample=do_sample,
+            temperature=params.temperature if do_sample else None,
+            top_p=params.top_p if do_sample else None,
+            top_k=None,
+            eos_token_id=self.eos_ids,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new_tokens = out.sequences[:, width:]
+        # Log-probabilities under the model's own distribution (before temperature), as vLLM reports them.
+        logprobs = torch.stack(
+            [torch.log_softmax(step.float(), dim=-1).gather(1, new_tokens[:, i : i + 1]).squeeze(1)
+             for i, step in enumerate(out.logits)],
+            dim=1,
+        )
+        completions = []
+        for row, prompt_row in enumerate(row_of):
+            tokens = new_tokens[row].tolist()
+            finish = "length"
+            for i, token in enumerate(tokens):
+                if token in self.eos_ids:
+                    tokens, finish = tokens[: i + 1], "stop"
+                    break
+            completions.append(
+                Completion(token_ids=tokens, logprobs=logprobs[row, : len(tokens)].tolist(),
+                           finish_reason=finish, prompt_tokens=len(unique[prompt_row]))
+            )
+        return completions
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ training
+
+    def train_packed(self, packed: dict, config: Any, dev_config: dict) -> list[dict[str, float]]:
+        """One optimizer step per packed sequence, as ART's Unsloth trainer does. Returns metrics per step."""
+        from art.loss import loss_fn
+
+        metrics = []
+        with self.lock:
+            self.model.train()
+            try:
+                for param_group in self.optimizer.param_groups:
+                    param_group["lr"] = config.learning_rate
+                for row in range(packed["tokens"].shape[0]):
+                    inputs = {k: v[row : row + 1].to(self.device) for k, v in packed.items() if isinstance(v, torch.Tensor)}
+                    new_logprobs = self.completion_logprobs(inputs)
+                    loss = loss_fn(inputs, new_logprobs, None, None, dev_config)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.policy_loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(
+                        [p for p in self.model.parameters() if p.requires_grad], max_norm=1.0
+                    )
+                    self.optimizer.step()
+                    metrics.append({
+                        "loss/train": float(loss.policy_loss.detach()),
+                        "loss/grad_norm": float(grad_norm),
+                        "loss/learning_rate": float(config.learning_rate),
+                        "loss/probs_corr": float(loss.probs_corr.detach()),
+                    })
+            finally:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.model.eval()
+        return metrics
+
+    def completion_logprobs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Log-probability of each next token, computed only where the next token is a completion token.
+
+        Position i holds log p(token[i+1] | tokens[..i]), ART's convention; elsewhere the value is 0
+        and the loss masks it out. The attention mask lets each completion see only its own tokens
+        and its group's shared prompt (ART's group_ids / parent_ids).
+        """
+        tokens, group_ids, parent_ids = inputs["tokens"], inputs["group_ids"], inputs["parent_ids"]
+        seq_len = tokens.shape[1]
+        causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=tokens.device).tril()
+        same = (group_ids.unsqueeze(2) == group_ids.unsqueeze(1)) | (parent_ids.unsqueeze(2) == group_ids.unsqueeze(1))
+        attention = (causal & same).unsqueeze(1)  # [B, 1, S, S], True = may attend
+        hidden = self.model.get_base_model().model(
+            input_ids=tokens, attention_mask=attention, position_ids=inputs["input_pos"], use_cache=False
+        ).last_hidden_state
+        needed = torch.nn.functional.pad(inputs["assistant_mask"][:, 1:], (0, 1), value=False)
+        next_tokens = torch.nn.functional.pad(tokens[:, 1:], (0, 1), value=0)
+        logits = self.model.get_output_embeddings()(hidden[needed]).float()
+        picked = torch.log_softmax(logits, dim=-1).gather(1, next_tokens[needed].unsqueeze(1)).squeeze(1)
+        out = torch.zeros(tokens.shape, dtype=picked.dtype, device=tokens.device)
+        out[needed] = picked
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """Write adapter and optimizer state to ``directory`` atomically (a temp folder, then a rename)."""
+        directory = Path(directory)
+        tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        with self.lock:
+            self.model.save_pretrained(str(tmp))
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        with self.lock:
+            state = load_file(str(directory / "adapter_model.safetensors"), device=str(self.device))
+            set_peft_model_state_dict(self.model, state)
+            optimizer_path = directory / "optimizer.pt"
+            if optimizer_path.exists():
+                self.optimizer.load_state_dict(torch.load(optimizer_path, map_location=self.device))
+
+    def lora_state(self) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+
+
+def round_up(value: int, multiple: int) -> int:
+    return int(math.ceil(value / multiple) * multiple)
+
+
+def timed(fn, *args, **kwargs):
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start

@@ -1,0 +1,243 @@
+"""An OpenAI-compatible ``/v1/chat/completions`` endpoint on 127.0.0.1 for the embedded engine.
+
+Requests are queued to one batcher thread. It waits ``batch_window_ms`` after the first request
+for the rest of a group to arrive, then runs them through one ``Engine.generate`` call. Logprob
+tokens are returned as ``token_id:<id>``, as ART's vLLM server does, so ART's tokenizer can map
+them back exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import uvicorn
+from fastapi import FastAPI, Header, HTTPException
+from pydantic import BaseModel
+
+from summrl.backends.embedded.engine import Completion, Engine, SamplingParams
+
+
+class ChatRequest(BaseModel):
+    model: str
+    messages: list[dict[str, Any]]
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    n: int = 1
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+    seed: Optional[int] = None
+    stream: Optional[bool] = None
+
+    model_config = {"extra": "allow"}
+
+
+@dataclass
+class _Pending:
+    prompt: list[int]
+    params: SamplingParams
+    use_lora: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
+class Batcher:
+    """Collects concurrent requests and runs compatible ones in one generate call."""
+
+    def __init__(self, engine: Engine, max_batch_size: int, window_s: float) -> None:
+        self.engine = engine
+        self.max_batch_size = max_batch_size
+        self.window_s = window_s
+        self.queue: "queue.Queue[Optional[_Pending]]" = queue.Queue()
+        self.batch_sizes: list[int] = []  # for tests and the perf command
+        self.thread = threading.Thread(target=self._run, name="summrl-batcher", daemon=True)
+        self.thread.start()
+
+    async def submit(self, prompt: list[int], params: SamplingParams, use_lora: bool) -> Completion:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.queue.put(_Pending(prompt, params, use_lora, loop, future))
+        return await future
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=30)
+
+    def _collect(self, first: _Pending) -> tuple[list[_Pending], bool]:
+        batch, deadline = [first], time.monotonic() + self.window_s
+        while len(batch) < self.max_batch_size:
+            timeout = deadline - time.monotonic()
+            try:
+                item = self.queue.get(timeout=max(timeout, 0)) if timeout > 0 else self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            first = self.queue.get()
+            if first is None:
+                return
+            batch, stop = self._collect(first)
+            # Requests that sample differently run in separate generate calls.
+            by_kind: dict[tuple, list[_Pending]] = {}
+            for item in batch:
+                by_kind.setdefault((item.params.key(), item.use_lora), []).append(item)
+            for items in by_kind.values():
+                params = SamplingParams(
+                    max_tokens=max(i.params.max_tokens for i in items),
+                    temperature=items[0].params.temperature,
+                    top_p=items[0].params.top_p,
+                )
+                self.batch_sizes.append(len(items))
+                try:
+                    results = self.engine.generate([i.prompt for i in items], params, use_lora=items[0].use_lora)
+                except Exception as e:  # report to every waiting request; keep serving
+                    for item in items:
+                        item.loop.call_soon_threadsafe(_set_exception, item.future, e)
+                    continue
+                for item, result in zip(items, results):
+                    result = _truncate(result, item.params.max_tokens)
+                    item.loop.call_soon_threadsafe(_set_result, item.future, result)
+
+
+def _truncate(result: Completion, max_tokens: int) -> Completion:
+    if len(result.token_ids) <= max_tokens:
+        return result
+    return Completion(result.token_ids[:max_tokens], result.logprobs[:max_tokens], "length", result.prompt_tokens)
+
+
+def _set_result(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def build_app(
+    engine: Engine,
+    batcher: Batcher,
+    api_key: str,
+    served_models: Callable[[], dict[str, bool]],
+    default_max_tokens: int = 1024,
+) -> FastAPI:
+    """``served_models()`` maps each name this server answers to whether it uses the LoRA adapter."""
+    app = FastAPI(title="summrl embedded inference")
+
+    def check_key(authorization: Optional[str]) -> None:
+        if authorization != f"Bearer {api_key}":
+            raise HTTPException(status_code=401, detail="invalid API key")
+
+    @app.get("/v1/models")
+    async def models(authorization: Optional[str] = Header(default=None)) -> dict:
+        check_key(authorization)
+        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "summrl"} for name in served_models()]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: ChatRequest, authorization: Optional[str] = Header(default=None)) -> dict:
+        check_key(authorization)
+        names = served_models()
+        if request.model not in names:
+            raise HTTPException(
+                status_code=404,
+                detail=f"model {request.model!r} is not served here; served: {', '.join(sorted(names))}",
+            )
+        if request.stream:
+            raise HTTPException(status_code=400, detail="stream=true is not supported by the embedded server")
+        prompt = engine.encode_chat(request.messages)
+        params = SamplingParams(
+            max_tokens=request.max_completion_tokens or request.max_tokens or default_max_tokens,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+        )
+        results = await asyncio.gather(
+            *(batcher.submit(prompt, params, names[request.model]) for _ in range(request.n))
+        )
+        return _chat_response(engine, request, prompt, results)
+
+    return app
+
+
+def _chat_response(engine: Engine, request: ChatRequest, prompt: list[int], results: list[Completion]) -> dict:
+    choices = []
+    for index, result in enumerate(results):
+        content_ids = [t for t in result.token_ids if t not in engine.eos_ids]
+        choice: dict[str, Any] = {
+            "index": index,
+            "message": {"role": "assistant", "content": engine.decode(content_ids)},
+            "finish_reason": result.finish_reason,
+            "logprobs": None,
+        }
+        if request.logprobs:
+            choice["logprobs"] = {
+                "content": [
+                    {
+                        "token": f"token_id:{token}",
+                        "logprob": logprob,
+                        "bytes": list(engine.tokenizer.decode([token]).encode("utf-8")),
+                        "top_logprobs": [],
+                    }
+                    for token, logprob in zip(result.token_ids, result.logprobs)
+                ]
+            }
+        choices.append(choice)
+    completion_tokens = sum(len(r.token_ids) for r in results)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt) + completion_tokens,
+        },
+    }
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class InferenceServer:
+    """uvicorn in a background thread, bound to 127.0.0.1 on a free port."""
+
+    def __init__(self, app: FastAPI, port: Optional[int] = None) -> None:
+        self.port = port or free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="summrl-inference", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the embedded inference server did not start on 127.0.0.1:{self.port}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

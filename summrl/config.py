@@ -1,0 +1,360 @@
+"""Typed schemas for every config group, and the one function that validates a composed config.
+
+Hydra composes ``conf/``; :func:`validate` turns the result into these dataclasses or raises
+:class:`ConfigError` with a message that names the key and the fix. It imports nothing heavy,
+so a bad value fails in well under 2 s, before any model, cluster or API is touched.
+
+Groups whose options differ in shape (judge, reward, backend, logger) carry a ``kind`` that
+selects the schema. Options planned by later issues exist as YAML so that they show in
+``--help``, but selecting one fails here with "not available yet".
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config value a user must fix. The message names the key and how to fix it."""
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass
+class LoraConfig:
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    # Module names as in the Hugging Face model (Llama/Qwen naming).
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.r > 0, "model.lora.r", f"must be > 0, got {self.r}")
+        _require(self.alpha > 0, "model.lora.alpha", f"must be > 0, got {self.alpha}")
+        _require(0.0 <= self.dropout < 1.0, "model.lora.dropout", f"must be in [0, 1), got {self.dropout}")
+        _require(len(self.target_modules) > 0, "model.lora.target_modules", "must name at least one module")
+
+
+@dataclass
+class ModelConfig:
+    name: str  # short id, used in run names and W&B tags
+    base_model: str  # Hugging Face id; ART records it and GPU backends load it
+    # Where the embedded backend reads weights instead of the hub: a local folder, a .gguf file,
+    # or "pkg:<python package>/<file>" for weights shipped inside an installed package.
+    weights: Optional[str] = None
+    lr: float = 5e-5
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "model.lr", f"must be > 0, got {self.lr} (e.g. model.lr=1e-5)")
+        _require(bool(self.base_model), "model.base_model", "must not be empty")
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+@dataclass
+class DatasetConfig:
+    name: str
+    # Local parquet/jsonl files in Repliqa's schema, read instead of the hub when set.
+    # "pkg:summrl/data/x.jsonl" points inside the installed package.
+    files: Optional[list[str]] = None
+    hf_path: str = "ServiceNow/repliqa"
+    hf_split: str = "repliqa_0"
+    seed: int = 80  # Summary-RL's shuffle seed
+    train_size: int = 3500  # conf defaults read the TRAIN_SIZE / VAL_SIZE environment variables
+    val_size: int = 91
+
+    def __post_init__(self) -> None:
+        _require(self.train_size > 0, "dataset.train_size", f"must be > 0, got {self.train_size}")
+        _require(self.val_size > 0, "dataset.val_size", f"must be > 0, got {self.val_size}")
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 40
+    groups_per_step: int = 10  # documents per step
+    rollouts_per_group: int = 10  # summaries per document; GRPO compares them
+    eval_every: int = 1  # score the val set every N steps (and at the start and the end)
+    val_rollouts_per_doc: int = 2
+    max_summary_tokens: int = 1000
+    temperature: float = 1.0
+    max_words: int = 350  # the prompt asks for it and the rewards read it
+    seed: int = 80
+    num_epochs: int = 100  # passes over the train split; max_steps normally ends the run first
+
+    def __post_init__(self) -> None:
+        for key in ("max_steps", "groups_per_step", "rollouts_per_group", "eval_every",
+                    "val_rollouts_per_doc", "max_summary_tokens", "max_words", "num_epochs"):
+            value = getattr(self, key)
+            _require(value > 0, f"trainer.{key}", f"must be > 0, got {value}")
+        _require(self.rollouts_per_group >= 2, "trainer.rollouts_per_group",
+                 f"GRPO compares rollouts within a group, so it needs at least 2, got {self.rollouts_per_group}")
+        _require(0.0 <= self.temperature <= 2.0, "trainer.temperature", f"must be in [0, 2], got {self.temperature}")
+
+
+# --------------------------------------------------------------------------- judge
+
+
+@dataclass
+class LexicalJudgeConfig:
+    """Offline, deterministic judge: checks the gold answer's content words against the summary."""
+
+    kind: str = "lexical"
+    # An answerable question counts as answered when at least this fraction of its gold
+    # answer's content words occur in the summary.
+    min_recall: float = 0.6
+
+    def __post_init__(self) -> None:
+        _require(0.0 < self.min_recall <= 1.0, "judge.min_recall", f"must be in (0, 1], got {self.min_recall}")
+
+
+@dataclass
+class LLMJudgeConfig:
+    """A judge reached through litellm (hosted, OpenAI-compatible, or the embedded model)."""
+
+    kind: str = "litellm"
+    model: str = "gemini/gemini-2.5-flash"
+    api_key_env: Optional[str] = None  # the variable holding the key; the key itself is never in config
+    api_base: Optional[str] = None
+    max_concurrency: int = 20
+    timeout_s: float = 60.0
+    max_retries: int = 5
+
+
+# --------------------------------------------------------------------------- reward
+
+
+@dataclass
+class QARewardConfig:
+    kind: str = "qa"
+    # Summary-RL scored 0 for a summary over 3000 characters or with Han characters.
+    max_chars: Optional[int] = 3000
+    forbid_han: bool = True
+    include_unanswerable: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.max_chars is None or self.max_chars > 0, "reward.max_chars",
+                 f"must be > 0 or null, got {self.max_chars}")
+
+
+@dataclass
+class RulerRewardConfig:
+    kind: str = "ruler"
+    rubric: str = ""
+
+
+@dataclass
+class LengthPenalizedRewardConfig:
+    kind: str = "length_penalized"
+    base: str = "qa"
+    shape: str = "linear"
+    strength: float = 1.0
+
+
+# --------------------------------------------------------------------------- backend
+
+
+@dataclass
+class EmbeddedBackendConfig:
+    """ART Backend that trains LoRA in-process and serves it on a loopback OpenAI endpoint."""
+
+    kind: str = "embedded"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    num_threads: Optional[int] = None  # torch intra-op threads; null = torch's default
+    max_batch_size: int = 16  # concurrent requests merged into one generate call
+    batch_window_ms: float = 30.0  # how long the batcher waits for a group's requests to arrive
+    packed_sequence_length: Optional[int] = None  # null: the longest packed group, rounded up to 128
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in ("float32", "bfloat16", "float16"), "backend.dtype",
+                 f"must be one of float32, bfloat16, float16, got {self.dtype!r}")
+        _require(self.max_batch_size > 0, "backend.max_batch_size", f"must be > 0, got {self.max_batch_size}")
+        _require(self.batch_window_ms >= 0, "backend.batch_window_ms", f"must be >= 0, got {self.batch_window_ms}")
+        _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "backend.device",
+                 f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+
+
+@dataclass
+class SkyPilotBackendConfig:
+    kind: str = "skypilot"
+    infra: str = "runpod"
+    accelerators: str = "H100:1"
+    cluster_name: str = "summrl"
+    idle_minutes_to_autostop: int = 10
+    down_after_run: bool = False
+
+
+@dataclass
+class LocalGPUBackendConfig:
+    kind: str = "local_gpu"
+    gpu_memory_utilization: float = 0.8
+
+
+@dataclass
+class ServerlessBackendConfig:
+    kind: str = "serverless"
+
+
+# --------------------------------------------------------------------------- logger
+
+
+@dataclass
+class NoLoggerConfig:
+    kind: str = "none"
+
+
+@dataclass
+class WandbLoggerConfig:
+    kind: str = "wandb"
+    project: str = "summrl"
+    entity: Optional[str] = None
+
+
+# --------------------------------------------------------------------------- run
+
+
+@dataclass
+class RunConfig:
+    name: str  # ART model name (and W&B run id): one per run; rerunning with it resumes
+    dir: str  # the run folder: resolved config, overrides, history, checkpoints
+
+
+@dataclass
+class Config:
+    project: str
+    run: RunConfig
+    model: ModelConfig
+    dataset: DatasetConfig
+    trainer: TrainerConfig
+    reward: Any
+    judge: Any
+    backend: Any
+    logger: Any
+
+
+# Schemas for groups whose options differ in shape, by ``kind``.
+KIND_SCHEMAS: dict[str, dict[str, type]] = {
+    "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig},
+    "reward": {"qa": QARewardConfig, "ruler": RulerRewardConfig, "length_penalized": LengthPenalizedRewardConfig},
+    "backend": {
+        "embedded": EmbeddedBackendConfig,
+        "skypilot": SkyPilotBackendConfig,
+        "local_gpu": LocalGPUBackendConfig,
+        "serverless": ServerlessBackendConfig,
+    },
+    "logger": {"none": NoLoggerConfig, "wandb": WandbLoggerConfig},
+}
+FIXED_SCHEMAS: dict[str, type] = {
+    "run": RunConfig,
+    "model": ModelConfig,
+    "dataset": DatasetConfig,
+    "trainer": TrainerConfig,
+}
+
+# Group options whose implementation is planned in a later issue: (group, option) -> where.
+NOT_AVAILABLE: dict[tuple[str, str], str] = {
+    ("judge", "gemini_flash"): "the judges issue (#3)",
+    ("judge", "gemini_flash_openrouter"): "the judges issue (#3)",
+    ("judge", "openai_compatible"): "the judges issue (#3)",
+    ("judge", "embedded"): "the judges issue (#3)",
+    ("reward", "ruler"): "the judges issue (#3)",
+    ("reward", "length_penalized"): "the judges issue (#3)",
+    ("backend", "skypilot"): "the cloud issue (#4)",
+    ("backend", "local_gpu"): "the cloud issue (#4)",
+    ("backend", "serverless"): "the cloud issue (#4)",
+    ("logger", "wandb"): "the ablations issue (#5)",
+}
+TOP_LEVEL_KEYS = {"project", "run", "model", "dataset", "trainer", "reward", "judge", "backend", "logger"}
+
+
+def _typed_section(group: str, node: Any, schema: type) -> Any:
+    """Merge a composed section onto its schema: wrong types and unknown keys raise ConfigError."""
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{group}: expected a mapping, got {node!r}")
+    base = OmegaConf.structured(schema)
+    valid = [str(k) for k in base.keys()]
+    for key in node.keys():
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f" Did you mean {group}.{close[0]}?" if close else ""
+            raise ConfigError(
+                f"{group}.{key} is not a setting of {schema.__name__}.{hint} Valid keys: {', '.join(valid)}."
+            )
+    try:
+        merged = OmegaConf.merge(base, node)
+        return OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except ValidationError as e:
+        message = str(e.msg).splitlines()[0]
+        raise ConfigError(f"{group}.{e.full_key}: {message} (check the value's type in {schema.__name__})") from None
+    except ConfigKeyError as e:
+        raise ConfigError(f"{group}: {e.msg}") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{group}: {e}") from None
+
+
+def validate(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None) -> Config:
+    """Validate a composed Hydra config. ``choices`` is ``HydraConfig.runtime.choices`` (group -> option)."""
+    choices = choices or {}
+    extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL_KEYS and k != "experiment")
+    if extra:
+        close = difflib.get_close_matches(extra[0], sorted(TOP_LEVEL_KEYS), n=1)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"{extra[0]} is not a setting.{hint} Top-level keys: {', '.join(sorted(TOP_LEVEL_KEYS))}.")
+    missing = sorted(k for k in TOP_LEVEL_KEYS if k not in cfg)
+    if missing:
+        raise ConfigError(f"{missing[0]} is missing from the composed config (check conf/train.yaml's defaults).")
+
+    sections: dict[str, Any] = {"project": cfg.project}
+    for group, schema in FIXED_SCHEMAS.items():
+        sections[group] = _typed_section(group, cfg[group], schema)
+    for group, schemas in KIND_SCHEMAS.items():
+        node = cfg[group]
+        kind = node.get("kind") if isinstance(node, DictConfig) else None
+        if kind not in schemas:
+            raise ConfigError(f"{group}.kind: must be one of {', '.join(schemas)}, got {kind!r}")
+        sections[group] = _typed_section(group, node, schemas[kind])
+    config = Config(**sections)
+    for (group, option), where in NOT_AVAILABLE.items():
+        if choices.get(group) == option:
+            available = sorted(
+                o for (g, o) in _group_options(group) if (g, o) not in NOT_AVAILABLE
+            )
+            raise ConfigError(
+                f"{group}={option} is not available yet (it arrives with {where}). "
+                f"Available now: {', '.join(f'{group}={o}' for o in available)}."
+            )
+    _check_cross_fields(config)
+    return config
+
+
+def _check_cross_fields(config: Config) -> None:
+    """Checks that involve more than one group (verl keeps these in one place too)."""
+    if config.reward.kind == "qa" and config.judge.kind not in ("lexical", "litellm"):
+        raise ConfigError(f"reward=qa needs a judge that answers questions, got judge.kind={config.judge.kind}")
+
+
+def _group_options(group: str) -> list[tuple[str, str]]:
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "conf" / group
+    return [(group, p.stem) for p in sorted(folder.glob("*.yaml"))]

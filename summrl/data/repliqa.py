@@ -1,0 +1,156 @@
+"""Repliqa: one row per question, grouped here into documents with their questions.
+
+Rows come from the hub (``datasets.load_dataset("ServiceNow/repliqa", split="repliqa_0")``) or from
+local parquet/jsonl files in the same schema. The split follows Summary-RL: shuffle the documents
+with a seeded ``random.Random``, val is the first ``val_size``, train the next ``train_size``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+REPLIQA_COLUMNS = (
+    "document_id",
+    "document_topic",
+    "document_path",
+    "document_extracted",
+    "question_id",
+    "question",
+    "answer",
+    "long_answer",
+)
+UNANSWERABLE = "UNANSWERABLE"  # Repliqa's answer for questions the document does not answer
+
+
+class DataError(ValueError):
+    """A dataset file or row that cannot be used; the message names the file and the row."""
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    answer: str
+    long_answer: str
+
+    @property
+    def answerable(self) -> bool:
+        return self.answer.strip().upper() != UNANSWERABLE
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    topic: str
+    text: str
+    questions: tuple[Question, ...]
+
+
+def resolve_path(spec: str) -> Path:
+    """A plain path, or ``pkg:<package>/<relative path>`` for a file inside an installed package."""
+    if not spec.startswith("pkg:"):
+        return Path(spec).expanduser()
+    package, _, relative = spec[len("pkg:"):].partition("/")
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise DataError(f"{spec}: the package {package!r} is not installed (pip install it, see README.md)")
+    return Path(list(found.submodule_search_locations)[0]) / relative
+
+
+def _read_rows(path: Path) -> list[dict]:
+    import pandas as pd
+
+    if not path.exists():
+        raise DataError(f"{path}: no such file (dataset.files lists it)")
+    if path.suffix == ".parquet":
+        frame = pd.read_parquet(path)
+    elif path.suffix in (".jsonl", ".json"):
+        frame = pd.read_json(path, lines=path.suffix == ".jsonl", dtype=False)
+    else:
+        raise DataError(f"{path}: unsupported file type {path.suffix!r}; use .parquet or .jsonl")
+    missing = [c for c in REPLIQA_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DataError(
+            f"{path}: missing column(s) {', '.join(missing)}; Repliqa's schema is {', '.join(REPLIQA_COLUMNS)}"
+        )
+    return frame[list(REPLIQA_COLUMNS)].to_dict("records")
+
+
+def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
+    """Group question rows by document_id, keeping first-seen order. Bad rows raise DataError."""
+    texts: dict[str, tuple[str, str]] = {}
+    questions: dict[str, list[Question]] = {}
+    for index, row in enumerate(rows):
+        where = f"{source}, row {index}"
+        doc_id = str(row.get("document_id") or "").strip()
+        if not doc_id:
+            raise DataError(f"{where}: empty document_id")
+        text = row.get("document_extracted")
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{where} (document {doc_id}): empty document_extracted")
+        question = row.get("question")
+        answer = row.get("answer")
+        if not isinstance(question, str) or not question.strip():
+            raise DataError(f"{where} (document {doc_id}): empty question")
+        if not isinstance(answer, str) or not answer.strip():
+            raise DataError(f"{where} (document {doc_id}): empty answer (use {UNANSWERABLE!r} for unanswerable)")
+        if doc_id not in texts:
+            texts[doc_id] = (str(row.get("document_topic") or ""), text)
+            questions[doc_id] = []
+        questions[doc_id].append(
+            Question(
+                id=str(row.get("question_id") or f"{doc_id}-q{len(questions[doc_id]) + 1}"),
+                question=question.strip(),
+                answer=answer.strip(),
+                long_answer=str(row.get("long_answer") or ""),
+            )
+        )
+    return [Document(id=i, topic=t, text=x, questions=tuple(questions[i])) for i, (t, x) in texts.items()]
+
+
+def _load_rows(files: list[str] | None, hf_path: str, hf_split: str) -> tuple[list[dict], str]:
+    if files:
+        rows: list[dict] = []
+        for spec in files:
+            path = resolve_path(spec)
+            rows.extend(_read_rows(path))
+        return rows, ", ".join(files)
+    from datasets import load_dataset
+
+    try:
+        dataset = load_dataset(hf_path, split=hf_split)
+    except Exception as e:  # the hub is unreachable or the split is wrong
+        raise DataError(
+            f"could not load {hf_path} split {hf_split} from the Hugging Face hub ({type(e).__name__}: {e}). "
+            "Behind a firewall, download it once and set dataset.files=[path/to/repliqa_0.parquet]."
+        ) from e
+    missing = [c for c in REPLIQA_COLUMNS if c not in dataset.column_names]
+    if missing:
+        raise DataError(f"{hf_path}/{hf_split}: missing column(s) {', '.join(missing)}")
+    return list(dataset), f"{hf_path}/{hf_split}"
+
+
+def load_splits(
+    *,
+    files: list[str] | None,
+    hf_path: str,
+    hf_split: str,
+    seed: int,
+    train_size: int,
+    val_size: int,
+) -> tuple[list[Document], list[Document]]:
+    """Return (val, train) documents."""
+    rows, source = _load_rows(files, hf_path, hf_split)
+    documents = group_documents(rows, source)
+    if train_size + val_size > len(documents):
+        raise DataError(
+            f"{source}: train_size + val_size = {train_size} + {val_size} = {train_size + val_size}, "
+            f"but only {len(documents)} documents are available. Lower dataset.train_size / dataset.val_size "
+            "(or the TRAIN_SIZE / VAL_SIZE environment variables)."
+        )
+    random.Random(seed).shuffle(documents)
+    return documents[:val_size], documents[val_size : val_size + train_size]

@@ -1,0 +1,68 @@
+"""An offline, deterministic judge for the QA reward.
+
+What it measures: *answer recall*. An answerable question counts as answered when at least
+``min_recall`` of its gold answer's content words (stop words removed, case and punctuation
+ignored, numbers normalized, plural "s" stripped) occur in the summary. A gold answer with no
+content word ("Yes") must occur as a phrase. The judge never invents an answer: for an
+unanswerable question it abstains ("UNANSWERABLE"), which is Repliqa's gold answer, so those
+questions always count as correct and carry no signal; `reward.include_unanswerable=false`
+leaves them out of the score.
+
+It cannot tell a summary that states a fact from one that merely contains its words. That is
+enough for a CPU smoke-scale reward: a summary that keeps the facts a reader asks about scores
+higher than one that drops them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from summrl.data import Question
+
+STOP_WORDS = frozenset(
+    """a an the and or but nor of to in on at by for with from into onto over under about as is are was were be
+    been being am do does did has have had it its this that these those there their they them he she him her his
+    hers we us our you your i me my mine which who whom whose what when where why how than then so such not no
+    yes can could would should will shall may might must also just only very more most some any each all both
+    per via up out off after before during while until since""".split()
+)
+_TOKEN = re.compile(r"[a-z0-9]+(?:[.,][0-9]+)*")
+
+
+def content_words(text: str) -> set[str]:
+    words = set()
+    for token in _TOKEN.findall(text.lower()):
+        token = token.replace(",", "")  # 2,100 -> 2100
+        if token in STOP_WORDS:
+            continue
+        if len(token) > 3 and token.endswith("s") and not token.endswith("ss") and not token[0].isdigit():
+            token = token[:-1]  # libraries ~ library is out of reach; parks ~ park is enough here
+        words.add(token)
+    return words
+
+
+def _phrase(text: str) -> str:
+    return " ".join(_TOKEN.findall(text.lower()))
+
+
+class LexicalJudge:
+    def __init__(self, min_recall: float = 0.6) -> None:
+        if not 0.0 < min_recall <= 1.0:
+            raise ValueError(f"judge.min_recall must be in (0, 1], got {min_recall}")
+        self.min_recall = min_recall
+
+    def recall(self, summary: str, answer: str) -> float:
+        wanted = content_words(answer)
+        if not wanted:
+            phrase = _phrase(answer)
+            return 1.0 if phrase and f" {phrase} " in f" {_phrase(summary)} " else 0.0
+        return len(wanted & content_words(summary)) / len(wanted)
+
+    def answers(self, summary: str, question: Question) -> bool:
+        if not question.answerable:
+            return True  # abstains, and abstaining is the gold answer
+        return self.recall(summary, question.answer) >= self.min_recall
+
+    async def grade(self, summary: str, questions: Sequence[Question]) -> list[bool]:
+        return [self.answers(summary, q) for q in questions]

@@ -1,0 +1,187 @@
+"""The training loop: rollouts → group rewards → ``backend.train`` → ``model.log``, with val every N steps.
+
+Reads top to bottom. Each stage hands the next a plain value; nothing here knows which backend
+or which reward it runs with.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import art
+import numpy as np
+import torch
+from art.utils.iterate_dataset import iterate_dataset
+
+from summrl.backends import build_backend
+from summrl.config import Config
+from summrl.data import Document, load_splits
+from summrl.judges import build_judge
+from summrl.rewards import Reward, build_reward
+from summrl.rollout import rollout, summary_of
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Session:
+    """What a step needs: the registered model, its backend, the reward and the sampling settings."""
+
+    config: Config
+    backend: art.Backend
+    model: art.TrainableModel
+    reward: Reward
+
+    @property
+    def trainer(self):
+        return self.config.trainer
+
+
+@dataclass
+class Scored:
+    groups: list[art.TrajectoryGroup]
+    dropped_groups: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def mean_reward(self) -> float:
+        rewards = [t.reward for g in self.groups for t in g.trajectories]
+        return float(np.mean(rewards)) if rewards else float("nan")
+
+
+async def open_session(config: Config) -> Session:
+    """Build the judge, reward and backend, and register the ART model (loading or resuming it)."""
+    judge = build_judge(config.judge)
+    reward = build_reward(config.reward, judge, config.trainer.max_words)
+    backend = build_backend(config, config.run.dir)
+    model = art.TrainableModel(
+        name=config.run.name,
+        project=config.project,
+        base_model=config.model.base_model,
+        report_metrics=[],  # history.jsonl only; W&B arrives with logger=wandb
+    )
+    try:
+        await model.register(backend)
+    except BaseException:
+        await backend.close()
+        raise
+    return Session(config=config, backend=backend, model=model, reward=reward)
+
+
+async def sample_and_score(session: Session, documents: Sequence[Document], rollouts_per_doc: int) -> Scored:
+    """Sample ``rollouts_per_doc`` summaries per document and score each group with the reward."""
+    t = session.trainer
+    started = time.perf_counter()
+    groups = await art.gather_trajectory_groups(
+        (
+            art.TrajectoryGroup(
+                rollout(session.model, doc, max_words=t.max_words, max_tokens=t.max_summary_tokens,
+                        temperature=t.temperature)
+                for _ in range(rollouts_per_doc)
+            )
+            for doc in documents
+        ),
+        pbar_desc=None,
+    )
+    generated = time.perf_counter()
+    by_id = {doc.id: doc for doc in documents}
+    kept, dropped = [], 0
+    for group in groups:
+        document = by_id[str(group.trajectories[0].metadata["document_id"])]
+        scores = await session.reward.score_group(document, [summary_of(tr) for tr in group.trajectories])
+        if any(score is None for score in scores):
+            dropped += 1  # a missing reward is not a zero: the group carries no trustworthy signal
+            continue
+        for trajectory, score in zip(group.trajectories, scores):
+            trajectory.reward = score.reward
+            trajectory.metrics.update(score.metrics)
+        kept.append(group)
+    scored = time.perf_counter()
+    return Scored(kept, dropped, {"generate_s": generated - started, "score_s": scored - generated})
+
+
+async def evaluate(session: Session, val: Sequence[Document], step: int) -> float:
+    result = await sample_and_score(session, val, session.trainer.val_rollouts_per_doc)
+    await session.model.log(
+        result.groups, split="val", step=step,
+        metrics={"reward/dropped_groups": float(result.dropped_groups), **{f"time/{k}": v for k, v in result.timings.items()}},
+    )
+    return result.mean_reward()
+
+
+async def train_step(session: Session, documents: Sequence[Document]) -> tuple[Scored, art.TrainResult]:
+    scored = await sample_and_score(session, documents, session.trainer.rollouts_per_group)
+    started = time.perf_counter()
+    result = await session.backend.train(session.model, scored.groups, learning_rate=session.config.model.lr)
+    scored.timings["train_s"] = time.perf_counter() - started
+    return scored, result
+
+
+def write_result(run_dir: str, result: dict) -> None:
+    path = Path(run_dir) / "result.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+async def train(config: Config) -> Optional[float]:
+    """Run (or resume) one training job. Returns the final val score."""
+    seed_everything(config.trainer.seed)
+    t = config.trainer
+    val, train_docs = load_splits(
+        files=config.dataset.files, hf_path=config.dataset.hf_path, hf_split=config.dataset.hf_split,
+        seed=config.dataset.seed, train_size=config.dataset.train_size, val_size=config.dataset.val_size,
+    )
+    # ART's iterate_dataset reseeds the global `random` with the epoch number, so the trainer seed
+    # would not reach the data order; shuffle with it first.
+    train_docs = list(train_docs)
+    random.Random(t.seed).shuffle(train_docs)
+    started = time.time()
+    history: list[tuple[int, float]] = []
+    result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir}
+    session = await open_session(config)
+    try:
+        step = await session.model.get_step()
+        print(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
+              f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}", flush=True)
+        for batch in iterate_dataset(train_docs, t.groups_per_step, t.num_epochs, initial_step=step, use_tqdm=False):
+            if batch.step >= t.max_steps:
+                break
+            if batch.step % t.eval_every == 0:
+                history.append((batch.step, await evaluate(session, val, batch.step)))
+                print(f"summrl: step {batch.step} | val reward {history[-1][1]:.3f}", flush=True)
+            scored, trained = await train_step(session, batch.items)
+            await session.model.log(
+                scored.groups, split="train", step=trained.step,
+                metrics={**trained.metrics, "reward/dropped_groups": float(scored.dropped_groups),
+                         **{f"time/{k}": v for k, v in scored.timings.items()}},
+            )
+            step = trained.step
+            timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
+            print(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}", flush=True)
+        if not history or history[-1][0] != step:
+            history.append((step, await evaluate(session, val, step)))
+            print(f"summrl: step {step} | val reward {history[-1][1]:.3f}", flush=True)
+        result.update(
+            status="completed",
+            steps=step,
+            final_val_score=history[-1][1],
+            best_val_score=max(score for _, score in history),
+            val_history=[{"step": s, "val_reward": v} for s, v in history],
+        )
+        return history[-1][1]
+    except BaseException as e:
+        result.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        raise
+    finally:
+        result["wall_s"] = round(time.time() - started, 1)
+        write_result(config.run.dir, result)
+        await session.backend.close()

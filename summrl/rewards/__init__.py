@@ -1,0 +1,31 @@
+"""Rewards score a whole group of summaries of one document at once (RULER ranks the group).
+
+A score of ``None`` means the reward is *missing* (say, a judge call failed): the loop drops that
+group from training and counts it. A missing reward is never a zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence
+
+from summrl.data import Document
+
+
+@dataclass
+class Score:
+    reward: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Reward(Protocol):
+    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Optional[Score]]: ...
+
+
+def build_reward(config, judge, max_words: int) -> Reward:
+    if config.kind == "qa":
+        from summrl.rewards.qa import QAReward
+
+        return QAReward(judge, max_chars=config.max_chars, forbid_han=config.forbid_han,
+                        include_unanswerable=config.include_unanswerable)
+    raise ValueError(f"reward.kind={config.kind} is not available yet")

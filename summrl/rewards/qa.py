@@ -1,0 +1,58 @@
+"""QA reward: the fraction of the document's questions the judge answers correctly from the summary."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Optional, Sequence
+
+from summrl.data import Document
+from summrl.judges import Judge
+from summrl.rewards import Score
+
+_HAN = re.compile(r"[\u2e80-\u2fdf\u3005\u3007\u3021-\u3029\u3038-\u303b\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
+
+
+def has_han(text: str) -> bool:
+    return _HAN.search(text) is not None
+
+
+class QAReward:
+    def __init__(self, judge: Judge, *, max_chars: Optional[int], forbid_han: bool, include_unanswerable: bool) -> None:
+        self.judge = judge
+        self.max_chars = max_chars
+        self.forbid_han = forbid_han
+        self.include_unanswerable = include_unanswerable
+
+    def rejection(self, summary: str) -> Optional[str]:
+        """Summary-RL's rules: such a summary scores 0 without asking the judge."""
+        if self.forbid_han and has_han(summary):
+            return "han"
+        if self.max_chars is not None and len(summary) > self.max_chars:
+            return "too_long"
+        return None
+
+    async def _score(self, document: Document, summary: str) -> Score:
+        answerable = [q.answerable for q in document.questions]
+        rejected = self.rejection(summary)
+        if rejected:
+            verdicts = [False] * len(document.questions)
+        else:
+            verdicts = await self.judge.grade(summary, document.questions)
+        n_answerable = sum(answerable)
+        accuracy_all = sum(verdicts) / len(verdicts)
+        accuracy_answerable = (
+            sum(v for v, a in zip(verdicts, answerable) if a) / n_answerable if n_answerable else 0.0
+        )
+        return Score(
+            reward=accuracy_all if self.include_unanswerable else accuracy_answerable,
+            metrics={
+                "qa_accuracy": accuracy_all,
+                "qa_accuracy_answerable": accuracy_answerable,
+                "rejected_han": float(rejected == "han"),
+                "rejected_too_long": float(rejected == "too_long"),
+            },
+        )
+
+    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Optional[Score]]:
+        return list(await asyncio.gather(*(self._score(document, s) for s in summaries)))

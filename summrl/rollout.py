@@ -1,0 +1,59 @@
+"""One rollout: the policy summarizes one document. The questions never reach it.
+
+The same code runs on every backend: it only talks to ``model.openai_client()``.
+"""
+
+from __future__ import annotations
+
+import art
+
+from summrl.data import Document
+
+SYSTEM_PROMPT = "You are a specialized AI assistant that writes concise, informative summaries of documents."
+
+
+def summary_prompt(document: Document, max_words: int) -> str:
+    return (
+        f"Here is a document:\n\n{document.text}\n\n"
+        f"Write a summary of this document in at most {max_words} words. "
+        "Keep the concrete facts a reader could ask about: names, dates, numbers, places and outcomes."
+    )
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+async def rollout(
+    model: art.Model,
+    document: Document,
+    *,
+    max_words: int,
+    max_tokens: int,
+    temperature: float,
+) -> art.Trajectory:
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": summary_prompt(document, max_words)},
+    ]
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(),
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        logprobs=True,
+    )
+    choice = completion.choices[0]
+    summary = choice.message.content or ""
+    return art.Trajectory(
+        messages_and_choices=[*messages, choice],
+        reward=0.0,  # set by the reward, which scores the whole group
+        metrics={"word_count": word_count(summary), "chars": len(summary)},
+        metadata={"document_id": document.id},
+    )
+
+
+def summary_of(trajectory: art.Trajectory) -> str:
+    last = trajectory.messages_and_choices[-1]
+    content = last["content"] if isinstance(last, dict) else last.message.content
+    return content or ""

@@ -1,0 +1,42 @@
+"""`python -m summrl.train [overrides]`: compose, validate, run one training job.
+
+Heavy libraries (torch, ART, litellm) are imported only after the config is validated, so a bad
+value fails in about a second. Returns the final validation score for Hydra sweepers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from summrl.config import Config, ConfigError, validate
+
+
+def load_config(cfg: DictConfig) -> Config:
+    """Validate the composed config; in a multirun, give each job its own ART model name."""
+    hydra_cfg = HydraConfig.get()
+    config = validate(cfg, dict(hydra_cfg.runtime.choices))
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        config.run.name = f"{config.run.name}-{hydra_cfg.job.num}"
+    return config
+
+
+@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        config = load_config(cfg)
+    except ConfigError as e:
+        print(f"summrl: config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    from summrl.loop import train  # heavy imports only now
+
+    return asyncio.run(train(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -315,7 +315,7 @@ def _typed_section(group: str, node: Any, schema: type) -> Any:
 def validate(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None) -> Config:
     """Validate a composed Hydra config. ``choices`` is ``HydraConfig.runtime.choices`` (group -> option)."""
     choices = choices or {}
-    extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL_KEYS and k != "experiment")
+    extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL_KEYS | {"experiment", "hydra"})
     if extra:
         close = difflib.get_close_matches(extra[0], sorted(TOP_LEVEL_KEYS), n=1)
         hint = f" Did you mean {close[0]}?" if close else ""

@@ -126,6 +126,17 @@ async def train_step(session: Session, documents: Sequence[Document]) -> tuple[S
     return scored, result
 
 
+def training_batches(train_docs: Sequence[Document], trainer, initial_step: int):
+    """The step-by-step document batches. Same seed, same order; a resumed run continues the same order.
+
+    ART's iterate_dataset reseeds the global ``random`` with the epoch number, so the trainer seed
+    would not reach the data order: shuffle with it first.
+    """
+    docs = list(train_docs)
+    random.Random(trainer.seed).shuffle(docs)
+    return iterate_dataset(docs, trainer.groups_per_step, trainer.num_epochs, initial_step=initial_step, use_tqdm=False)
+
+
 def write_result(run_dir: str, result: dict) -> None:
     path = Path(run_dir) / "result.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,10 +151,6 @@ async def train(config: Config) -> Optional[float]:
         files=config.dataset.files, hf_path=config.dataset.hf_path, hf_split=config.dataset.hf_split,
         seed=config.dataset.seed, train_size=config.dataset.train_size, val_size=config.dataset.val_size,
     )
-    # ART's iterate_dataset reseeds the global `random` with the epoch number, so the trainer seed
-    # would not reach the data order; shuffle with it first.
-    train_docs = list(train_docs)
-    random.Random(t.seed).shuffle(train_docs)
     started = time.time()
     history: list[tuple[int, float]] = []
     result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir}
@@ -152,7 +159,7 @@ async def train(config: Config) -> Optional[float]:
         step = await session.model.get_step()
         print(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
               f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}", flush=True)
-        for batch in iterate_dataset(train_docs, t.groups_per_step, t.num_epochs, initial_step=step, use_tqdm=False):
+        for batch in training_batches(train_docs, t, initial_step=step):
             if batch.step >= t.max_steps:
                 break
             if batch.step % t.eval_every == 0:

@@ -13,7 +13,6 @@ import math
 import os
 import shutil
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -290,8 +289,3 @@ class Engine:
 def round_up(value: int, multiple: int) -> int:
     return int(math.ceil(value / multiple) * multiple)
 
-
-def timed(fn, *args, **kwargs):
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start

@@ -1,0 +1,105 @@
+"""Every group option and experiment composes against its schema; bad values fail early and clearly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from summrl.config import NOT_AVAILABLE, ConfigError
+from tests.conftest import ROOT, compose_config, compose_raw, group_options, run_cli
+
+GROUPS = ["model", "dataset", "reward", "judge", "backend", "logger"]
+# An offline base so that the group under test is the only choice that varies.
+LOCAL = ["experiment=local"]
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
+def test_every_group_option_composes_against_its_schema(group, option):
+    if (group, option) in NOT_AVAILABLE:
+        with pytest.raises(ConfigError, match=rf"{group}={option} is not available yet"):
+            compose_config([*LOCAL, f"{group}={option}"])
+    else:
+        config = compose_config([*LOCAL, f"{group}={option}"])
+        assert getattr(config, group) is not None
+
+
+def test_planned_options_list_what_is_available_instead():
+    with pytest.raises(ConfigError) as e:
+        compose_config([*LOCAL, "backend=skypilot"])
+    assert "backend=embedded" in str(e.value)
+
+
+@pytest.mark.parametrize("experiment", group_options("experiment"))
+def test_every_experiment_composes(experiment):
+    config = compose_config([f"experiment={experiment}"])
+    assert config.trainer.max_steps > 0
+
+
+def test_defaults_reproduce_summary_rl():
+    cfg, choices = compose_raw([])
+    assert choices["model"] == "qwen2_5_3b" and cfg.model.base_model == "Qwen/Qwen2.5-3B-Instruct"
+    assert (choices["dataset"], choices["reward"], choices["judge"], choices["backend"]) == (
+        "repliqa", "qa", "gemini_flash", "skypilot")
+    assert cfg.trainer.max_words == 350
+    assert cfg.dataset.seed == 80
+
+
+def test_local_experiment_is_the_embedded_default():
+    config = compose_config(LOCAL)
+    assert config.model.name == "smollm2_135m"
+    assert config.dataset.name == "repliqa_sample"
+    assert config.backend.kind == "embedded"
+    assert config.judge.kind == "lexical"
+    assert config.trainer.max_summary_tokens <= 256
+
+
+def test_cli_overrides_reach_typed_config():
+    config = compose_config([*LOCAL, "model.lr=1e-5", "trainer.max_steps=3"])
+    assert config.model.lr == pytest.approx(1e-5)
+    assert isinstance(config.trainer.max_steps, int) and config.trainer.max_steps == 3
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.lr=abc", "model.lr"),
+        ("trainer.max_steps=-1", "trainer.max_steps: must be > 0"),
+        ("+trainer.max_stepz=3", "Did you mean trainer.max_steps"),
+        ("model.lr=0", "model.lr: must be > 0"),
+        ("trainer.rollouts_per_group=1", "at least 2"),
+        ("backend.dtype=float8", "backend.dtype"),
+    ],
+)
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
+        compose_config([*LOCAL, override])
+
+
+def test_validation_needs_no_heavy_imports():
+    """Errors come before torch, ART or litellm load: the validation path does not import them."""
+    code = (
+        "import sys; from tests.conftest import compose_config\n"
+        "try:\n    compose_config(['experiment=local', 'model.lr=abc'])\nexcept Exception as e: print(type(e).__name__)\n"
+        "print(sorted(m for m in ('torch', 'art', 'litellm', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["ConfigError", "[]"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["model.lr=abc"], "model.lr"),
+        (["trainer.max_steps=-1"], "trainer.max_steps"),
+        (["model=nope"], "Available options in 'model'"),
+        (["trainer.max_stepz=3"], "trainer.max_stepz"),
+        (["+trainer.max_stepz=3"], "Did you mean trainer.max_steps"),
+    ],
+)
+def test_cli_fails_with_a_clear_message(args, message, tmp_path):
+    result = run_cli(["experiment=local", f"hydra.run.dir={tmp_path}/run", *args], cwd=ROOT, timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr + result.stdout
+    assert not (tmp_path / "run" / "art").exists()  # nothing was loaded or trained

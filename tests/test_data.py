@@ -1,0 +1,116 @@
+"""Repliqa grouping and splitting on a schema-exact parquet fixture; the shipped sample; bad data."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from summrl.data import REPLIQA_COLUMNS, UNANSWERABLE, DataError, load_splits
+from tests.conftest import SAMPLE, compose_config, repliqa_rows
+
+
+def splits(path, train_size, val_size, seed=80):
+    return load_splits(files=[str(path)], hf_path="unused", hf_split="unused", seed=seed,
+                       train_size=train_size, val_size=val_size)
+
+
+def test_rows_group_into_documents_with_their_questions(repliqa_parquet):
+    val, train = splits(repliqa_parquet(20), train_size=15, val_size=5)
+    assert len(val) == 5 and len(train) == 15
+    assert {d.id for d in val}.isdisjoint({d.id for d in train})
+    for doc in val + train:
+        assert len(doc.questions) == 5
+        assert [q.id for q in doc.questions] == [f"{doc.id}-q{i}" for i in range(1, 6)]
+        assert sum(not q.answerable for q in doc.questions) == 1
+        assert doc.text.startswith("Document ")
+
+
+def test_split_is_a_seeded_shuffle(repliqa_parquet):
+    path = repliqa_parquet(30)
+    first = splits(path, 20, 10)
+    again = splits(path, 20, 10)
+    other = splits(path, 20, 10, seed=1)
+    assert [d.id for d in first[0]] == [d.id for d in again[0]]
+    assert [d.id for d in first[0]] != [d.id for d in other[0]]
+    # val is the head of the shuffle and train the next documents, so growing train keeps val fixed
+    assert [d.id for d in splits(path, 5, 10)[0]] == [d.id for d in first[0]]
+
+
+def test_too_many_requested_documents_reports_the_available_count(repliqa_parquet):
+    with pytest.raises(DataError, match="only 12 documents are available"):
+        splits(repliqa_parquet(12), train_size=10, val_size=5)
+
+
+def test_train_and_val_size_come_from_the_environment(monkeypatch, repliqa_parquet):
+    monkeypatch.setenv("TRAIN_SIZE", "7")
+    monkeypatch.setenv("VAL_SIZE", "3")
+    config = compose_config(["experiment=local", "dataset=repliqa", f"dataset.files=[{repliqa_parquet(20)}]"])
+    assert (config.dataset.train_size, config.dataset.val_size) == (7, 3)
+    val, train = splits(config.dataset.files[0], config.dataset.train_size, config.dataset.val_size)
+    assert (len(train), len(val)) == (7, 3)
+    # the command line still wins over the environment
+    config = compose_config(["experiment=local", "dataset=repliqa", "dataset.train_size=4"])
+    assert config.dataset.train_size == 4
+
+
+def test_repliqa_defaults_without_environment(monkeypatch):
+    monkeypatch.delenv("TRAIN_SIZE", raising=False)
+    monkeypatch.delenv("VAL_SIZE", raising=False)
+    config = compose_config(["experiment=local", "dataset=repliqa"])
+    assert (config.dataset.train_size, config.dataset.val_size) == (3500, 91)
+    assert (config.dataset.hf_path, config.dataset.hf_split) == ("ServiceNow/repliqa", "repliqa_0")
+
+
+def test_jsonl_files_read_like_parquet(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in repliqa_rows(6)))
+    val, train = splits(path, 4, 2)
+    assert len(val) + len(train) == 6
+
+
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda rows: [{k: v for k, v in r.items() if k != "question"} for r in rows], "missing column(s) question"),
+        (lambda rows: [dict(r, document_extracted="  ") if i == 7 else r for i, r in enumerate(rows)], "row 7 (document doc00001): empty document_extracted"),
+        (lambda rows: [dict(r, question="") if i == 3 else r for i, r in enumerate(rows)], "row 3 (document doc00000): empty question"),
+        (lambda rows: [dict(r, answer=None) if i == 12 else r for i, r in enumerate(rows)], "row 12 (document doc00002): empty answer"),
+    ],
+)
+def test_bad_data_names_the_file_and_row(repliqa_parquet, mutate, message):
+    path = repliqa_parquet(rows=mutate(repliqa_rows(4)))
+    with pytest.raises(DataError) as e:
+        splits(path, 2, 1)
+    assert str(path) in str(e.value) and message in str(e.value)
+
+
+def test_missing_file_and_unknown_type(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        splits(tmp_path / "absent.parquet", 1, 1)
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match="use .parquet or .jsonl"):
+        splits(tmp_path / "x.csv", 1, 1)
+
+
+def test_shipped_sample_is_repliqa_shaped():
+    frame = pd.read_json(SAMPLE, lines=True, dtype=False)
+    assert list(frame.columns) == list(REPLIQA_COLUMNS)
+    config = compose_config(["experiment=local"])
+    val, train = load_splits(**{k: getattr(config.dataset, k) for k in
+                               ("files", "hf_path", "hf_split", "seed", "train_size", "val_size")})
+    docs = val + train
+    assert (len(val), len(train)) == (8, 32)
+    assert len({d.id for d in docs}) == 40
+    for doc in docs:
+        assert 200 <= len(doc.text.split()) <= 400, doc.id
+        assert len(doc.questions) == 5
+        for q in doc.questions:
+            if q.answerable:
+                assert q.long_answer in doc.text  # the answer is in the document
+            else:
+                assert q.answer == UNANSWERABLE
+    unanswerable = sum(not q.answerable for d in docs for q in d.questions) / (5 * len(docs))
+    assert 0.15 <= unanswerable <= 0.25
+    assert len({d.topic for d in docs}) >= 10

@@ -1,0 +1,155 @@
+"""The embedded backend, for real: SmolLM2-135M behind the loopback endpoint, through the real openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import art
+import httpx
+import openai
+import pytest
+import torch
+
+from summrl.backends.embedded import EmbeddedBackend
+from summrl.backends.embedded.backend import has_reward_variance
+from summrl.data import load_splits
+from summrl.rollout import rollout, summary_of
+from tests.conftest import compose_config
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def make(tmp: Path, name: str = "embedded-test"):
+    config = compose_config(["experiment=local"])
+    backend = EmbeddedBackend(config.backend, model=config.model, path=str(tmp / "art"))
+    model = art.TrainableModel(name=name, project="summrl-tests", base_model=config.model.base_model, report_metrics=[])
+    return config, backend, model
+
+
+@pytest.fixture(scope="module")
+def session(loop, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("embedded")
+    config, backend, model = make(tmp)
+    loop.run_until_complete(model.register(backend))
+    val, train = load_splits(**{k: getattr(config.dataset, k) for k in
+                               ("files", "hf_path", "hf_split", "seed", "train_size", "val_size")})
+    yield backend, model, train, tmp
+    loop.run_until_complete(backend.close())
+
+
+def test_rollout_through_the_openai_client_returns_a_trainable_trajectory(loop, session):
+    backend, model, docs, _ = session
+    trajectory = loop.run_until_complete(rollout(model, docs[0], max_words=350, max_tokens=MAX_TOKENS, temperature=1.0))
+    choice = trajectory.messages_and_choices[-1]
+    assert isinstance(choice, openai.types.chat.chat_completion.Choice)
+    assert summary_of(trajectory) and trajectory.metrics["word_count"] == len(summary_of(trajectory).split())
+    tokens = choice.logprobs.content
+    assert 0 < len(tokens) <= MAX_TOKENS
+    assert all(t.token.startswith("token_id:") and t.logprob <= 0 for t in tokens)
+    assert model.inference_base_url.startswith("http://127.0.0.1:")
+
+
+def test_concurrent_requests_are_batched_and_share_a_prompt(loop, session):
+    backend, model, docs, _ = session
+    before = len(backend._batcher.batch_sizes)
+    group = loop.run_until_complete(art.gather_trajectory_groups(
+        [art.TrajectoryGroup(rollout(model, d, max_words=350, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(4))
+         for d in docs[:2]], pbar_desc=None))
+    assert sum(len(g.trajectories) for g in group) == 8
+    assert max(backend._batcher.batch_sizes[before:]) > 1  # arrived together, generated together
+
+
+def test_sampling_parameters_are_honoured(loop, session):
+    backend, model, docs, _ = session
+    client = model.openai_client()
+    messages = [{"role": "user", "content": "List three colors."}]
+
+    async def ask(**kwargs):
+        return await client.chat.completions.create(model=model.get_inference_name(), messages=messages, **kwargs)
+
+    greedy = loop.run_until_complete(asyncio.gather(ask(temperature=0, max_tokens=12), ask(temperature=0, max_tokens=12)))
+    assert greedy[0].choices[0].message.content == greedy[1].choices[0].message.content
+    short = loop.run_until_complete(ask(temperature=0, max_tokens=3, logprobs=True))
+    assert short.usage.completion_tokens <= 3 and short.choices[0].finish_reason == "length"
+    no_logprobs = loop.run_until_complete(ask(temperature=0, max_tokens=3))
+    assert no_logprobs.choices[0].logprobs is None
+    several = loop.run_until_complete(ask(temperature=1.0, max_tokens=4, n=3))
+    assert len(several.choices) == 3
+
+
+def test_endpoint_checks_key_and_model_name(session):
+    backend, model, _, _ = session
+    url = f"{model.inference_base_url}/chat/completions"
+    body = {"model": model.get_inference_name(), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert httpx.post(url, json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    unknown = httpx.post(url, json={**body, "model": "nope"}, headers={"Authorization": f"Bearer {model.inference_api_key}"})
+    assert unknown.status_code == 404 and model.get_inference_name() in unknown.text
+    listed = httpx.get(f"{model.inference_base_url}/models", headers={"Authorization": f"Bearer {model.inference_api_key}"})
+    assert model.get_inference_name() in {m["id"] for m in listed.json()["data"]}
+
+
+def test_packed_training_forward_reproduces_sampling_logprobs(loop, session):
+    """The shared-prompt packing mask and completion-only logits give the sampler's own logprobs."""
+    backend, model, docs, _ = session
+    groups = loop.run_until_complete(art.gather_trajectory_groups(
+        [art.TrajectoryGroup(rollout(model, docs[3], max_words=350, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(3))],
+        pbar_desc=None))
+    for i, t in enumerate(groups[0].trajectories):
+        t.reward = float(i)
+    packed = backend._pack(groups)
+    assert packed["tokens"].shape[0] == 1  # one group, one sequence: the prompt once, then 3 completions
+    inputs = {k: v[:1] for k, v in packed.items() if isinstance(v, torch.Tensor)}
+    with torch.no_grad():
+        new = backend.engine.completion_logprobs(inputs)
+    old = torch.nn.functional.pad(inputs["logprobs"][:, 1:], (0, 1), value=float("nan"))
+    mask = ~torch.isnan(old)
+    assert mask.sum() >= 3
+    assert torch.allclose(new[mask], old[mask], atol=2e-3)
+
+
+def test_train_updates_lora_skips_flat_groups_and_checkpoints(loop, session):
+    backend, model, docs, tmp = session
+    groups = loop.run_until_complete(art.gather_trajectory_groups(
+        [art.TrajectoryGroup(rollout(model, d, max_words=350, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(4))
+         for d in docs[:2]], pbar_desc=None))
+    for i, t in enumerate(groups[0].trajectories):
+        t.reward = [0.0, 1.0, 0.5, 0.25][i]
+    for t in groups[1].trajectories:
+        t.reward = 0.4  # no variance: no signal
+    assert has_reward_variance(groups[0]) and not has_reward_variance(groups[1])
+    step_before = loop.run_until_complete(model.get_step())
+    before = backend.engine.lora_state()
+    result = loop.run_until_complete(backend.train(model, groups, learning_rate=1e-3))
+    after = backend.engine.lora_state()
+    assert result.step == step_before + 1 == loop.run_until_complete(model.get_step())
+    assert result.metrics["train/skipped_zero_variance_groups"] == 1.0
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    checkpoint = Path(model.base_path) / "summrl-tests" / "models" / model.name / "checkpoints" / f"{result.step:04d}"
+    assert (checkpoint / "adapter_model.safetensors").exists() and (checkpoint / "optimizer.pt").exists()
+    assert json.loads((checkpoint / "adapter_config.json").read_text())["r"] == 16
+    # the endpoint now serves the new step
+    assert model.get_inference_name() == f"{model.name}@{result.step}"
+
+
+def test_a_new_backend_resumes_from_the_latest_checkpoint(loop, session, tmp_path):
+    backend, model, _, tmp = session
+    saved = backend.engine.lora_state()
+    _, backend2, model2 = make(tmp, name=model.name)
+    try:
+        loop.run_until_complete(model2.register(backend2))
+        assert loop.run_until_complete(model2.get_step()) == loop.run_until_complete(model.get_step()) > 0
+        restored = backend2.engine.lora_state()
+        assert all(torch.equal(saved[k], restored[k]) for k in saved)
+        assert backend2.engine.optimizer.state  # AdamW moments came back too
+    finally:
+        loop.run_until_complete(backend2.close())

@@ -1,0 +1,55 @@
+"""QA reward: fraction answered, Summary-RL's rejection rules, and the unanswerable setting."""
+
+from __future__ import annotations
+
+import asyncio
+
+from summrl.data import Document, Question
+from summrl.judges.lexical import LexicalJudge
+from summrl.rewards.qa import QAReward, has_han
+
+DOC = Document(
+    id="d1", topic="Local News", text="unused by the reward",
+    questions=(
+        Question("d1-q1", "Who opened it?", "Ruth Okafor", ""),
+        Question("d1-q2", "When?", "March 14, 2024", ""),
+        Question("d1-q3", "Cost?", "2.1 million dollars", ""),
+        Question("d1-q4", "Contractor?", "Dunmore Civil Works", ""),
+        Question("d1-q5", "Who paid for lunch?", "UNANSWERABLE", "NA"),
+    ),
+)
+
+
+def reward(**kwargs) -> QAReward:
+    return QAReward(LexicalJudge(), **{"max_chars": 3000, "forbid_han": True, "include_unanswerable": True, **kwargs})
+
+
+def score(r: QAReward, summaries):
+    return asyncio.run(r.score_group(DOC, summaries))
+
+
+def test_reward_is_the_fraction_answered_for_each_summary_of_the_group():
+    full = "Ruth Okafor opened it on March 14, 2024; it cost 2.1 million dollars; Dunmore Civil Works built it."
+    half = "Ruth Okafor opened it on March 14, 2024."
+    scores = score(reward(), [full, half, "Nothing useful."])
+    assert [s.reward for s in scores] == [1.0, 0.6, 0.2]
+    assert scores[1].metrics["qa_accuracy_answerable"] == 0.5
+
+
+def test_excluding_unanswerable_questions():
+    scores = score(reward(include_unanswerable=False), ["Ruth Okafor opened it.", "Nothing useful."])
+    assert [s.reward for s in scores] == [0.25, 0.0]
+    assert scores[0].metrics["qa_accuracy"] == 0.4  # both figures are logged either way
+
+
+def test_summary_rl_rejections_score_zero():
+    long_summary = "Ruth Okafor " * 300  # 3600 characters
+    scores = score(reward(), [long_summary, "Ruth Okafor 宣布 March 14, 2024"])
+    assert [s.reward for s in scores] == [0.0, 0.0]
+    assert scores[0].metrics["rejected_too_long"] == 1.0 and scores[1].metrics["rejected_han"] == 1.0
+    relaxed = score(reward(max_chars=None, forbid_han=False), [long_summary])
+    assert relaxed[0].reward > 0
+
+
+def test_han_detection():
+    assert has_han("summary 中文") and not has_han("café naïve résumé ありがとう")

@@ -1,0 +1,54 @@
+"""`python -m summrl.train experiment=local` as a user runs it: a subprocess, then a rerun that resumes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+
+# experiment=local, shrunk so that two steps take about a minute on 2 cores.
+SMALL = ["experiment=local", "trainer.eval_every=2", "trainer.max_summary_tokens=32", "dataset.val_size=2"]
+
+
+def history(model_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (model_dir / "history.jsonl").read_text().splitlines()]
+
+
+def test_local_run_trains_checkpoints_logs_val_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*SMALL, "run.name=e2e", f"hydra.run.dir={run_dir}"]
+    first = run_cli([*args, "trainer.max_steps=2"], cwd=ROOT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    model_dir = run_dir / "art" / "summrl" / "models" / "e2e"
+    checkpoints = model_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["0001", "0002"]
+    assert "starting at step 0" in first.stdout
+
+    # the LoRA weights moved away from their initialization (B starts at zero)
+    lora_b = {k: v for k, v in load_file(checkpoints / "0002" / "adapter_model.safetensors").items() if "lora_B" in k}
+    assert lora_b and any(v.abs().sum() > 0 for v in lora_b.values())
+
+    rows = history(model_dir)
+    assert {r["step"] for r in rows if "val/reward" in r} == {0, 2}
+    assert {r["step"] for r in rows if "train/reward" in r} == {1, 2}
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["steps"] == 2
+    assert result["final_val_score"] == next(r["val/reward"] for r in rows if r["step"] == 2 and "val/reward" in r)
+    # Hydra kept the resolved config and the overrides in the run folder
+    assert "run.name=e2e" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert (run_dir / ".hydra" / "config.yaml").exists()
+
+    second = run_cli([*args, "trainer.max_steps=3"], cwd=ROOT)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming at step 2" in second.stdout
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["0001", "0002", "0003"]
+    assert json.loads((run_dir / "result.json").read_text())["steps"] == 3
+    resumed = load_file(checkpoints / "0003" / "adapter_model.safetensors")
+    assert any(not torch.equal(resumed[k], v) for k, v in lora_b.items())

@@ -7,6 +7,7 @@ value fails in about a second. Returns the final validation score for Hydra swee
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 import hydra
@@ -33,6 +34,8 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as e:
         print(f"summrl: config error: {e}", file=sys.stderr)
         sys.exit(2)
+    # ART's gather draws a progress bar per batch; the loop prints one line per step instead.
+    os.environ.setdefault("TQDM_DISABLE", "1")
     from summrl.loop import train  # heavy imports only now
 
     return asyncio.run(train(config))

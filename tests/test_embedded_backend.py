@@ -77,7 +77,10 @@ def test_sampling_parameters_are_honoured(loop, session):
     async def ask(**kwargs):
         return await client.chat.completions.create(model=model.get_inference_name(), messages=messages, **kwargs)
 
-    greedy = loop.run_until_complete(asyncio.gather(ask(temperature=0, max_tokens=12), ask(temperature=0, max_tokens=12)))
+    async def twice():
+        return await asyncio.gather(ask(temperature=0, max_tokens=12), ask(temperature=0, max_tokens=12))
+
+    greedy = loop.run_until_complete(twice())
     assert greedy[0].choices[0].message.content == greedy[1].choices[0].message.content
     short = loop.run_until_complete(ask(temperature=0, max_tokens=3, logprobs=True))
     assert short.usage.completion_tokens <= 3 and short.choices[0].finish_reason == "length"

@@ -32,12 +32,38 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cpu")
 
 
+ATTENTION = "sdpa_gqa"
+
+
+def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """SDPA that shares each key/value head across its query heads (``enable_gqa``), with or without a mask.
+
+    transformers' own SDPA path copies the KV cache to every query head whenever a mask is given
+    (``repeat_kv``); with a batch of padded prompts that copy dominated decoding time on CPU.
+    """
+    causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout if module.training else 0.0,
+        scale=scaling, is_causal=causal, enable_gqa=True,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, _sdpa_gqa)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
 def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, device: torch.device):
     """Load tokenizer and model from ``weights`` (folder, .gguf file, ``pkg:`` path) or the hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    _register_attention()
     kwargs: dict[str, Any] = {}
     if weights:
         path = resolve_path(weights)
@@ -51,7 +77,7 @@ def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, 
         source = base_model
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=ATTENTION, **kwargs)
     except OSError as e:
         raise RuntimeError(
             f"could not load {source!r} ({e}). With no network, point model.weights at a local folder or .gguf file."
@@ -118,6 +144,14 @@ class Engine:
         )
         self.lock = threading.Lock()
         self.eos_ids = self._eos_ids()
+        self._merged = False  # LoRA folded into the base weights: faster sampling, undone before training
+
+    def _set_merged(self, merged: bool) -> None:
+        if merged and not self._merged:
+            self.model.merge_adapter()
+        elif not merged and self._merged:
+            self.model.unmerge_adapter()
+        self._merged = merged
 
     def _eos_ids(self) -> list[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -137,6 +171,7 @@ class Engine:
     def generate(self, prompts: list[list[int]], params: SamplingParams, use_lora: bool = True) -> list[Completion]:
         """Sample one completion per prompt. Identical prompts share a single prefill."""
         with self.lock:
+            self._set_merged(use_lora)
             if use_lora:
                 return self._generate(prompts, params)
             with self.model.disable_adapter():
@@ -206,6 +241,7 @@ class Engine:
 
         metrics = []
         with self.lock:
+            self._set_merged(False)
             self.model.train()
             try:
                 for param_group in self.optimizer.param_groups:
@@ -274,6 +310,7 @@ class Engine:
 
         directory = Path(directory)
         with self.lock:
+            self._set_merged(False)
             state = load_file(str(directory / "adapter_model.safetensors"), device=str(self.device))
             set_peft_model_state_dict(self.model, state)
             optimizer_path = directory / "optimizer.pt"

@@ -6,6 +6,7 @@ or which reward it runs with.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -22,8 +23,8 @@ from art.utils.iterate_dataset import iterate_dataset
 from summrl.backends import build_backend
 from summrl.config import Config
 from summrl.data import Document, load_splits
-from summrl.judges import build_judge
-from summrl.rewards import Reward, build_reward
+from summrl.judges import Judge, build_judge
+from summrl.rewards import Missing, Reward, build_reward
 from summrl.rollout import rollout, summary_of
 
 
@@ -40,6 +41,7 @@ class Session:
     config: Config
     backend: art.Backend
     model: art.TrainableModel
+    judge: Judge
     reward: Reward
 
     @property
@@ -47,11 +49,23 @@ class Session:
         return self.config.trainer
 
 
+class MissingRewardsError(RuntimeError):
+    """Too many rollouts of a step have no reward: the judge is failing, and training on the rest would mislead."""
+
+
 @dataclass
 class Scored:
     groups: list[art.TrajectoryGroup]
     dropped_groups: int = 0
+    missing_rewards: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "judge/failed_rollouts": float(self.missing_rewards),
+            "judge/dropped_groups": float(self.dropped_groups),
+            **{f"time/{k}": v for k, v in self.timings.items()},
+        }
 
     def mean_reward(self) -> float:
         rewards = [t.reward for g in self.groups for t in g.trajectories]
@@ -74,7 +88,7 @@ async def open_session(config: Config) -> Session:
     except BaseException:
         await backend.close()
         raise
-    return Session(config=config, backend=backend, model=model, reward=reward)
+    return Session(config=config, backend=backend, model=model, judge=judge, reward=reward)
 
 
 async def sample_and_score(session: Session, documents: Sequence[Document], rollouts_per_doc: int) -> Scored:
@@ -94,27 +108,39 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
     )
     generated = time.perf_counter()
     by_id = {doc.id: doc for doc in documents}
-    kept, dropped = [], 0
-    for group in groups:
-        document = by_id[str(group.trajectories[0].metadata["document_id"])]
-        scores = await session.reward.score_group(document, [summary_of(tr) for tr in group.trajectories])
-        if any(score is None for score in scores):
-            dropped += 1  # a missing reward is not a zero: the group carries no trustworthy signal
+    all_scores = await asyncio.gather(*(
+        session.reward.score_group(by_id[str(g.trajectories[0].metadata["document_id"])], [summary_of(tr) for tr in g.trajectories])
+        for g in groups
+    ))
+    kept, dropped, missing, last_error = [], 0, 0, ""
+    for group, scores in zip(groups, all_scores):
+        failed = [s for s in scores if isinstance(s, Missing)]
+        if failed:
+            # A missing reward is not a zero: the group carries no trustworthy signal.
+            dropped, missing, last_error = dropped + 1, missing + len(failed), failed[-1].error
             continue
         for trajectory, score in zip(group.trajectories, scores):
             trajectory.reward = score.reward
             trajectory.metrics.update(score.metrics)
         kept.append(group)
+    total = sum(len(g.trajectories) for g in groups)
+    if total and missing / total > session.trainer.max_missing_reward_rate:
+        raise MissingRewardsError(
+            f"{missing} of {total} rollouts have no reward (limit trainer.max_missing_reward_rate="
+            f"{session.trainer.max_missing_reward_rate}). Judge {judge_name(session.config)}: {last_error}"
+        )
     scored = time.perf_counter()
-    return Scored(kept, dropped, {"generate_s": generated - started, "score_s": scored - generated})
+    return Scored(kept, dropped, missing, {"generate_s": generated - started, "score_s": scored - generated})
+
+
+def judge_name(config: Config) -> str:
+    return getattr(config.judge, "model", config.judge.kind)
 
 
 async def evaluate(session: Session, val: Sequence[Document], step: int) -> float:
     result = await sample_and_score(session, val, session.trainer.val_rollouts_per_doc)
-    await session.model.log(
-        result.groups, split="val", step=step,
-        metrics={"reward/dropped_groups": float(result.dropped_groups), **{f"time/{k}": v for k, v in result.timings.items()}},
-    )
+    await session.model.log(result.groups, split="val", step=step,
+                            metrics={**result.metrics(), **session.judge.usage_metrics()})
     return result.mean_reward()
 
 
@@ -166,11 +192,8 @@ async def train(config: Config) -> Optional[float]:
                 history.append((batch.step, await evaluate(session, val, batch.step)))
                 print(f"summrl: step {batch.step} | val reward {history[-1][1]:.3f}", flush=True)
             scored, trained = await train_step(session, batch.items)
-            await session.model.log(
-                scored.groups, split="train", step=trained.step,
-                metrics={**trained.metrics, "reward/dropped_groups": float(scored.dropped_groups),
-                         **{f"time/{k}": v for k, v in scored.timings.items()}},
-            )
+            await session.model.log(scored.groups, split="train", step=trained.step,
+                                    metrics={**trained.metrics, **scored.metrics(), **session.judge.usage_metrics()})
             step = trained.step
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
             print(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}", flush=True)

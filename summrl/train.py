@@ -19,9 +19,17 @@ from summrl.config import Config, ConfigError, validate
 
 
 def load_config(cfg: DictConfig) -> Config:
-    """Validate the composed config; in a multirun, give each job its own ART model name."""
+    """Validate the composed config and the environment it needs; in a multirun, name each job apart."""
+    from dotenv import load_dotenv
+
+    from summrl.judges import missing_keys
+
     hydra_cfg = HydraConfig.get()
-    config = validate(cfg, dict(hydra_cfg.runtime.choices))
+    choices = dict(hydra_cfg.runtime.choices)
+    config = validate(cfg, choices)
+    load_dotenv()  # keys may live in .env; they are read from the environment, never from config
+    for name in missing_keys(config.judge):
+        raise ConfigError(f"judge={choices.get('judge')} needs {name}: export it or put it in .env")
     if hydra_cfg.mode == RunMode.MULTIRUN:
         config.run.name = f"{config.run.name}-{hydra_cfg.job.num}"
     return config

@@ -103,3 +103,20 @@ def test_cli_fails_with_a_clear_message(args, message, tmp_path):
     assert result.returncode != 0
     assert message in result.stderr + result.stdout
     assert not (tmp_path / "run" / "art").exists()  # nothing was loaded or trained
+
+
+def test_a_missing_judge_key_fails_before_anything_loads(tmp_path):
+    result = run_cli(["experiment=local", "judge=gemini_flash", f"hydra.run.dir={tmp_path}/run"], cwd=ROOT, timeout=60,
+                     env={"GEMINI_API_KEY": ""})
+    assert result.returncode == 2
+    assert "judge=gemini_flash needs GEMINI_API_KEY" in result.stderr
+    assert not (tmp_path / "run" / "art").exists()
+
+
+@pytest.mark.parametrize("judge,model,key", [
+    ("gemini_flash", "gemini/gemini-2.5-flash", "GEMINI_API_KEY"),
+    ("gemini_flash_openrouter", "openrouter/google/gemini-2.5-flash", "OPENROUTER_API_KEY"),
+])
+def test_hosted_judges_name_their_key_variable_not_the_key(judge, model, key):
+    config = compose_config([*LOCAL, f"judge={judge}"])
+    assert (config.judge.model, config.judge.api_key_env) == (model, key)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import os
+from typing import Any, Protocol, Sequence
 
 from summrl.data import Question
 
@@ -12,10 +13,28 @@ class Judge(Protocol):
         """One verdict per question: was it answered correctly from the summary alone?"""
         ...
 
+    def usage_metrics(self) -> dict[str, float]:
+        """Calls, tokens and cost since the last call (``judge/*``); empty for offline judges."""
+        ...
 
-def build_judge(config) -> Judge:
+
+def missing_keys(config: Any) -> list[str]:
+    """Environment variables the judge needs that are not set (checked before anything loads)."""
+    name = getattr(config, "api_key_env", None)
+    return [name] if name and not os.environ.get(name) else []
+
+
+def build_judge(config: Any) -> Judge:
     if config.kind == "lexical":
         from summrl.judges.lexical import LexicalJudge
 
         return LexicalJudge(min_recall=config.min_recall)
+    if config.kind == "litellm":
+        from summrl.judges.llm import JudgeClient, LLMJudge
+
+        return LLMJudge(JudgeClient(
+            model=config.model, api_key_env=config.api_key_env, api_base=config.api_base,
+            max_concurrency=config.max_concurrency, timeout_s=config.timeout_s, max_retries=config.max_retries,
+            retry_base_s=config.retry_base_s, retry_max_s=config.retry_max_s, cache_dir=config.cache_dir,
+        ))
     raise ValueError(f"judge.kind={config.kind} is not available yet")

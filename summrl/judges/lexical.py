@@ -66,3 +66,6 @@ class LexicalJudge:
 
     async def grade(self, summary: str, questions: Sequence[Question]) -> list[bool]:
         return [self.answers(summary, q) for q in questions]
+
+    def usage_metrics(self) -> dict[str, float]:
+        return {}

@@ -1,13 +1,13 @@
 """Rewards score a whole group of summaries of one document at once (RULER ranks the group).
 
-A score of ``None`` means the reward is *missing* (say, a judge call failed): the loop drops that
-group from training and counts it. A missing reward is never a zero.
+A :class:`Missing` score means the reward could not be computed (a judge call failed after its
+retries): the loop drops that group from training and counts it. A missing reward is never a zero.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Protocol, Sequence, Union
 
 from summrl.data import Document
 
@@ -18,8 +18,13 @@ class Score:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class Missing:
+    error: str  # why; never contains an API key
+
+
 class Reward(Protocol):
-    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Optional[Score]]: ...
+    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]: ...
 
 
 def build_reward(config, judge, max_words: int) -> Reward:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from summrl.data import Document
 from summrl.judges import Judge
-from summrl.rewards import Score
+from summrl.rewards import Missing, Score
 
 _HAN = re.compile(r"[\u2e80-\u2fdf\u3005\u3007\u3021-\u3029\u3038-\u303b\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
 
@@ -32,13 +32,18 @@ class QAReward:
             return "too_long"
         return None
 
-    async def _score(self, document: Document, summary: str) -> Score:
+    async def _score(self, document: Document, summary: str) -> Union[Score, Missing]:
+        from summrl.judges.llm import JudgeError
+
         answerable = [q.answerable for q in document.questions]
         rejected = self.rejection(summary)
         if rejected:
             verdicts = [False] * len(document.questions)
         else:
-            verdicts = await self.judge.grade(summary, document.questions)
+            try:
+                verdicts = await self.judge.grade(summary, document.questions)
+            except JudgeError as e:
+                return Missing(str(e))
         n_answerable = sum(answerable)
         accuracy_all = sum(verdicts) / len(verdicts)
         accuracy_answerable = (
@@ -54,5 +59,5 @@ class QAReward:
             },
         )
 
-    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Optional[Score]]:
+    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
         return list(await asyncio.gather(*(self._score(document, s) for s in summaries)))

@@ -1,0 +1,284 @@
+"""An LLM judge reached through litellm: hosted (Gemini, OpenRouter) or any OpenAI-compatible server.
+
+``JudgeClient`` makes one JSON-returning chat call with what a paid judge needs: a concurrency
+limit, retries on 429/5xx/timeouts with exponential backoff and jitter that honour Retry-After,
+a per-call timeout, temperature 0, a disk cache of replies keyed by (model, endpoint, messages,
+params) so reruns and sweeps don't pay twice, and token and USD accounting from litellm's cost map.
+The API key is read from the environment variable the config names, at call time; it is never
+stored in config and is redacted from every error message.
+
+``LLMJudge`` grades a summary with at most two calls: one answers all of the document's questions
+from the summary alone, one grades the answers that don't already match the gold answer. The
+grading prompt holds no document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from summrl.data import UNANSWERABLE, Question
+
+
+class JudgeError(RuntimeError):
+    """A judge call that failed after its retries. The message never contains the API key."""
+
+
+@dataclass
+class JudgeUsage:
+    calls: int = 0
+    cached_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    retries: int = 0
+    failures: int = 0
+    last_error: Optional[str] = None
+
+    def snapshot_and_reset(self) -> dict[str, float]:
+        values = {
+            "judge/calls": float(self.calls),
+            "judge/cached_calls": float(self.cached_calls),
+            "judge/input_tokens": float(self.input_tokens),
+            "judge/output_tokens": float(self.output_tokens),
+            "judge/cost_usd": self.cost_usd,
+            "judge/retries": float(self.retries),
+            "judge/failed_calls": float(self.failures),
+        }
+        last_error = self.last_error
+        self.__init__()  # type: ignore[misc]
+        self.last_error = last_error
+        return values
+
+
+class RedactSecrets(logging.Filter):
+    """Replaces the values of the named environment variables in log records (litellm logs its call
+    arguments, the API key included, at DEBUG level)."""
+
+    def __init__(self, env_names: set[str]) -> None:
+        super().__init__()
+        self.env_names = env_names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = [v for v in (os.environ.get(n) for n in self.env_names) if v]
+        if secrets:
+            message = record.getMessage()
+            if any(secret in message for secret in secrets):
+                for secret in secrets:
+                    message = message.replace(secret, "***")
+                record.msg, record.args = message, None
+        return True
+
+
+_REDACTOR = RedactSecrets(set())
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm")
+
+
+def redact_in_logs(env_name: str) -> None:
+    _REDACTOR.env_names.add(env_name)
+    for name in LITELLM_LOGGERS:
+        logger = logging.getLogger(name)
+        if _REDACTOR not in logger.filters:
+            logger.addFilter(_REDACTOR)
+
+
+RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+def _status(error: BaseException) -> Optional[int]:
+    status = getattr(error, "status_code", None)
+    return int(status) if isinstance(status, int) else None
+
+
+def _retry_after(error: BaseException) -> Optional[float]:
+    for headers in (getattr(error, "litellm_response_headers", None), getattr(getattr(error, "response", None), "headers", None)):
+        try:
+            value = headers.get("retry-after") if headers is not None else None
+        except Exception:
+            value = None
+        if value is not None:
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                return None
+    return None
+
+
+def _is_retryable(error: BaseException) -> bool:
+    import litellm
+
+    if isinstance(error, (litellm.Timeout, litellm.APIConnectionError, asyncio.TimeoutError)):
+        return True
+    return _status(error) in RETRYABLE_STATUS
+
+
+@dataclass
+class JudgeClient:
+    model: str
+    api_key_env: Optional[str] = None
+    api_base: Optional[str] = None
+    max_concurrency: int = 20
+    timeout_s: float = 60.0
+    max_retries: int = 5
+    retry_base_s: float = 1.0
+    retry_max_s: float = 30.0
+    cache_dir: Optional[str] = None
+    usage: JudgeUsage = field(default_factory=JudgeUsage)
+
+    def __post_init__(self) -> None:
+        if self.api_key_env:
+            redact_in_logs(self.api_key_env)
+        self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        self._cache = None
+        if self.cache_dir:
+            import diskcache
+
+            self._cache = diskcache.Cache(str(Path(self.cache_dir).expanduser()))
+
+    def _api_key(self) -> Optional[str]:
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise JudgeError(f"judge {self.model}: the environment variable {self.api_key_env} is not set")
+        return key
+
+    def _redact(self, text: str) -> str:
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return text.replace(key, "***") if key else text
+
+    def _cache_key(self, messages: list[dict], params: dict) -> str:
+        blob = json.dumps([self.model, self.api_base, messages, params], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    async def complete_json(self, messages: list[dict], max_tokens: int = 1024) -> Any:
+        """One chat call whose reply must be a JSON object. Raises JudgeError after the retries."""
+        params = {"temperature": 0, "max_tokens": max_tokens, "response_format": {"type": "json_object"}}
+        key = self._cache_key(messages, params)
+        if self._cache is not None and key in self._cache:
+            self.usage.cached_calls += 1
+            return json.loads(self._cache[key])
+        last: Optional[BaseException] = None
+        for attempt in range(self.max_retries + 1):
+            try:
+                async with self._semaphore:
+                    text = await self._call(messages, params)
+                parsed = json.loads(_strip_fences(text))
+                if self._cache is not None:
+                    self._cache[key] = json.dumps(parsed)
+                return parsed
+            except json.JSONDecodeError as e:  # a malformed reply is worth one more try, like a 5xx
+                last = e
+            except JudgeError:
+                raise
+            except Exception as e:  # litellm maps every provider error to an exception with status_code
+                last = e
+                if not _is_retryable(e):
+                    break
+            if attempt < self.max_retries:
+                self.usage.retries += 1
+                delay = min(self.retry_max_s, self.retry_base_s * 2**attempt) * random.uniform(0.5, 1.0)
+                await asyncio.sleep(max(delay, _retry_after(last) or 0.0))
+        self.usage.failures += 1
+        message = self._redact(f"{type(last).__name__}: {last}")[:500]
+        self.usage.last_error = message
+        raise JudgeError(f"judge {self.model} failed after {self.max_retries + 1} attempt(s): {message}")
+
+    async def _call(self, messages: list[dict], params: dict) -> str:
+        import litellm
+
+        response = await litellm.acompletion(
+            model=self.model,
+            messages=messages,
+            api_key=self._api_key() or ("none" if self.api_base else None),
+            api_base=self.api_base,
+            timeout=self.timeout_s,
+            num_retries=0,  # retries are ours, so that Retry-After and the counts are honoured
+            **params,
+        )
+        self.usage.calls += 1
+        usage = getattr(response, "usage", None)
+        self.usage.input_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
+        self.usage.output_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
+        try:
+            self.usage.cost_usd += float(litellm.completion_cost(completion_response=response) or 0.0)
+        except Exception:  # a model missing from litellm's cost map costs what we can't know: 0
+            pass
+        return response.choices[0].message.content or ""
+
+
+def _strip_fences(text: str) -> str:
+    text = text.strip()
+    match = re.match(r"^```(?:json)?\s*(.*?)\s*```$", text, re.S)
+    return match.group(1) if match else text
+
+
+def normalize(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower().replace(",", "")))
+
+
+ANSWER_PROMPT = """Here is a summary of a document:
+
+<summary>
+{summary}
+</summary>
+
+Answer each question below using only the summary. If the summary does not contain the answer, answer exactly "{unanswerable}".
+
+{questions}
+
+Reply with a JSON object: {{"answers": [one short answer string per question, in order]}}"""
+
+GRADE_PROMPT = """For each item, decide whether the candidate answer means the same as the gold answer to the question. A gold answer of "{unanswerable}" means the question cannot be answered; a candidate that says it cannot be answered then matches.
+
+{items}
+
+Reply with a JSON object: {{"correct": [true or false per item, in order]}}"""
+
+
+class LLMJudge:
+    def __init__(self, client: JudgeClient) -> None:
+        self.client = client
+
+    def usage_metrics(self) -> dict[str, float]:
+        return self.client.usage.snapshot_and_reset()
+
+    async def answer(self, summary: str, questions: Sequence[Question]) -> list[str]:
+        listing = "\n".join(f"{i + 1}. {q.question}" for i, q in enumerate(questions))
+        reply = await self.client.complete_json(
+            [{"role": "user", "content": ANSWER_PROMPT.format(summary=summary, questions=listing, unanswerable=UNANSWERABLE)}]
+        )
+        answers = reply.get("answers") if isinstance(reply, dict) else None
+        if not isinstance(answers, list) or len(answers) != len(questions):
+            raise JudgeError(f"judge {self.client.model}: expected {len(questions)} answers, got {json.dumps(reply)[:200]}")
+        return [str(a) for a in answers]
+
+    async def grade(self, summary: str, questions: Sequence[Question]) -> list[bool]:
+        answers = await self.answer(summary, questions)
+        verdicts: list[Optional[bool]] = []
+        for question, answer in zip(questions, answers):
+            same = normalize(answer) == normalize(question.answer)
+            verdicts.append(True if same else None)  # exact and normalized matches need no grading call
+        pending = [i for i, v in enumerate(verdicts) if v is None]
+        if pending:
+            items = "\n\n".join(
+                f"Item {n + 1}\nQuestion: {questions[i].question}\nGold answer: {questions[i].answer}\nCandidate answer: {answers[i]}"
+                for n, i in enumerate(pending)
+            )
+            reply = await self.client.complete_json(
+                [{"role": "user", "content": GRADE_PROMPT.format(items=items, unanswerable=UNANSWERABLE)}]
+            )
+            correct = reply.get("correct") if isinstance(reply, dict) else None
+            if not isinstance(correct, list) or len(correct) != len(pending) or not all(isinstance(c, bool) for c in correct):
+                raise JudgeError(f"judge {self.client.model}: expected {len(pending)} booleans, got {json.dumps(reply)[:200]}")
+            for i, value in zip(pending, correct):
+                verdicts[i] = value
+        return [bool(v) for v in verdicts]

@@ -1,0 +1,84 @@
+"""A scripted OpenAI-compatible server on 127.0.0.1 for judge tests: real HTTP, real litellm client.
+
+Each request pops the next scripted reply (a JSON reply, an HTTP status with headers, a delay, raw
+text); when the script is empty it answers like a judge: as many answers or verdicts as the prompt asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from summrl.backends.embedded.server import InferenceServer
+
+
+@dataclass
+class Reply:
+    content: Optional[str] = None  # the assistant message; None: answer like a judge
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+
+
+def judge_like(prompt: str) -> str:
+    if '"answers"' in prompt:
+        n = len(re.findall(r"^\d+\. ", prompt, re.M))
+        return json.dumps({"answers": ["UNANSWERABLE"] * n})
+    if '"correct"' in prompt:
+        n = len(re.findall(r"^Item \d+$", prompt, re.M))
+        return json.dumps({"correct": [False] * n})
+    return "A summary written by the fake policy."
+
+
+class FakeLLM:
+    def __init__(self) -> None:
+        self.script: list[Reply] = []
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.lock = threading.Lock()
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        @app.post("/chat/completions")
+        async def chat(request: Request):
+            body = await request.json()
+            with self.lock:
+                self.requests.append(body)
+                self.headers.append(dict(request.headers))
+                reply = self.script.pop(0) if self.script else Reply()
+            if reply.delay_s:
+                await asyncio.sleep(reply.delay_s)
+            if reply.status != 200:
+                # A hostile server echoes the caller's credentials back in its error body.
+                return JSONResponse({"error": {"message": f"scripted {reply.status} for {request.headers.get('authorization')}"}},
+                                    status_code=reply.status, headers=reply.headers)
+            prompt = body["messages"][-1]["content"]
+            content = reply.content if reply.content is not None else judge_like(prompt)
+            return {
+                "id": f"fake-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
+                "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(content.split()),
+                          "total_tokens": len(prompt.split()) + len(content.split())},
+            }
+
+        self.server = InferenceServer(app)
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    def __enter__(self) -> "FakeLLM":
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.stop()

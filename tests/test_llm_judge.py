@@ -1,0 +1,207 @@
+"""The litellm judge against a scripted server on loopback: answers, grading, retries, cache, cost,
+the missing-reward policy, and API keys that never leak."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import art
+import litellm
+import pytest
+
+from summrl.data import Document, Question
+from summrl.judges.llm import JudgeClient, JudgeError, LLMJudge
+from summrl.loop import MissingRewardsError, Session, sample_and_score
+from summrl.rewards import Missing
+from summrl.rewards.qa import QAReward
+from tests.conftest import compose_config
+from tests.fake_llm import FakeLLM, Reply
+
+SECRET = "sk-test-SECRET-4242"
+DOC = Document(
+    id="d1", topic="Local News", text="Ruth Okafor opened the Hollis Footbridge on March 14, 2024.",
+    questions=(
+        Question("d1-q1", "Who opened the bridge?", "Ruth Okafor", ""),
+        Question("d1-q2", "When did it open?", "March 14, 2024", ""),
+        Question("d1-q3", "Who paid for lunch?", "UNANSWERABLE", "NA"),
+    ),
+)
+
+
+@pytest.fixture
+def fake():
+    with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+def secret_env(monkeypatch):
+    monkeypatch.setenv("FAKE_JUDGE_KEY", SECRET)
+
+
+def client(fake: FakeLLM, **kwargs) -> JudgeClient:
+    defaults = dict(model="openai/gpt-4o-mini", api_key_env="FAKE_JUDGE_KEY", api_base=fake.base_url,
+                    retry_base_s=0.01, retry_max_s=0.05, timeout_s=5.0, max_retries=3)
+    return JudgeClient(**{**defaults, **kwargs})
+
+
+def grade(judge: LLMJudge, summary: str = "Ruth Okafor opened it."):
+    return asyncio.run(judge.grade(summary, DOC.questions))
+
+
+def test_answers_then_grades_only_what_does_not_already_match(fake, secret_env):
+    fake.script = [
+        Reply(json.dumps({"answers": ["ruth okafor", "In March 2024", "UNANSWERABLE"]})),
+        Reply(json.dumps({"correct": [False]})),
+    ]
+    judge = LLMJudge(client(fake))
+    assert grade(judge) == [True, False, True]
+    assert len(fake.requests) == 2
+    grading_prompt = fake.requests[1]["messages"][-1]["content"]
+    assert "In March 2024" in grading_prompt and "Ruth Okafor opened" not in grading_prompt  # no document, no summary
+    assert "Item 2" not in grading_prompt  # only the one answer that did not match was graded
+    assert fake.requests[0]["temperature"] == 0
+    assert fake.headers[0]["authorization"] == f"Bearer {SECRET}"
+
+
+def test_all_matching_answers_need_one_call(fake, secret_env):
+    fake.script = [Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "unanswerable"]}))]
+    assert grade(LLMJudge(client(fake))) == [True, True, True]
+    assert len(fake.requests) == 1
+
+
+def test_retries_429_and_5xx_with_backoff_honouring_retry_after(fake, secret_env):
+    fake.script = [Reply(status=429, headers={"Retry-After": "0.3"}), Reply(status=503), Reply(status=500),
+                   Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]}))]
+    judge = LLMJudge(client(fake))
+    start = time.perf_counter()
+    assert grade(judge) == [True, True, True]
+    assert time.perf_counter() - start >= 0.3  # waited as Retry-After asked
+    assert len(fake.requests) == 4 and judge.client.usage.retries == 3
+
+
+def test_timeouts_are_retried(fake, secret_env):
+    fake.script = [Reply(delay_s=2.0), Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]}))]
+    judge = LLMJudge(client(fake, timeout_s=0.5))
+    assert grade(judge) == [True, True, True]
+    assert judge.client.usage.retries == 1
+
+
+def test_malformed_json_is_retried_then_fails_clearly(fake, secret_env):
+    fake.script = [Reply("not json"), Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]}))]
+    assert grade(LLMJudge(client(fake))) == [True, True, True]
+    fake.script = [Reply("still not json")] * 4
+    with pytest.raises(JudgeError, match="failed after 4 attempt"):
+        grade(LLMJudge(client(fake)))
+    fake.script = [Reply(json.dumps({"answers": ["only one"]}))]
+    with pytest.raises(JudgeError, match="expected 3 answers"):
+        grade(LLMJudge(client(fake)))
+
+
+def test_client_errors_are_not_retried(fake, secret_env):
+    fake.script = [Reply(status=400)]
+    judge = LLMJudge(client(fake))
+    with pytest.raises(JudgeError):
+        grade(judge)
+    assert len(fake.requests) == 1
+
+
+def test_replies_are_cached_on_disk_across_clients(fake, secret_env, tmp_path):
+    first = LLMJudge(client(fake, cache_dir=str(tmp_path / "cache")))
+    grade(first)
+    calls = len(fake.requests)
+    second = LLMJudge(client(fake, cache_dir=str(tmp_path / "cache")))  # a rerun: a new process would look the same
+    grade(second)
+    assert len(fake.requests) == calls
+    assert second.client.usage.cached_calls == calls and second.client.usage.calls == 0
+
+
+def test_tokens_and_cost_come_from_litellm(fake, secret_env):
+    judge = LLMJudge(client(fake))
+    grade(judge)
+    usage = judge.usage_metrics()
+    prices = litellm.model_cost["gpt-4o-mini"]
+    expected = usage["judge/input_tokens"] * prices["input_cost_per_token"] + usage["judge/output_tokens"] * prices["output_cost_per_token"]
+    assert usage["judge/calls"] == 2 and usage["judge/input_tokens"] > 0
+    assert usage["judge/cost_usd"] == pytest.approx(expected)
+    assert judge.usage_metrics()["judge/calls"] == 0  # reset per step
+
+
+def test_a_failed_judge_call_leaves_the_reward_missing_not_zero(fake, secret_env):
+    fake.script = [Reply(status=500)] * 4
+    reward = QAReward(LLMJudge(client(fake)), max_chars=3000, forbid_han=True, include_unanswerable=True)
+    scores = asyncio.run(reward.score_group(DOC, ["Ruth Okafor opened it."]))
+    assert isinstance(scores[0], Missing) and "500" in scores[0].error
+
+
+def test_api_key_never_reaches_errors_or_logs(fake, secret_env, caplog, capsys):
+    caplog.set_level(logging.DEBUG)
+    fake.script = [Reply(status=401)]  # the server echoes the Authorization header in its body
+    with pytest.raises(JudgeError) as e:
+        grade(LLMJudge(client(fake)))
+    assert "401" in str(e.value) or "Authentication" in str(e.value)
+    captured = capsys.readouterr()
+    for text in (str(e.value), repr(e.value), caplog.text, captured.out, captured.err):
+        assert SECRET not in text
+
+
+def test_missing_key_is_reported_by_name(fake, monkeypatch):
+    monkeypatch.delenv("FAKE_JUDGE_KEY", raising=False)
+    with pytest.raises(JudgeError, match="FAKE_JUDGE_KEY is not set"):
+        grade(LLMJudge(client(fake)))
+
+
+def policy_session(fake: FakeLLM, max_missing: float) -> Session:
+    """The loop's scoring stage with a fake policy and a fake judge on the same loopback server."""
+    config = compose_config(["experiment=local", f"trainer.max_missing_reward_rate={max_missing}"])
+    model = art.Model(name="fake-policy", project="tests", inference_base_url=fake.base_url, inference_api_key="x")
+    judge = LLMJudge(client(fake, max_retries=0))
+    reward = QAReward(judge, max_chars=3000, forbid_han=True, include_unanswerable=True)
+    return Session(config=config, backend=None, model=model, judge=judge, reward=reward)  # type: ignore[arg-type]
+
+
+def test_groups_with_a_missing_reward_are_dropped_and_counted(fake, secret_env):
+    docs = [DOC, Document(id="d2", topic="t", text="x", questions=DOC.questions)]
+    session = policy_session(fake, max_missing=0.5)
+    # 4 policy calls, then the judge: d1's first answering call fails, every other call answers.
+    fake.script = [Reply("summary")] * 4 + [Reply(status=500)]
+    scored = asyncio.run(sample_and_score(session, docs, rollouts_per_doc=2))
+    assert scored.missing_rewards == 1 and scored.dropped_groups == 1
+    assert len(scored.groups) == 1 and all(t.reward > 0 for t in scored.groups[0].trajectories)
+    assert scored.metrics()["judge/failed_rollouts"] == 1.0
+
+
+def test_too_many_missing_rewards_stop_the_run_naming_the_judge(fake, secret_env):
+    session = policy_session(fake, max_missing=0.2)
+    fake.script = [Reply("summary")] * 2 + [Reply(status=503)] * 2
+    with pytest.raises(MissingRewardsError) as e:
+        asyncio.run(sample_and_score(session, [DOC], rollouts_per_doc=2))
+    assert "openai/gpt-4o-mini" in str(e.value) and "503" in str(e.value) and SECRET not in str(e.value)
+
+
+@pytest.mark.slow
+def test_training_run_with_an_llm_judge_keeps_the_key_out_of_every_file(fake, tmp_path):
+    from tests.conftest import ROOT, run_cli
+
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        ["experiment=local", "judge=openai_compatible", "judge.model=openai/gpt-4o-mini", f"judge.api_base={fake.base_url}",
+         "judge.api_key_env=FAKE_JUDGE_KEY", f"judge.cache_dir={tmp_path / 'cache'}", "trainer.max_steps=1",
+         "trainer.max_summary_tokens=16", "trainer.val_rollouts_per_doc=1", "dataset.val_size=1",
+         "run.name=llm-judge", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env={"FAKE_JUDGE_KEY": SECRET, "LITELLM_LOG": "DEBUG"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert SECRET not in result.stdout + result.stderr
+    assert fake.headers and all(h["authorization"] == f"Bearer {SECRET}" for h in fake.headers)
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert any(p.name == "config.yaml" for p in files)
+    for path in files:
+        assert SECRET.encode() not in path.read_bytes(), path
+    rows = [json.loads(line) for line in (run_dir / "art" / "summrl" / "models" / "llm-judge" / "history.jsonl").read_text().splitlines()]
+    # ART files the judge's counts under the split they were spent on
+    assert sum(r.get("train/judge/calls", 0) for r in rows) > 0 and sum(r.get("val/judge/calls", 0) for r in rows) > 0
+    assert any("train/judge/cost_usd" in r for r in rows)

@@ -176,10 +176,19 @@ class RulerRewardConfig:
 
 @dataclass
 class LengthPenalizedRewardConfig:
+    """A base reward (with its default settings) minus a penalty beyond trainer.max_words."""
+
     kind: str = "length_penalized"
     base: str = "qa"
-    shape: str = "linear"
+    shape: str = "linear"  # hard (0 beyond the limit) | linear | quadratic, in the relative overshoot
     strength: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.base in ("qa",), "reward.base",
+                 f"must be qa, got {self.base!r} (reward.base=ruler arrives with RULER in the judges issue (#3))")
+        _require(self.shape in ("hard", "linear", "quadratic"), "reward.shape",
+                 f"must be one of hard, linear, quadratic, got {self.shape!r}")
+        _require(self.strength >= 0, "reward.strength", f"must be >= 0, got {self.strength}")
 
 
 # --------------------------------------------------------------------------- backend
@@ -287,7 +296,6 @@ FIXED_SCHEMAS: dict[str, type] = {
 NOT_AVAILABLE: dict[tuple[str, str], str] = {
     ("judge", "embedded"): "the judges issue (#3)",
     ("reward", "ruler"): "the judges issue (#3)",
-    ("reward", "length_penalized"): "the judges issue (#3)",
     ("backend", "skypilot"): "the cloud issue (#4)",
     ("backend", "local_gpu"): "the cloud issue (#4)",
     ("backend", "serverless"): "the cloud issue (#4)",

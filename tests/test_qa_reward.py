@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from summrl.data import Document, Question
 from summrl.judges.lexical import LexicalJudge
 from summrl.rewards.qa import QAReward, has_han
@@ -53,3 +55,31 @@ def test_summary_rl_rejections_score_zero():
 
 def test_han_detection():
     assert has_han("summary 中文") and not has_han("café naïve résumé ありがとう")
+
+
+def length_reward(shape: str, strength: float = 1.0, max_words: int = 10):
+    from summrl.rewards.length import LengthPenalizedReward
+
+    return LengthPenalizedReward(reward(), max_words=max_words, shape=shape, strength=strength)
+
+
+FULL = "Ruth Okafor opened it on March 14, 2024; it cost 2.1 million dollars; Dunmore Civil Works built it."  # 18 words
+
+
+def test_length_penalty_shapes_beyond_max_words():
+    over = (18 - 10) / 10
+    assert score(length_reward("linear", 0.5), [FULL])[0].reward == pytest.approx(1.0 - 0.5 * over)
+    assert score(length_reward("quadratic"), [FULL])[0].reward == pytest.approx(1.0 - over**2)
+    assert score(length_reward("hard"), [FULL])[0].reward == 0.0
+    within = score(length_reward("hard", max_words=50), [FULL])[0]
+    assert within.reward == 1.0 and within.metrics["length_penalty"] == 0.0 and within.metrics["base_reward"] == 1.0
+
+
+def test_length_penalized_config_builds_on_qa():
+    from summrl.rewards import build_reward
+    from summrl.rewards.length import LengthPenalizedReward
+    from tests.conftest import compose_config
+
+    config = compose_config(["experiment=local", "reward=length_penalized", "reward.shape=quadratic"])
+    built = build_reward(config.reward, LexicalJudge(), config.trainer.max_words)
+    assert isinstance(built, LengthPenalizedReward) and built.shape == "quadratic" and built.max_words == 350

@@ -33,4 +33,10 @@ def build_reward(config, judge, max_words: int) -> Reward:
 
         return QAReward(judge, max_chars=config.max_chars, forbid_han=config.forbid_han,
                         include_unanswerable=config.include_unanswerable)
+    if config.kind == "length_penalized":
+        from summrl.config import KIND_SCHEMAS
+        from summrl.rewards.length import LengthPenalizedReward
+
+        base = build_reward(KIND_SCHEMAS["reward"][config.base](), judge, max_words)  # the base with its defaults
+        return LengthPenalizedReward(base, max_words=max_words, shape=config.shape, strength=config.strength)
     raise ValueError(f"reward.kind={config.kind} is not available yet")

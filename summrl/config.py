@@ -170,8 +170,16 @@ class QARewardConfig:
 
 @dataclass
 class RulerRewardConfig:
+    """ART's RULER: the judge ranks a group's summaries against each other with this rubric."""
+
     kind: str = "ruler"
-    rubric: str = ""
+    rubric: str = (
+        "A good summary is faithful to the document, dense with its concrete facts (names, dates, numbers, places), "
+        "covers what a reader would ask about, and stays under the word limit."
+    )
+
+    def __post_init__(self) -> None:
+        _require(bool(self.rubric.strip()), "reward.rubric", "must not be empty")
 
 
 @dataclass
@@ -184,8 +192,7 @@ class LengthPenalizedRewardConfig:
     strength: float = 1.0
 
     def __post_init__(self) -> None:
-        _require(self.base in ("qa",), "reward.base",
-                 f"must be qa, got {self.base!r} (reward.base=ruler arrives with RULER in the judges issue (#3))")
+        _require(self.base in ("qa", "ruler"), "reward.base", f"must be qa or ruler, got {self.base!r}")
         _require(self.shape in ("hard", "linear", "quadratic"), "reward.shape",
                  f"must be one of hard, linear, quadratic, got {self.shape!r}")
         _require(self.strength >= 0, "reward.strength", f"must be >= 0, got {self.strength}")
@@ -295,7 +302,6 @@ FIXED_SCHEMAS: dict[str, type] = {
 # Group options whose implementation is planned in a later issue: (group, option) -> where.
 NOT_AVAILABLE: dict[tuple[str, str], str] = {
     ("judge", "embedded"): "the judges issue (#3)",
-    ("reward", "ruler"): "the judges issue (#3)",
     ("backend", "skypilot"): "the cloud issue (#4)",
     ("backend", "local_gpu"): "the cloud issue (#4)",
     ("backend", "serverless"): "the cloud issue (#4)",
@@ -353,6 +359,12 @@ def validate(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None
             raise ConfigError(f"{group}.kind: must be one of {', '.join(schemas)}, got {kind!r}")
         sections[group] = _typed_section(group, node, schemas[kind])
     config = Config(**sections)
+    uses_ruler = config.reward.kind == "ruler" or getattr(config.reward, "base", None) == "ruler"
+    if uses_ruler and config.judge.kind != "litellm":
+        raise ConfigError(
+            f"reward=ruler needs an LLM judge, got judge.kind={config.judge.kind}: "
+            "use judge=gemini_flash, judge=gemini_flash_openrouter or judge=openai_compatible"
+        )
     for (group, option), where in NOT_AVAILABLE.items():
         if choices.get(group) == option:
             available = sorted(

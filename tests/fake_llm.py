@@ -29,6 +29,10 @@ class Reply:
 
 
 def judge_like(prompt: str) -> str:
+    trajectories = re.findall(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', prompt, re.S)
+    if trajectories:  # RULER: score each summary by its length, so tests can check the mapping
+        return json.dumps({"scores": [{"trajectory_id": i, "explanation": "by length", "score": min(1.0, len(t) / 1000)}
+                                      for i, t in trajectories]})
     if '"answers"' in prompt:
         n = len(re.findall(r"^\d+\. ", prompt, re.M))
         return json.dumps({"answers": ["UNANSWERABLE"] * n})

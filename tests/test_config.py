@@ -15,14 +15,26 @@ GROUPS = ["model", "dataset", "reward", "judge", "backend", "logger"]
 LOCAL = ["experiment=local"]
 
 
+# RULER needs an LLM judge; the local experiment's judge is lexical.
+NEEDS = {("reward", "ruler"): ["judge=openai_compatible"]}
+
+
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
 def test_every_group_option_composes_against_its_schema(group, option):
+    overrides = [*LOCAL, *NEEDS.get((group, option), []), f"{group}={option}"]
     if (group, option) in NOT_AVAILABLE:
         with pytest.raises(ConfigError, match=rf"{group}={option} is not available yet"):
-            compose_config([*LOCAL, f"{group}={option}"])
+            compose_config(overrides)
     else:
-        config = compose_config([*LOCAL, f"{group}={option}"])
+        config = compose_config(overrides)
         assert getattr(config, group) is not None
+
+
+def test_ruler_needs_an_llm_judge():
+    with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge"):
+        compose_config([*LOCAL, "reward=ruler"])
+    with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge"):
+        compose_config([*LOCAL, "reward=length_penalized", "reward.base=ruler"])
 
 
 def test_planned_options_list_what_is_available_instead():

@@ -205,3 +205,29 @@ def test_training_run_with_an_llm_judge_keeps_the_key_out_of_every_file(fake, tm
     # ART files the judge's counts under the split they were spent on
     assert sum(r.get("train/judge/calls", 0) for r in rows) > 0 and sum(r.get("val/judge/calls", 0) for r in rows) > 0
     assert any("train/judge/cost_usd" in r for r in rows)
+
+
+def ruler_reward(fake: FakeLLM, rubric: str = "Prefer dense, faithful summaries."):
+    from summrl.rewards.ruler import RulerReward
+
+    return RulerReward(client(fake, max_retries=0), rubric=rubric, max_words=350)
+
+
+def test_ruler_ranks_the_group_in_one_call(fake, secret_env):
+    reward = ruler_reward(fake)
+    summaries = ["short", "a somewhat longer summary " * 5, "the longest summary of them all " * 10]
+    scores = asyncio.run(reward.score_group(DOC, summaries))
+    assert len(fake.requests) == 1
+    assert scores[0].reward < scores[1].reward < scores[2].reward  # the fake scores by length: order is kept
+    assert scores[2].metrics["ruler_score"] == scores[2].reward
+    prompt = json.dumps(fake.requests[0]["messages"])
+    assert "Prefer dense, faithful summaries." in prompt and "Who opened the bridge?" not in prompt  # no questions
+    assert fake.headers[0]["authorization"] == f"Bearer {SECRET}"
+
+
+def test_ruler_parse_failure_leaves_the_group_missing(fake, secret_env):
+    fake.script = [Reply(json.dumps({"scores": [{"trajectory_id": "1", "explanation": "", "score": 0.5}]}))]
+    reward = ruler_reward(fake)
+    scores = asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
+    assert all(isinstance(s, Missing) for s in scores)
+    assert reward.client.usage.failures == 1

@@ -39,4 +39,8 @@ def build_reward(config, judge, max_words: int) -> Reward:
 
         base = build_reward(KIND_SCHEMAS["reward"][config.base](), judge, max_words)  # the base with its defaults
         return LengthPenalizedReward(base, max_words=max_words, shape=config.shape, strength=config.strength)
+    if config.kind == "ruler":
+        from summrl.rewards.ruler import RulerReward
+
+        return RulerReward(judge.client, rubric=config.rubric, max_words=max_words)
     raise ValueError(f"reward.kind={config.kind} is not available yet")

@@ -1,0 +1,53 @@
+"""RULER: ART's ``ruler_score_group`` ranks a group's summaries against each other with a rubric.
+
+One judge call per group, through the configured LLM judge's model, endpoint and key. GRPO only
+needs scores that are consistent within a group. A group RULER cannot score (a failed call, or a
+reply with the wrong number of scores) comes back missing: the loop drops it and counts it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import art
+
+from summrl.data import Document
+from summrl.judges.llm import JudgeClient
+from summrl.rewards import Missing, Score
+from summrl.rollout import SYSTEM_PROMPT, summary_prompt
+
+
+class RulerReward:
+    def __init__(self, client: JudgeClient, *, rubric: str, max_words: int) -> None:
+        self.client, self.rubric, self.max_words = client, rubric, max_words
+
+    def _litellm_params(self) -> dict:
+        params: dict = {"temperature": 0, "timeout": self.client.timeout_s, "num_retries": self.client.max_retries}
+        key = self.client._api_key()
+        if key or self.client.api_base:
+            params["api_key"] = key or "none"
+        if self.client.api_base:
+            params["api_base"] = self.client.api_base
+        return params
+
+    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
+        from art.rewards import ruler_score_group
+
+        prompt = [{"role": "system", "content": SYSTEM_PROMPT},
+                  {"role": "user", "content": summary_prompt(document, self.max_words)}]
+        group = art.TrajectoryGroup(
+            art.Trajectory(messages_and_choices=[*prompt, {"role": "assistant", "content": s}], reward=0.0)
+            for s in summaries
+        )
+        self.client.usage.calls += 1
+        async with self.client._semaphore:
+            scored = await ruler_score_group(group, self.client.model, self._litellm_params(), self.rubric,
+                                             swallow_exceptions=True)
+        if scored is None:
+            self.client.usage.failures += 1
+            error = f"RULER could not score the group of document {document.id} with judge {self.client.model}"
+            return [Missing(error) for _ in summaries]
+        return [
+            Score(t.reward, {"ruler_score": t.reward, "word_count": float(len(s.split()))})
+            for t, s in zip(scored.trajectories, summaries)
+        ]

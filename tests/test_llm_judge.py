@@ -231,3 +231,12 @@ def test_ruler_parse_failure_leaves_the_group_missing(fake, secret_env):
     scores = asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
     assert all(isinstance(s, Missing) for s in scores)
     assert reward.client.usage.failures == 1
+
+
+def test_full_document_baseline_is_computed_once_per_document(fake, secret_env):
+    reward = QAReward(LLMJudge(client(fake)), max_chars=3000, forbid_han=True, include_unanswerable=True)
+    asyncio.run(reward.score_group(DOC, ["one summary", "another summary", "a third"]))
+    asyncio.run(reward.score_group(DOC, ["a later step's summary"]))
+    full_document_calls = [r for r in fake.requests if DOC.text in r["messages"][-1]["content"]]
+    assert len(full_document_calls) == 1  # the answering call; its grading call holds no document
+    assert len(fake.requests) == 2 * (1 + 4)  # baseline once + four summaries, two calls each

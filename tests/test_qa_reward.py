@@ -83,3 +83,9 @@ def test_length_penalized_config_builds_on_qa():
     config = compose_config(["experiment=local", "reward=length_penalized", "reward.shape=quadratic"])
     built = build_reward(config.reward, LexicalJudge(), config.trainer.max_words)
     assert isinstance(built, LengthPenalizedReward) and built.shape == "quadratic" and built.max_words == 350
+
+
+def test_percent_full_is_logged_beside_the_reward():
+    scores = score(reward(), ["Ruth Okafor opened it."])
+    assert "percent_full" in scores[0].metrics  # the lexical judge on the document text itself
+    assert scores[0].metrics["percent_diff"] == pytest.approx(scores[0].metrics["qa_accuracy"] - scores[0].metrics["percent_full"])

@@ -18,7 +18,7 @@ from summrl.loop import MissingRewardsError, Session, sample_and_score
 from summrl.rewards import Missing
 from summrl.rewards.qa import QAReward
 from tests.conftest import compose_config
-from tests.fake_llm import FakeLLM, Reply
+from summrl.judges.fake_server import FakeLLM, Reply
 
 SECRET = "sk-test-SECRET-4242"
 DOC = Document(
@@ -131,8 +131,8 @@ def test_tokens_and_cost_come_from_litellm(fake, secret_env):
 
 
 def test_a_failed_judge_call_leaves_the_reward_missing_not_zero(fake, secret_env):
-    fake.script = [Reply(status=500)] * 4
-    reward = QAReward(LLMJudge(client(fake)), max_chars=3000, forbid_han=True, include_unanswerable=True)
+    fake.script = [Reply(status=500)] * 2  # the summary's answering call and the baseline's
+    reward = QAReward(LLMJudge(client(fake, max_retries=0)), max_chars=3000, forbid_han=True, include_unanswerable=True)
     scores = asyncio.run(reward.score_group(DOC, ["Ruth Okafor opened it."]))
     assert isinstance(scores[0], Missing) and "500" in scores[0].error
 
@@ -238,5 +238,15 @@ def test_full_document_baseline_is_computed_once_per_document(fake, secret_env):
     asyncio.run(reward.score_group(DOC, ["one summary", "another summary", "a third"]))
     asyncio.run(reward.score_group(DOC, ["a later step's summary"]))
     full_document_calls = [r for r in fake.requests if DOC.text in r["messages"][-1]["content"]]
-    assert len(full_document_calls) == 1  # the answering call; its grading call holds no document
-    assert len(fake.requests) == 2 * (1 + 4)  # baseline once + four summaries, two calls each
+    assert len(full_document_calls) == 1  # one answering call; the grading calls hold no document
+    # first group: 3 summaries + the document answered, 1 grading call; second group: 1 + 1
+    assert len(fake.requests) == (3 + 1 + 1) + (1 + 1)
+
+
+def test_a_group_is_graded_in_one_call(fake, secret_env):
+    judge = LLMJudge(client(fake))
+    results = asyncio.run(judge.grade_group(["a", "b", "c", "d"], DOC.questions))
+    assert len(results) == 4 and all(r == [False, False, True] for r in results)
+    grading = [r for r in fake.requests if '"correct"' in r["messages"][-1]["content"]]
+    assert len(grading) == 1 and len(fake.requests) == 5
+    assert grading[0]["messages"][-1]["content"].count("Candidate answer:") == 8  # 4 texts x 2 mismatches

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, Union
 
 from summrl.data import Question
 
 
 class Judge(Protocol):
-    async def grade(self, summary: str, questions: Sequence[Question]) -> list[bool]:
-        """One verdict per question: was it answered correctly from the summary alone?"""
+    async def grade_group(self, texts: Sequence[str], questions: Sequence[Question]) -> list[Union[list[bool], Exception]]:
+        """For each text, one verdict per question: was it answered correctly from that text alone?
+        A text the judge could not grade gets the error instead (a JudgeError)."""
         ...
 
     def usage_metrics(self) -> dict[str, float]:

@@ -67,5 +67,8 @@ class LexicalJudge:
     async def grade(self, summary: str, questions: Sequence[Question]) -> list[bool]:
         return [self.answers(summary, q) for q in questions]
 
+    async def grade_group(self, texts: Sequence[str], questions: Sequence[Question]) -> list[list[bool]]:
+        return [[self.answers(t, q) for q in questions] for t in texts]
+
     def usage_metrics(self) -> dict[str, float]:
         return {}

@@ -7,9 +7,9 @@ params) so reruns and sweeps don't pay twice, and token and USD accounting from 
 The API key is read from the environment variable the config names, at call time; it is never
 stored in config and is redacted from every error message.
 
-``LLMJudge`` grades a summary with at most two calls: one answers all of the document's questions
-from the summary alone, one grades the answers that don't already match the gold answer. The
-grading prompt holds no document.
+``LLMJudge`` grades a group of summaries with one call per summary that answers all of the
+document's questions from the summary alone, plus one call for the whole group that grades the
+answers that don't already match the gold answer. The grading prompt holds no document.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 from summrl.data import UNANSWERABLE, Question
 
@@ -261,24 +261,46 @@ class LLMJudge:
             raise JudgeError(f"judge {self.client.model}: expected {len(questions)} answers, got {json.dumps(reply)[:200]}")
         return [str(a) for a in answers]
 
-    async def grade(self, summary: str, questions: Sequence[Question]) -> list[bool]:
-        answers = await self.answer(summary, questions)
-        verdicts: list[Optional[bool]] = []
-        for question, answer in zip(questions, answers):
-            same = normalize(answer) == normalize(question.answer)
-            verdicts.append(True if same else None)  # exact and normalized matches need no grading call
-        pending = [i for i, v in enumerate(verdicts) if v is None]
+    async def grade_group(self, texts: Sequence[str], questions: Sequence[Question]) -> list[Union[list[bool], JudgeError]]:
+        """Grade several texts (a group's summaries) on the same questions: one answering call per text,
+        in parallel, then a single grading call for every answer that doesn't already match its gold answer."""
+        answered = await asyncio.gather(*(self.answer(t, questions) for t in texts), return_exceptions=True)
+        verdicts: list[Union[list[Optional[bool]], JudgeError]] = []
+        pending: list[tuple[int, int]] = []  # (text, question) pairs the grading call decides
+        for t, answers in enumerate(answered):
+            if isinstance(answers, BaseException):
+                if not isinstance(answers, JudgeError):
+                    raise answers
+                verdicts.append(answers)
+                continue
+            row: list[Optional[bool]] = []
+            for q, (question, answer) in enumerate(zip(questions, answers)):
+                same = normalize(answer) == normalize(question.answer)  # exact and normalized matches need no call
+                row.append(True if same else None)
+                if not same:
+                    pending.append((t, q))
+            verdicts.append(row)
         if pending:
             items = "\n\n".join(
-                f"Item {n + 1}\nQuestion: {questions[i].question}\nGold answer: {questions[i].answer}\nCandidate answer: {answers[i]}"
-                for n, i in enumerate(pending)
+                f"Item {n + 1}\nQuestion: {questions[q].question}\nGold answer: {questions[q].answer}\n"
+                f"Candidate answer: {answered[t][q]}"  # type: ignore[index]
+                for n, (t, q) in enumerate(pending)
             )
-            reply = await self.client.complete_json(
-                [{"role": "user", "content": GRADE_PROMPT.format(items=items, unanswerable=UNANSWERABLE)}]
-            )
-            correct = reply.get("correct") if isinstance(reply, dict) else None
-            if not isinstance(correct, list) or len(correct) != len(pending) or not all(isinstance(c, bool) for c in correct):
-                raise JudgeError(f"judge {self.client.model}: expected {len(pending)} booleans, got {json.dumps(reply)[:200]}")
-            for i, value in zip(pending, correct):
-                verdicts[i] = value
-        return [bool(v) for v in verdicts]
+            try:
+                reply = await self.client.complete_json(
+                    [{"role": "user", "content": GRADE_PROMPT.format(items=items, unanswerable=UNANSWERABLE)}]
+                )
+                correct = reply.get("correct") if isinstance(reply, dict) else None
+                if not isinstance(correct, list) or len(correct) != len(pending) or not all(isinstance(c, bool) for c in correct):
+                    raise JudgeError(f"judge {self.client.model}: expected {len(pending)} booleans, got {json.dumps(reply)[:200]}")
+            except JudgeError as e:
+                return [v if isinstance(v, JudgeError) else e for v in verdicts]
+            for (t, q), value in zip(pending, correct):
+                verdicts[t][q] = value  # type: ignore[index]
+        return [v if isinstance(v, JudgeError) else [bool(x) for x in v] for v in verdicts]
+
+    async def grade(self, summary: str, questions: Sequence[Question]) -> list[bool]:
+        (result,) = await self.grade_group([summary], questions)
+        if isinstance(result, JudgeError):
+            raise result
+        return result

@@ -1,8 +1,12 @@
-"""QA reward: the fraction of the document's questions the judge answers correctly from the summary."""
+"""QA reward: the fraction of the document's questions the judge answers correctly from the summary.
+
+A group is graded together: the judge answers from each summary, then grades all answers in one
+call. Summary-RL's full-document baseline (``percent_full``) rides along in the first group of each
+document and is cached, so it costs one answering call per document, not one per rollout.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Optional, Sequence, Union
 
@@ -23,22 +27,7 @@ class QAReward:
         self.max_chars = max_chars
         self.forbid_han = forbid_han
         self.include_unanswerable = include_unanswerable
-        self._baselines: dict[str, "asyncio.Task[Optional[float]]"] = {}
-
-    async def percent_full(self, document: Document) -> Optional[float]:
-        """Summary-RL's baseline: the share answered from the full document. Once per document, then cached."""
-        from summrl.judges.llm import JudgeError
-
-        async def compute() -> Optional[float]:
-            try:
-                verdicts = await self.judge.grade(document.text, document.questions)
-            except JudgeError:
-                return None  # a missing baseline leaves its metric out; it never changes the reward
-            return sum(verdicts) / len(verdicts)
-
-        if document.id not in self._baselines:
-            self._baselines[document.id] = asyncio.ensure_future(compute())
-        return await self._baselines[document.id]
+        self.baselines: dict[str, Optional[float]] = {}  # document id -> percent_full (None: the judge failed)
 
     def rejection(self, summary: str) -> Optional[str]:
         """Summary-RL's rules: such a summary scores 0 without asking the judge."""
@@ -48,19 +37,28 @@ class QAReward:
             return "too_long"
         return None
 
-    async def _score(self, document: Document, summary: str) -> Union[Score, Missing]:
-        from summrl.judges.llm import JudgeError
+    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
+        questions = document.questions
+        rejections = [self.rejection(s) for s in summaries]
+        texts = [s for s, r in zip(summaries, rejections) if not r]
+        with_baseline = document.id not in self.baselines
+        graded = list(await self.judge.grade_group(texts + [document.text] if with_baseline else texts, questions))
+        if with_baseline:
+            full = graded.pop()
+            self.baselines[document.id] = None if isinstance(full, Exception) else sum(full) / len(full)
+        baseline = self.baselines[document.id]
+        judged = iter(graded)
+        scores: list[Union[Score, Missing]] = []
+        for rejected in rejections:
+            verdicts = [False] * len(questions) if rejected else next(judged)
+            if isinstance(verdicts, Exception):
+                scores.append(Missing(str(verdicts)))
+                continue
+            scores.append(self._score(document, verdicts, rejected, baseline))
+        return scores
 
+    def _score(self, document: Document, verdicts: list[bool], rejected: Optional[str], baseline: Optional[float]) -> Score:
         answerable = [q.answerable for q in document.questions]
-        rejected = self.rejection(summary)
-        if rejected:
-            verdicts = [False] * len(document.questions)
-        else:
-            try:
-                verdicts = await self.judge.grade(summary, document.questions)
-            except JudgeError as e:
-                return Missing(str(e))
-        baseline = await self.percent_full(document)
         n_answerable = sum(answerable)
         accuracy_all = sum(verdicts) / len(verdicts)
         accuracy_answerable = (
@@ -72,9 +70,6 @@ class QAReward:
             "rejected_han": float(rejected == "han"),
             "rejected_too_long": float(rejected == "too_long"),
         }
-        if baseline is not None:
+        if baseline is not None:  # a failed baseline leaves its metric out; it never changes the reward
             metrics.update(percent_full=baseline, percent_diff=accuracy_all - baseline)
         return Score(reward=accuracy_all if self.include_unanswerable else accuracy_answerable, metrics=metrics)
-
-    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
-        return list(await asyncio.gather(*(self._score(document, s) for s in summaries)))

@@ -1,7 +1,9 @@
-"""A scripted OpenAI-compatible server on 127.0.0.1 for judge tests: real HTTP, real litellm client.
+"""A scripted, counting OpenAI-compatible server on 127.0.0.1: the judge for tests and `summrl.perf judge`.
 
-Each request pops the next scripted reply (a JSON reply, an HTTP status with headers, a delay, raw
-text); when the script is empty it answers like a judge: as many answers or verdicts as the prompt asks.
+Real HTTP, so the real litellm client path runs. Each request pops the next scripted reply (a JSON
+reply, an HTTP status with headers, a delay, raw text); when the script is empty it answers like a
+judge, after ``default_delay_s``: as many answers, verdicts or RULER scores as the prompt asks.
+Usage counts prompt tokens with litellm's tokenizer, as a hosted judge would bill them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ class Reply:
     delay_s: float = 0.0
 
 
+def token_count(messages: list[dict]) -> int:
+    import litellm
+
+    return int(litellm.token_counter(model="gpt-4o", messages=messages))
+
+
 def judge_like(prompt: str) -> str:
     trajectories = re.findall(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', prompt, re.S)
     if trajectories:  # RULER: score each summary by its length, so tests can check the mapping
@@ -43,7 +51,8 @@ def judge_like(prompt: str) -> str:
 
 
 class FakeLLM:
-    def __init__(self) -> None:
+    def __init__(self, default_delay_s: float = 0.0) -> None:
+        self.default_delay_s = default_delay_s
         self.script: list[Reply] = []
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -57,7 +66,7 @@ class FakeLLM:
             with self.lock:
                 self.requests.append(body)
                 self.headers.append(dict(request.headers))
-                reply = self.script.pop(0) if self.script else Reply()
+                reply = self.script.pop(0) if self.script else Reply(delay_s=self.default_delay_s)
             if reply.delay_s:
                 await asyncio.sleep(reply.delay_s)
             if reply.status != 200:
@@ -66,12 +75,13 @@ class FakeLLM:
                                     status_code=reply.status, headers=reply.headers)
             prompt = body["messages"][-1]["content"]
             content = reply.content if reply.content is not None else judge_like(prompt)
+            prompt_tokens = token_count(body["messages"])
             return {
                 "id": f"fake-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
                 "model": body["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(content.split()),
-                          "total_tokens": len(prompt.split()) + len(content.split())},
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(content.split()),
+                          "total_tokens": prompt_tokens + len(content.split())},
             }
 
         self.server = InferenceServer(app)

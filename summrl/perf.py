@@ -1,4 +1,4 @@
-"""Benchmarks that print JSON. `python -m summrl.perf step [--steps N]`.
+"""Benchmarks that print JSON. `python -m summrl.perf step [--steps N]`, `python -m summrl.perf judge`.
 
 step: the embedded GRPO step of `experiment=local` (2 sample documents x 4 rollouts, 128 new tokens),
 timed with the loop's own ``train_step``; generation throughput of 8 concurrent vs the same 8
@@ -113,6 +113,95 @@ async def bench_step(steps: int, repeats: int) -> dict:
     }
 
 
+# Summary-RL's per-question scheme (src/summarizer/rollout.py): 4 calls per question, the document in
+# three of them, and the full-document baseline recomputed for every rollout.
+PER_QUESTION_PROMPTS = (
+    "Here is a document: {summary}\n\nAnswer this question to the best of your ability in one sentence, "
+    "if the document does not contain the answer, just state so: {question}",
+    "Here is a document: {document}\n\nHere is a question: {question}\n\nHere is a generated answer: {answer}\n\n"
+    "Here is the golden answer: {gold}\n\nIf the answers mostly match return a 1, if they do not match return a 0. "
+    "Do not return any other text.",
+    "Here is a document: {document}\n\nAnswer this question to the best of your ability in one sentence, "
+    "if the document does not contain the answer, just state so: {question}",
+    "Here is a document: {document}\n\nHere is a question: {question}\n\nHere is a generated answer: {answer}\n\n"
+    "Here is the golden answer: {gold}\n\nIf the answers mostly match return a 1, if they do not match return a 0. "
+    "Do not return any other text.",
+)
+
+
+def fixed_summaries(document, n: int, words: int = 100) -> list[str]:
+    """n different fixed 'summaries' of a document: overlapping windows of its words."""
+    tokens = document.text.split()
+    step = max(1, (len(tokens) - words) // max(1, n - 1))
+    return [" ".join(tokens[i * step : i * step + words]) for i in range(n)]
+
+
+async def bench_judge(documents: int, group_size: int, delay_s: float) -> dict:
+    import litellm
+
+    from summrl.data import load_splits
+    from summrl.judges.fake_server import FakeLLM
+    from summrl.judges.llm import JudgeClient, LLMJudge
+    from summrl.rewards.qa import QAReward
+
+    config = compose_local(tempfile.gettempdir(), ["experiment=local"])
+    val, train = load_splits(**{k: getattr(config.dataset, k) for k in
+                                ("files", "hf_path", "hf_split", "seed", "train_size", "val_size")})
+    docs = (val + train)[:documents]
+    rollouts = documents * group_size
+
+    def new_reward(base_url: str) -> QAReward:
+        judge = LLMJudge(JudgeClient(model="openai/gpt-4o-mini", api_base=base_url, cache_dir=None))
+        return QAReward(judge, max_chars=None, forbid_han=True, include_unanswerable=True)
+
+    with FakeLLM() as server:  # reward=qa: grouped answering and grading, cached baseline
+        reward = new_reward(server.base_url)
+        for doc in docs:
+            await reward.score_group(doc, fixed_summaries(doc, group_size))
+        qa_calls, qa_tokens = len(server.requests), server.prompt_tokens
+
+    with FakeLLM() as server:  # Summary-RL's scheme on the same documents and summaries
+        async def call(prompt: str) -> str:
+            response = await litellm.acompletion(model="openai/gpt-4o-mini", api_base=server.base_url, api_key="none",
+                                                 messages=[{"role": "user", "content": prompt}], temperature=0)
+            return response.choices[0].message.content
+
+        async def per_question(doc, summary: str) -> None:
+            for q in doc.questions:
+                fields = {"summary": summary, "document": doc.text, "question": q.question, "gold": q.answer}
+                answer = await call(PER_QUESTION_PROMPTS[0].format(**fields, answer=""))
+                await call(PER_QUESTION_PROMPTS[1].format(**fields, answer=answer))
+                full = await call(PER_QUESTION_PROMPTS[2].format(**fields, answer=""))
+                await call(PER_QUESTION_PROMPTS[3].format(**fields, answer=full))
+
+        for doc in docs:
+            await asyncio.gather(*(per_question(doc, s) for s in fixed_summaries(doc, group_size)))
+        pq_calls, pq_tokens = len(server.requests), server.prompt_tokens
+
+    walls = []
+    with FakeLLM(default_delay_s=delay_s) as server:  # a judge that takes delay_s per call
+        reward = new_reward(server.base_url)
+        for doc in docs:
+            start = time.perf_counter()
+            await reward.score_group(doc, fixed_summaries(doc, group_size))
+            walls.append(time.perf_counter() - start)
+
+    qa_tok = qa_tokens / rollouts
+    pq_tok = pq_tokens / rollouts
+    return {
+        "qa_calls_per_rollout": round(qa_calls / rollouts, 3),
+        "qa_input_tokens_per_rollout": round(qa_tok, 1),
+        "per_question_calls_per_rollout": round(pq_calls / rollouts, 3),
+        "per_question_input_tokens_per_rollout": round(pq_tok, 1),
+        "token_ratio": round(pq_tok / qa_tok, 2),
+        "call_ratio": round(pq_calls / qa_calls, 2),
+        "group_wall_s": round(statistics.median(walls), 3),
+        "group_size": group_size,
+        "documents": documents,
+        "judge_delay_s": delay_s,
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m summrl.perf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,9 +209,16 @@ def main(argv: list[str] | None = None) -> None:
     step = sub.add_parser("step", help="embedded GRPO step time, batched generation, start-up time")
     step.add_argument("--steps", type=int, default=3, help="GRPO steps to time (median reported)")
     step.add_argument("--repeats", type=int, default=2, help="throughput measurements (median reported)")
+    judge = sub.add_parser("judge", help="judge calls and input tokens per rollout: reward=qa vs Summary-RL's scheme")
+    judge.add_argument("--documents", type=int, default=8, help="sample documents, one group each")
+    judge.add_argument("--group-size", type=int, default=8, help="rollouts per group")
+    judge.add_argument("--delay", type=float, default=0.2, help="seconds the judge takes per call, for group_wall_s")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    if args.benchmark == "judge":
+        print(json.dumps(asyncio.run(bench_judge(args.documents, args.group_size, args.delay)), indent=2))
+        return
     startup = startup_seconds()
     result = asyncio.run(bench_step(args.steps, args.repeats))
     result["startup_s"] = round(statistics.median(startup), 2)

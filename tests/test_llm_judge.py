@@ -62,7 +62,7 @@ def test_answers_then_grades_only_what_does_not_already_match(fake, secret_env):
     assert len(fake.requests) == 2
     grading_prompt = fake.requests[1]["messages"][-1]["content"]
     assert "In March 2024" in grading_prompt and "Ruth Okafor opened" not in grading_prompt  # no document, no summary
-    assert "Item 2" not in grading_prompt  # only the one answer that did not match was graded
+    assert "Candidate 2" not in grading_prompt  # only the one answer that did not match was graded
     assert fake.requests[0]["temperature"] == 0
     assert fake.headers[0]["authorization"] == f"Bearer {SECRET}"
 
@@ -249,4 +249,6 @@ def test_a_group_is_graded_in_one_call(fake, secret_env):
     assert len(results) == 4 and all(r == [False, False, True] for r in results)
     grading = [r for r in fake.requests if '"correct"' in r["messages"][-1]["content"]]
     assert len(grading) == 1 and len(fake.requests) == 5
-    assert grading[0]["messages"][-1]["content"].count("Candidate answer:") == 8  # 4 texts x 2 mismatches
+    prompt = grading[0]["messages"][-1]["content"]
+    assert prompt.count("Candidate ") == 8  # 4 texts x 2 mismatched answers
+    assert prompt.count("Who opened the bridge?") == 1  # each question once per group

@@ -45,7 +45,7 @@ def judge_like(prompt: str) -> str:
         n = len(re.findall(r"^\d+\. ", prompt, re.M))
         return json.dumps({"answers": ["UNANSWERABLE"] * n})
     if '"correct"' in prompt:
-        n = len(re.findall(r"^Item \d+$", prompt, re.M))
+        n = len(re.findall(r"^Candidate \d+: ", prompt, re.M))
         return json.dumps({"correct": [False] * n})
     return "A summary written by the fake policy."
 
@@ -56,6 +56,7 @@ class FakeLLM:
         self.script: list[Reply] = []
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.prompt_tokens = 0  # summed over every answered request
         self.lock = threading.Lock()
         app = FastAPI()
 
@@ -76,6 +77,8 @@ class FakeLLM:
             prompt = body["messages"][-1]["content"]
             content = reply.content if reply.content is not None else judge_like(prompt)
             prompt_tokens = token_count(body["messages"])
+            with self.lock:
+                self.prompt_tokens += prompt_tokens
             return {
                 "id": f"fake-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
                 "model": body["model"],

@@ -225,23 +225,22 @@ def normalize(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", text.lower().replace(",", "")))
 
 
-ANSWER_PROMPT = """Here is a summary of a document:
+ANSWER_PROMPT = """Using only this summary, answer each question briefly. If the summary lacks the answer, write "{unanswerable}".
 
 <summary>
 {summary}
 </summary>
 
-Answer each question below using only the summary. If the summary does not contain the answer, answer exactly "{unanswerable}".
-
 {questions}
 
-Reply with a JSON object: {{"answers": [one short answer string per question, in order]}}"""
+Reply in JSON: {{"answers": [one string per question, in order]}}"""
 
-GRADE_PROMPT = """For each item, decide whether the candidate answer means the same as the gold answer to the question. A gold answer of "{unanswerable}" means the question cannot be answered; a candidate that says it cannot be answered then matches.
+# Candidates are listed under their question, so a question and its gold answer appear once per group.
+GRADE_PROMPT = """For each numbered candidate, say whether it means the same as the gold answer to its question. Gold "{unanswerable}" means the question cannot be answered; a candidate saying so then matches.
 
 {items}
 
-Reply with a JSON object: {{"correct": [true or false per item, in order]}}"""
+Reply in JSON: {{"correct": [true or false per candidate, in number order]}}"""
 
 
 class LLMJudge:
@@ -281,11 +280,18 @@ class LLMJudge:
                     pending.append((t, q))
             verdicts.append(row)
         if pending:
-            items = "\n\n".join(
-                f"Item {n + 1}\nQuestion: {questions[q].question}\nGold answer: {questions[q].answer}\n"
-                f"Candidate answer: {answered[t][q]}"  # type: ignore[index]
-                for n, (t, q) in enumerate(pending)
-            )
+            pending.sort(key=lambda tq: tq[1])  # by question, to list each question's candidates together
+            blocks, number = [], 0
+            for q, question in enumerate(questions):
+                texts_q = [t for t, qq in pending if qq == q]
+                if not texts_q:
+                    continue
+                lines = [f"Question: {question.question}\nGold: {question.answer}"]
+                for t in texts_q:
+                    number += 1
+                    lines.append(f"Candidate {number}: {answered[t][q]}")  # type: ignore[index]
+                blocks.append("\n".join(lines))
+            items = "\n\n".join(blocks)
             try:
                 reply = await self.client.complete_json(
                     [{"role": "user", "content": GRADE_PROMPT.format(items=items, unanswerable=UNANSWERABLE)}]

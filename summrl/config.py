@@ -152,6 +152,20 @@ class LLMJudgeConfig:
         _require(self.max_retries >= 0, "judge.max_retries", f"must be >= 0, got {self.max_retries}")
 
 
+@dataclass
+class EmbeddedJudgeConfig:
+    """The embedded model with base weights (no LoRA) as an LLM judge, on the embedded backend's endpoint.
+    Its JSON replies are decoded under a grammar (xgrammar), so they are valid by construction."""
+
+    kind: str = "embedded"
+    max_concurrency: int = 8
+    timeout_s: float = 600.0
+    max_retries: int = 2
+    retry_base_s: float = 1.0
+    retry_max_s: float = 30.0
+    cache_dir: Optional[str] = "~/.cache/summrl/judge"
+
+
 # --------------------------------------------------------------------------- reward
 
 
@@ -212,6 +226,9 @@ class EmbeddedBackendConfig:
     max_batch_size: int = 16  # concurrent requests merged into one generate call
     batch_window_ms: float = 30.0  # how long the batcher waits for a group's requests to arrive
     packed_sequence_length: Optional[int] = None  # null: the longest packed group, rounded up to 128
+    # JSON replies (response_format) are grammar-constrained; free-text strings are capped at this many
+    # characters so that a small model's reply always closes (see engine.bound_strings).
+    json_max_string_chars: int = 300
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "backend.dtype",
@@ -275,14 +292,14 @@ class Config:
     dataset: DatasetConfig
     trainer: TrainerConfig
     reward: QARewardConfig | RulerRewardConfig | LengthPenalizedRewardConfig
-    judge: LexicalJudgeConfig | LLMJudgeConfig
+    judge: LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig
     backend: EmbeddedBackendConfig | SkyPilotBackendConfig | LocalGPUBackendConfig | ServerlessBackendConfig
     logger: NoLoggerConfig | WandbLoggerConfig
 
 
 # Schemas for groups whose options differ in shape, by ``kind``.
 KIND_SCHEMAS: dict[str, dict[str, type]] = {
-    "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig},
+    "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig, "embedded": EmbeddedJudgeConfig},
     "reward": {"qa": QARewardConfig, "ruler": RulerRewardConfig, "length_penalized": LengthPenalizedRewardConfig},
     "backend": {
         "embedded": EmbeddedBackendConfig,
@@ -301,7 +318,6 @@ FIXED_SCHEMAS: dict[str, type] = {
 
 # Group options whose implementation is planned in a later issue: (group, option) -> where.
 NOT_AVAILABLE: dict[tuple[str, str], str] = {
-    ("judge", "embedded"): "the judges issue (#3)",
     ("backend", "skypilot"): "the cloud issue (#4)",
     ("backend", "local_gpu"): "the cloud issue (#4)",
     ("backend", "serverless"): "the cloud issue (#4)",
@@ -360,11 +376,13 @@ def validate(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None
         sections[group] = _typed_section(group, node, schemas[kind])
     config = Config(**sections)
     uses_ruler = config.reward.kind == "ruler" or getattr(config.reward, "base", None) == "ruler"
-    if uses_ruler and config.judge.kind != "litellm":
+    if uses_ruler and config.judge.kind == "lexical":
         raise ConfigError(
-            f"reward=ruler needs an LLM judge, got judge.kind={config.judge.kind}: "
-            "use judge=gemini_flash, judge=gemini_flash_openrouter or judge=openai_compatible"
+            "reward=ruler needs an LLM judge, got judge=lexical: use judge=gemini_flash, judge=openai_compatible "
+            "or judge=embedded"
         )
+    if config.judge.kind == "embedded" and config.backend.kind != "embedded":
+        raise ConfigError(f"judge=embedded is served by the embedded backend; got backend.kind={config.backend.kind}")
     for (group, option), where in NOT_AVAILABLE.items():
         if choices.get(group) == option:
             available = sorted(

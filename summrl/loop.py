@@ -73,9 +73,7 @@ class Scored:
 
 
 async def open_session(config: Config) -> Session:
-    """Build the judge, reward and backend, and register the ART model (loading or resuming it)."""
-    judge = build_judge(config.judge)
-    reward = build_reward(config.reward, judge, config.trainer.max_words)
+    """Build the backend, register the ART model (loading or resuming it), then the judge and reward."""
     backend = build_backend(config, config.run.dir)
     model = art.TrainableModel(
         name=config.run.name,
@@ -85,6 +83,10 @@ async def open_session(config: Config) -> Session:
     )
     try:
         await model.register(backend)
+        # judge=embedded: the same endpoint, base weights (the base model's name selects no LoRA)
+        endpoint = (config.model.base_model, model.inference_base_url, model.inference_api_key)
+        judge = build_judge(config.judge, endpoint if config.judge.kind == "embedded" else None)
+        reward = build_reward(config.reward, judge, config.trainer.max_words)
     except BaseException:
         await backend.close()
         raise

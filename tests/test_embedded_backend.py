@@ -156,3 +156,31 @@ def test_a_new_backend_resumes_from_the_latest_checkpoint(loop, session, tmp_pat
         assert backend2.engine.optimizer.state  # AdamW moments came back too
     finally:
         loop.run_until_complete(backend2.close())
+
+
+def test_json_schema_replies_are_grammar_constrained(loop, session):
+    backend, model, _, _ = session
+    schema = {"type": "object", "required": ["answers"], "additionalProperties": False,
+              "properties": {"answers": {"type": "array", "items": {"type": "string", "maxLength": 20},
+                                         "minItems": 3, "maxItems": 3}}}
+    reply = loop.run_until_complete(model.openai_client().chat.completions.create(
+        model=backend.model_config.base_model,  # the base model: no LoRA, as judge=embedded asks
+        messages=[{"role": "user", "content": "Name three colors as JSON."}], max_tokens=80, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}},
+    ))
+    parsed = json.loads(reply.choices[0].message.content)
+    assert list(parsed) == ["answers"] and len(parsed["answers"]) == 3
+
+
+def test_embedded_judge_grades_a_group(loop, session):
+    from summrl.judges import build_judge
+    from summrl.judges.llm import JudgeError
+
+    backend, model, docs, tmp = session
+    config = compose_config(["experiment=local", "judge=embedded", f"judge.cache_dir={tmp / 'judge-cache'}"])
+    judge = build_judge(config.judge, (config.model.base_model, model.inference_base_url, model.inference_api_key))
+    results = loop.run_until_complete(judge.grade_group([docs[0].text[:400], "Nothing."], docs[0].questions))
+    assert len(results) == 2
+    for verdicts in results:
+        assert not isinstance(verdicts, JudgeError), verdicts
+        assert len(verdicts) == len(docs[0].questions) and all(isinstance(v, bool) for v in verdicts)

@@ -35,3 +35,15 @@ def test_every_document_once_per_epoch():
     trainer = TrainerConfig(groups_per_step=5, seed=1)
     epoch = [d for batch in order(trainer, steps=2) for d in batch]
     assert sorted(epoch) == sorted(d.id for d in DOCS)
+
+
+def test_json_schema_strings_get_a_length_bound():
+    from summrl.backends.embedded.engine import bound_strings
+
+    schema = {"type": "object", "$defs": {"S": {"type": "object", "properties": {
+        "explanation": {"type": "string"}, "id": {"type": "string", "maxLength": 5}, "kind": {"type": "string", "enum": ["a"]}}}},
+        "properties": {"scores": {"type": "array", "items": {"$ref": "#/$defs/S"}}}}
+    bounded = bound_strings(schema, 300)
+    props = bounded["$defs"]["S"]["properties"]
+    assert props["explanation"]["maxLength"] == 300 and props["id"]["maxLength"] == 5 and "maxLength" not in props["kind"]
+    assert "maxLength" not in schema["$defs"]["S"]["properties"]["explanation"]  # the caller's schema is untouched

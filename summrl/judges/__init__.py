@@ -25,7 +25,8 @@ def missing_keys(config: Any) -> list[str]:
     return [name] if name and not os.environ.get(name) else []
 
 
-def build_judge(config: Any) -> Judge:
+def build_judge(config: Any, endpoint: Any = None) -> Judge:
+    """``endpoint`` = (model name, base URL, API key) of the embedded backend, for judge=embedded."""
     if config.kind == "lexical":
         from summrl.judges.lexical import LexicalJudge
 
@@ -35,6 +36,17 @@ def build_judge(config: Any) -> Judge:
 
         return LLMJudge(JudgeClient(
             model=config.model, api_key_env=config.api_key_env, api_base=config.api_base,
+            max_concurrency=config.max_concurrency, timeout_s=config.timeout_s, max_retries=config.max_retries,
+            retry_base_s=config.retry_base_s, retry_max_s=config.retry_max_s, cache_dir=config.cache_dir,
+        ))
+    if config.kind == "embedded":
+        from summrl.judges.llm import JudgeClient, LLMJudge
+
+        if endpoint is None:
+            raise ValueError("judge=embedded needs the embedded backend's endpoint")
+        name, base_url, key = endpoint
+        return LLMJudge(JudgeClient(
+            model=f"openai/{name}", api_base=base_url, api_key=key, structured=True,
             max_concurrency=config.max_concurrency, timeout_s=config.timeout_s, max_retries=config.max_retries,
             retry_base_s=config.retry_base_s, retry_max_s=config.retry_max_s, cache_dir=config.cache_dir,
         ))

@@ -131,6 +131,10 @@ class JudgeClient:
     retry_base_s: float = 1.0
     retry_max_s: float = 30.0
     cache_dir: Optional[str] = None
+    # Send exact-count JSON schemas (json_schema) instead of json_object: the embedded judge decodes them
+    # with a grammar, so a small model cannot return the wrong number of answers.
+    structured: bool = False
+    api_key: Optional[str] = field(default=None, repr=False)  # in memory only (the embedded endpoint's key)
     usage: JudgeUsage = field(default_factory=JudgeUsage)
 
     def __post_init__(self) -> None:
@@ -144,6 +148,8 @@ class JudgeClient:
             self._cache = diskcache.Cache(str(Path(self.cache_dir).expanduser()))
 
     def _api_key(self) -> Optional[str]:
+        if self.api_key:
+            return self.api_key
         if not self.api_key_env:
             return None
         key = os.environ.get(self.api_key_env)
@@ -159,9 +165,12 @@ class JudgeClient:
         blob = json.dumps([self.model, self.api_base, messages, params], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
-    async def complete_json(self, messages: list[dict], max_tokens: int = 1024) -> Any:
+    async def complete_json(self, messages: list[dict], schema: Optional[dict] = None, max_tokens: int = 1024) -> Any:
         """One chat call whose reply must be a JSON object. Raises JudgeError after the retries."""
-        params = {"temperature": 0, "max_tokens": max_tokens, "response_format": {"type": "json_object"}}
+        response_format: dict = {"type": "json_object"}
+        if self.structured and schema is not None:
+            response_format = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+        params = {"temperature": 0, "max_tokens": max_tokens, "response_format": response_format}
         key = self._cache_key(messages, params)
         if self._cache is not None and key in self._cache:
             self.usage.cached_calls += 1
@@ -243,6 +252,12 @@ GRADE_PROMPT = """For each numbered candidate, say whether it means the same as 
 Reply in JSON: {{"correct": [true or false per candidate, in number order]}}"""
 
 
+def list_schema(key: str, items: dict, n: int) -> dict:
+    """{key: [exactly n items]}."""
+    return {"type": "object", "required": [key], "additionalProperties": False,
+            "properties": {key: {"type": "array", "items": items, "minItems": n, "maxItems": n}}}
+
+
 class LLMJudge:
     def __init__(self, client: JudgeClient) -> None:
         self.client = client
@@ -253,7 +268,8 @@ class LLMJudge:
     async def answer(self, summary: str, questions: Sequence[Question]) -> list[str]:
         listing = "\n".join(f"{i + 1}. {q.question}" for i, q in enumerate(questions))
         reply = await self.client.complete_json(
-            [{"role": "user", "content": ANSWER_PROMPT.format(summary=summary, questions=listing, unanswerable=UNANSWERABLE)}]
+            [{"role": "user", "content": ANSWER_PROMPT.format(summary=summary, questions=listing, unanswerable=UNANSWERABLE)}],
+            schema=list_schema("answers", {"type": "string", "maxLength": 200}, len(questions)),
         )
         answers = reply.get("answers") if isinstance(reply, dict) else None
         if not isinstance(answers, list) or len(answers) != len(questions):
@@ -294,7 +310,8 @@ class LLMJudge:
             items = "\n\n".join(blocks)
             try:
                 reply = await self.client.complete_json(
-                    [{"role": "user", "content": GRADE_PROMPT.format(items=items, unanswerable=UNANSWERABLE)}]
+                    [{"role": "user", "content": GRADE_PROMPT.format(items=items, unanswerable=UNANSWERABLE)}],
+                    schema=list_schema("correct", {"type": "boolean"}, len(pending)),
                 )
                 correct = reply.get("correct") if isinstance(reply, dict) else None
                 if not isinstance(correct, list) or len(correct) != len(pending) or not all(isinstance(c, bool) for c in correct):

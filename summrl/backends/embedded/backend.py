@@ -61,6 +61,7 @@ class EmbeddedBackend(Backend):
                 device=self.config.device,
                 dtype=self.config.dtype,
                 num_threads=self.config.num_threads,
+                max_string_chars=self.config.json_max_string_chars,
             )
         return self._engine
 

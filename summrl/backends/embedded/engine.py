@@ -92,9 +92,11 @@ class SamplingParams:
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    # OpenAI's response_format, as JSON: {"type": "json_object"} or {"type": "json_schema", ...}; None = free text
+    response_format: Optional[str] = None
 
     def key(self) -> tuple:
-        return (self.temperature, self.top_p)
+        return (self.temperature, self.top_p, self.response_format)
 
 
 @dataclass
@@ -125,6 +127,7 @@ class Engine:
         device: str = "auto",
         dtype: str = "float32",
         num_threads: Optional[int] = None,
+        max_string_chars: int = 300,
     ) -> None:
         from peft import LoraConfig, get_peft_model
 
@@ -145,6 +148,35 @@ class Engine:
         self.lock = threading.Lock()
         self.eos_ids = self._eos_ids()
         self._merged = False  # LoRA folded into the base weights: faster sampling, undone before training
+        self._grammars: dict[str, Any] = {}
+        self._grammar_compiler: Any = None
+        self.max_string_chars = max_string_chars
+
+    def grammar(self, response_format: str) -> Any:
+        """A compiled xgrammar grammar for an OpenAI response_format, so JSON replies are valid by construction."""
+        import json as _json
+
+        import xgrammar as xgr
+
+        if response_format not in self._grammars:
+            if self._grammar_compiler is None:
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self.tokenizer, vocab_size=self.model.get_base_model().config.vocab_size)
+                self._grammar_compiler = xgr.GrammarCompiler(info)
+            spec = _json.loads(response_format)
+            kind = spec.get("type")
+            if kind == "json_object":
+                compiled = self._grammar_compiler.compile_builtin_json_grammar()
+            elif kind == "json_schema":
+                schema = (spec.get("json_schema") or {}).get("schema")
+                if not isinstance(schema, dict):
+                    raise ValueError("response_format json_schema needs json_schema.schema")
+                bounded = bound_strings(schema, self.max_string_chars)
+                compiled = self._grammar_compiler.compile_json_schema(_json.dumps(bounded))
+            else:
+                raise ValueError(f"unsupported response_format type {kind!r}; use json_object or json_schema")
+            self._grammars[response_format] = compiled
+        return self._grammars[response_format]
 
     def _set_merged(self, merged: bool) -> None:
         if merged and not self._merged:
@@ -195,7 +227,14 @@ class Engine:
         index = torch.tensor(row_of, device=self.device)
         cache.batch_select_indices(index)
         do_sample = params.temperature > 0
+        processors = None
+        if params.response_format:
+            from transformers import LogitsProcessorList
+            from xgrammar.contrib.hf import LogitsProcessor as GrammarProcessor
+
+            processors = LogitsProcessorList([GrammarProcessor(self.grammar(params.response_format))])
         out = self.model.generate(
+            logits_processor=processors,
             input_ids=ids[index],
             attention_mask=mask[index],
             past_key_values=cache,
@@ -321,6 +360,22 @@ class Engine:
         from peft import get_peft_model_state_dict
 
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+
+
+def bound_strings(schema: Any, max_chars: int) -> Any:
+    """A copy of a JSON schema in which every string without a maxLength gets ``max_chars``.
+
+    A small model decoding under a grammar can loop inside a free-text field (RULER's "explanation")
+    until max_tokens cuts the JSON; a bound lets the grammar close the string and the object.
+    """
+    if isinstance(schema, list):
+        return [bound_strings(item, max_chars) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: bound_strings(value, max_chars) for key, value in schema.items()}
+    if out.get("type") == "string" and "maxLength" not in out and "enum" not in out and "const" not in out:
+        out["maxLength"] = max_chars
+    return out
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -9,6 +9,7 @@ them back exactly.
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import socket
 import threading
@@ -36,6 +37,7 @@ class ChatRequest(BaseModel):
     top_logprobs: Optional[int] = None
     seed: Optional[int] = None
     stream: Optional[bool] = None
+    response_format: Optional[dict[str, Any]] = None  # json_object / json_schema: constrained decoding
 
     model_config = {"extra": "allow"}
 
@@ -100,6 +102,7 @@ class Batcher:
                     max_tokens=max(i.params.max_tokens for i in items),
                     temperature=items[0].params.temperature,
                     top_p=items[0].params.top_p,
+                    response_format=items[0].params.response_format,
                 )
                 self.batch_sizes.append(len(items))
                 try:
@@ -160,10 +163,18 @@ def build_app(
         if request.stream:
             raise HTTPException(status_code=400, detail="stream=true is not supported by the embedded server")
         prompt = engine.encode_chat(request.messages)
+        response_format = None
+        if request.response_format and request.response_format.get("type") != "text":
+            response_format = json.dumps(request.response_format, sort_keys=True)
+            try:
+                engine.grammar(response_format)
+            except Exception as e:
+                raise HTTPException(status_code=400, detail=f"response_format: {e}") from None
         params = SamplingParams(
             max_tokens=request.max_completion_tokens or request.max_tokens or default_max_tokens,
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
+            response_format=response_format,
         )
         results = await asyncio.gather(
             *(batcher.submit(prompt, params, names[request.model]) for _ in range(request.n))

@@ -252,3 +252,13 @@ def test_a_group_is_graded_in_one_call(fake, secret_env):
     prompt = grading[0]["messages"][-1]["content"]
     assert prompt.count("Candidate ") == 8  # 4 texts x 2 mismatched answers
     assert prompt.count("Who opened the bridge?") == 1  # each question once per group
+
+
+def test_structured_ruler_requests_exactly_one_score_per_summary(fake, secret_env):
+    from summrl.rewards.ruler import RulerReward
+
+    reward = RulerReward(client(fake, max_retries=0, structured=True), rubric="r", max_words=350)
+    asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
+    schema = fake.requests[0]["response_format"]["json_schema"]["schema"]["properties"]["scores"]
+    assert (schema["minItems"], schema["maxItems"]) == (3, 3)
+    assert [item["properties"]["trajectory_id"]["const"] for item in schema["prefixItems"]] == ["1", "2", "3"]

@@ -56,3 +56,19 @@ def test_local_run_trains_checkpoints_logs_val_and_resumes(tmp_path):
     resumed = load_file(checkpoints / "0003" / "adapter_model.safetensors")
     changed = any(not torch.equal(resumed[k], v) for k, v in lora_b.items())
     assert changed == (step3["data/step_num_groups_trainable"] > 0)
+
+
+def test_ruler_with_the_embedded_judge_runs_offline(tmp_path):
+    """reward=ruler judged by the embedded base model, with no key and no network."""
+    run_dir = tmp_path / "ruler"
+    result = run_cli(["experiment=local", "reward=ruler", "judge=embedded", "trainer.max_steps=1", "dataset.val_size=1",
+                      "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=1", "trainer.max_summary_tokens=48",
+                      f"judge.cache_dir={tmp_path / 'cache'}", "run.name=ruler", f"hydra.run.dir={run_dir}"], cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = history(run_dir / "art" / "summrl" / "models" / "ruler")
+    scored = [r for r in rows if "train/ruler_score" in r or "val/ruler_score" in r]
+    assert {r["step"] for r in scored} == {0, 1}
+    for r in scored:
+        split = "train" if "train/ruler_score" in r else "val"
+        assert 0.0 <= r[f"{split}/ruler_score"] <= 1.0
+        assert r[f"{split}/judge/failed_rollouts"] == 0.0 and r[f"{split}/judge/calls"] >= 1

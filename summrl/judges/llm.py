@@ -269,7 +269,7 @@ class LLMJudge:
         listing = "\n".join(f"{i + 1}. {q.question}" for i, q in enumerate(questions))
         reply = await self.client.complete_json(
             [{"role": "user", "content": ANSWER_PROMPT.format(summary=summary, questions=listing, unanswerable=UNANSWERABLE)}],
-            schema=list_schema("answers", {"type": "string", "maxLength": 200}, len(questions)),
+            schema=list_schema("answers", {"type": "string", "maxLength": 80}, len(questions)),
         )
         answers = reply.get("answers") if isinstance(reply, dict) else None
         if not isinstance(answers, list) or len(answers) != len(questions):

@@ -17,12 +17,29 @@ from summrl.rewards import Missing, Score
 from summrl.rollout import SYSTEM_PROMPT, summary_prompt
 
 
+def ruler_schema(n: int) -> dict:
+    """ART's RULER reply schema with exactly ``n`` scores, ids 1..n, in order."""
+    item = {"type": "object", "additionalProperties": False, "required": ["trajectory_id", "explanation", "score"],
+            "properties": {"trajectory_id": {"type": "string"}, "explanation": {"type": "string", "maxLength": 200},
+                           "score": {"type": "number", "minimum": 0, "maximum": 1}}}
+    return {"type": "object", "additionalProperties": False, "required": ["scores"],
+            "properties": {"scores": {"type": "array", "minItems": n, "maxItems": n,
+                                      "prefixItems": [{**item, "properties": {**item["properties"],
+                                                       "trajectory_id": {"const": str(i + 1)}}} for i in range(n)],
+                                      "items": item}}}
+
+
 class RulerReward:
     def __init__(self, client: JudgeClient, *, rubric: str, max_words: int) -> None:
         self.client, self.rubric, self.max_words = client, rubric, max_words
 
-    def _litellm_params(self) -> dict:
+    def _litellm_params(self, n_scores: int) -> dict:
         params: dict = {"temperature": 0, "timeout": self.client.timeout_s, "num_retries": self.client.max_retries}
+        if self.client.structured:
+            # A grammar-constrained judge needs the exact count: ART's Response schema sets none, and a small
+            # model then emits extra entries. extra_body overrides the request's response_format over HTTP.
+            params["extra_body"] = {"response_format": {"type": "json_schema", "json_schema": {
+                "name": "Response", "schema": ruler_schema(n_scores)}}}
         key = self.client._api_key()
         if key or self.client.api_base:
             params["api_key"] = key or "none"
@@ -40,8 +57,9 @@ class RulerReward:
             for s in summaries
         )
         self.client.usage.calls += 1
+        n_scores = 1 if len(set(summaries)) == 1 else len(summaries)  # RULER sends identical trajectories once
         async with self.client._semaphore:
-            scored = await ruler_score_group(group, self.client.model, self._litellm_params(), self.rubric,
+            scored = await ruler_score_group(group, self.client.model, self._litellm_params(n_scores), self.rubric,
                                              swallow_exceptions=True)
         if scored is None:
             self.client.usage.failures += 1

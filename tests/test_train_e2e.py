@@ -42,7 +42,7 @@ def test_local_run_trains_checkpoints_logs_val_and_resumes(tmp_path):
     assert {r["step"] for r in rows if "train/reward" in r} == {1, 2}
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["steps"] == 2
-    assert result["final_val_score"] == next(r["val/reward"] for r in rows if r["step"] == 2 and "val/reward" in r)
+    assert result["final_val_score"] == pytest.approx(next(r["val/reward"] for r in rows if r["step"] == 2 and "val/reward" in r))
     # Hydra kept the resolved config and the overrides in the run folder
     assert "run.name=e2e" in (run_dir / ".hydra" / "overrides.yaml").read_text()
     assert (run_dir / ".hydra" / "config.yaml").exists()

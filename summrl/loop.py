@@ -175,10 +175,7 @@ async def train(config: Config) -> Optional[float]:
     """Run (or resume) one training job. Returns the final val score."""
     seed_everything(config.trainer.seed)
     t = config.trainer
-    val, train_docs = load_splits(
-        files=config.dataset.files, hf_path=config.dataset.hf_path, hf_split=config.dataset.hf_split,
-        seed=config.dataset.seed, train_size=config.dataset.train_size, val_size=config.dataset.val_size,
-    )
+    val, train_docs = load_splits(config.dataset)
     started = time.time()
     history: list[tuple[int, float]] = []
     result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir}

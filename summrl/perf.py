@@ -83,8 +83,7 @@ async def bench_step(steps: int, repeats: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="summrl-perf-") as run_dir:
         config = compose_local(run_dir, STEP_OVERRIDES)
         seed_everything(config.trainer.seed)
-        _, train_docs = load_splits(**{k: getattr(config.dataset, k) for k in
-                                       ("files", "hf_path", "hf_split", "seed", "train_size", "val_size")})
+        _, train_docs = load_splits(config.dataset)
         load_start = time.perf_counter()
         session = await open_session(config)
         load_s = time.perf_counter() - load_start
@@ -145,8 +144,7 @@ async def bench_judge(documents: int, group_size: int, delay_s: float) -> dict:
     from summrl.rewards.qa import QAReward
 
     config = compose_local(tempfile.gettempdir(), ["experiment=local"])
-    val, train = load_splits(**{k: getattr(config.dataset, k) for k in
-                                ("files", "hf_path", "hf_split", "seed", "train_size", "val_size")})
+    val, train = load_splits(config.dataset)
     docs = (val + train)[:documents]
     rollouts = documents * group_size
 

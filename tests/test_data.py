@@ -7,13 +7,14 @@ import json
 import pandas as pd
 import pytest
 
+from summrl.config import DatasetConfig
 from summrl.data import REPLIQA_COLUMNS, UNANSWERABLE, DataError, load_splits
 from tests.conftest import SAMPLE, compose_config, repliqa_rows
 
 
 def splits(path, train_size, val_size, seed=80):
-    return load_splits(files=[str(path)], hf_path="unused", hf_split="unused", seed=seed,
-                       train_size=train_size, val_size=val_size)
+    return load_splits(DatasetConfig(name="fixture", files=[str(path)], seed=seed,
+                                     train_size=train_size, val_size=val_size))
 
 
 def test_rows_group_into_documents_with_their_questions(repliqa_parquet):
@@ -98,8 +99,7 @@ def test_shipped_sample_is_repliqa_shaped():
     frame = pd.read_json(SAMPLE, lines=True, dtype=False)
     assert list(frame.columns) == list(REPLIQA_COLUMNS)
     config = compose_config(["experiment=local"])
-    val, train = load_splits(**{k: getattr(config.dataset, k) for k in
-                               ("files", "hf_path", "hf_split", "seed", "train_size", "val_size")})
+    val, train = load_splits(config.dataset)
     docs = val + train
     assert (len(val), len(train)) == (8, 32)
     assert len({d.id for d in docs}) == 40

@@ -41,8 +41,7 @@ def session(loop, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("embedded")
     config, backend, model = make(tmp)
     loop.run_until_complete(model.register(backend))
-    val, train = load_splits(**{k: getattr(config.dataset, k) for k in
-                               ("files", "hf_path", "hf_split", "seed", "train_size", "val_size")})
+    val, train = load_splits(config.dataset)
     yield backend, model, train, tmp
     loop.run_until_complete(backend.close())
 

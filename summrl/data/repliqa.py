@@ -11,7 +11,10 @@ import importlib.util
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from summrl.config import DatasetConfig
 
 REPLIQA_COLUMNS = (
     "document_id",
@@ -134,17 +137,10 @@ def _load_rows(files: list[str] | None, hf_path: str, hf_split: str) -> tuple[li
     return list(dataset), f"{hf_path}/{hf_split}"
 
 
-def load_splits(
-    *,
-    files: list[str] | None,
-    hf_path: str,
-    hf_split: str,
-    seed: int,
-    train_size: int,
-    val_size: int,
-) -> tuple[list[Document], list[Document]]:
-    """Return (val, train) documents."""
-    rows, source = _load_rows(files, hf_path, hf_split)
+def load_splits(dataset: "DatasetConfig") -> tuple[list[Document], list[Document]]:
+    """Return (val, train) documents for ``cfg.dataset``."""
+    train_size, val_size = dataset.train_size, dataset.val_size
+    rows, source = _load_rows(dataset.files, dataset.hf_path, dataset.hf_split)
     documents = group_documents(rows, source)
     if train_size + val_size > len(documents):
         raise DataError(
@@ -152,5 +148,5 @@ def load_splits(
             f"but only {len(documents)} documents are available. Lower dataset.train_size / dataset.val_size "
             "(or the TRAIN_SIZE / VAL_SIZE environment variables)."
         )
-    random.Random(seed).shuffle(documents)
+    random.Random(dataset.seed).shuffle(documents)
     return documents[:val_size], documents[val_size : val_size + train_size]

@@ -44,6 +44,7 @@ class JudgeUsage:
     last_error: Optional[str] = None
 
     def snapshot_and_reset(self) -> dict[str, float]:
+        """The counts since the last call, as ``judge/*`` metrics; the counters restart (last_error stays)."""
         values = {
             "judge/calls": float(self.calls),
             "judge/cached_calls": float(self.cached_calls),
@@ -53,9 +54,8 @@ class JudgeUsage:
             "judge/retries": float(self.retries),
             "judge/failed_calls": float(self.failures),
         }
-        last_error = self.last_error
-        self.__init__()  # type: ignore[misc]
-        self.last_error = last_error
+        self.calls = self.cached_calls = self.input_tokens = self.output_tokens = self.retries = self.failures = 0
+        self.cost_usd = 0.0
         return values
 
 

@@ -28,7 +28,7 @@ from art.types import TrainResult
 from art.utils.get_model_step import get_step_from_dir
 from art.utils.output_dirs import get_model_dir, get_step_checkpoint_dir
 
-from summrl.backends.embedded.engine import Engine, LoraSettings, round_up
+from summrl.backends.embedded.engine import Engine, round_up
 from summrl.backends.embedded.server import Batcher, InferenceServer, build_app
 
 
@@ -57,7 +57,7 @@ class EmbeddedBackend(Backend):
             self._engine = Engine(
                 base_model=self.model_config.base_model,
                 weights=self.model_config.weights,
-                lora=LoraSettings(**{k: getattr(self.model_config.lora, k) for k in ("r", "alpha", "dropout", "target_modules")}),
+                lora=self.model_config.lora,
                 device=self.config.device,
                 dtype=self.config.dtype,
                 num_threads=self.config.num_threads,

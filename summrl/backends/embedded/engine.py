@@ -13,13 +13,16 @@ import math
 import os
 import shutil
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from summrl.data import resolve_path
+
+if TYPE_CHECKING:
+    from summrl.config import LoraConfig
 
 
 def resolve_device(name: str) -> torch.device:
@@ -107,14 +110,6 @@ class Completion:
     prompt_tokens: int
 
 
-@dataclass
-class LoraSettings:
-    r: int
-    alpha: int
-    dropout: float
-    target_modules: list[str] = field(default_factory=list)
-
-
 class Engine:
     """Owns the model. ``lock`` serializes generation and training: weights change between steps only."""
 
@@ -123,7 +118,7 @@ class Engine:
         *,
         base_model: str,
         weights: Optional[str],
-        lora: LoraSettings,
+        lora: "LoraConfig",
         device: str = "auto",
         dtype: str = "float32",
         num_threads: Optional[int] = None,

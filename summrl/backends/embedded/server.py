@@ -235,7 +235,10 @@ class InferenceServer:
         self.port = port or free_port()
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="summrl-inference", daemon=True)
+        # serve() under our own asyncio.run: Server.run() expects the thread to have a current event loop
+        # in some uvicorn releases, and a background thread has none.
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()), name="summrl-inference",
+                                       daemon=True)
 
     @property
     def base_url(self) -> str:

@@ -1,0 +1,43 @@
+"""`python -m summrl.benchmark [overrides]`: compose conf/benchmark.yaml, validate it and every key the run needs,
+then run the benchmark (heavy imports only after validation, so a bad value fails in about a second)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from summrl.config import ConfigError
+
+
+@hydra.main(config_path="../../conf", config_name="benchmark", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from dotenv import load_dotenv
+
+    from summrl.benchmark.config import check_keys, validate_benchmark
+    from summrl.data.repliqa import DataError
+
+    try:
+        config = validate_benchmark(cfg, dict(HydraConfig.get().runtime.choices))
+        load_dotenv()  # keys may live in .env; they are read from the environment, never from config
+        check_keys(config)
+    except ConfigError as e:
+        print(f"summrl: config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    from summrl.benchmark.runner import run
+
+    try:
+        status = asyncio.run(run(config))
+    except (ConfigError, DataError) as e:
+        print(f"summrl: config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

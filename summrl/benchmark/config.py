@@ -1,0 +1,328 @@
+"""The benchmark's typed config, and every check that can fail before a model loads or money is spent.
+
+``conf/benchmark.yaml`` reuses training's groups (model, dataset, reward, judge, backend) and its
+``trainer`` prompt settings, validated by the same schemas as training. ``benchmark.models`` is
+parsed here into :class:`ModelEntry` / :class:`BestOfNEntry`, and ``benchmark.run_dir`` into a
+:class:`TrainedRun` whose checkpoints exist and match the configured model.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from summrl.config import (
+    FIXED_SCHEMAS,
+    KIND_SCHEMAS,
+    ConfigError,
+    DatasetConfig,
+    ModelConfig,
+    TrainerConfig,
+    _typed_section,
+)
+
+
+@dataclass
+class ModelEntry:
+    """A model reached through litellm: a hosted id, or any OpenAI-compatible server via ``api_base``."""
+
+    model: str
+    label: str = ""  # the name in tables and charts; defaults to the model id
+    api_base: Optional[str] = None
+    api_key_env: Optional[str] = None  # the variable holding its key; null: litellm's usual variable
+
+
+@dataclass
+class BestOfNEntry:
+    """RULER as test-time compute: ``n`` candidates per summary, ranked by RULER, the best one kept."""
+
+    n: int
+    label: str
+    model: Optional[ModelEntry] = None  # candidates from a litellm model ...
+    step: Optional[int] = None  # ... or from a checkpoint of benchmark.run_dir (0 = the base model)
+
+
+@dataclass
+class TrainedRun:
+    """A training run folder's ART model and the checkpoint steps to benchmark (0 = the base model)."""
+
+    run_dir: Path
+    name: str  # the ART model name (the run's run.name)
+    checkpoints_dir: Path
+    steps: list[int]
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints_dir / f"{step:04d}"
+
+
+@dataclass
+class BenchmarkSettings:
+    name: str
+    output_dir: str
+    models: list[Union[ModelEntry, BestOfNEntry]]
+    run: Optional[TrainedRun]
+    rollouts_per_doc: int
+    max_concurrency: int
+    timeout_s: float
+    max_retries: int
+    confirm: bool
+
+
+@dataclass
+class BenchmarkConfig:
+    model: ModelConfig
+    dataset: DatasetConfig
+    trainer: TrainerConfig  # max_words (the prompt), max_summary_tokens, temperature, seed
+    reward: Any
+    judge: Any
+    backend: Any
+    benchmark: BenchmarkSettings
+    choices: dict[str, Optional[str]] = field(default_factory=dict)
+
+
+TOP_LEVEL = {"model", "dataset", "reward", "judge", "backend", "trainer", "benchmark"}
+BENCHMARK_KEYS = {"name", "output_dir", "models", "run_dir", "steps", "every", "rollouts_per_doc", "max_concurrency",
+                  "timeout_s", "max_retries", "confirm"}
+SERVING_BACKENDS = ("embedded", "local_gpu")
+
+
+def validate_benchmark(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None) -> BenchmarkConfig:
+    """Validate a composed ``conf/benchmark.yaml``: schemas, model entries, the run folder and its steps."""
+    choices = choices or {}
+    extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL | {"experiment", "hydra", "project", "run"})
+    if extra:
+        raise ConfigError(f"{extra[0]} is not a benchmark setting. Top-level keys: {', '.join(sorted(TOP_LEVEL))}.")
+    sections: dict[str, Any] = {}
+    for group in ("model", "dataset", "trainer"):
+        sections[group] = _typed_section(group, cfg[group], FIXED_SCHEMAS[group])
+    for group in ("reward", "judge", "backend"):
+        node = cfg[group]
+        kind = node.get("kind") if isinstance(node, DictConfig) else None
+        if kind not in KIND_SCHEMAS[group]:
+            raise ConfigError(f"{group}.kind: must be one of {', '.join(KIND_SCHEMAS[group])}, got {kind!r}")
+        sections[group] = _typed_section(group, node, KIND_SCHEMAS[group][kind])
+    settings = _settings(cfg.benchmark)
+    config = BenchmarkConfig(**sections, benchmark=settings, choices=choices)
+    _check_cross(config, cfg.benchmark)
+    return config
+
+
+def _settings(node: Any) -> BenchmarkSettings:
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"benchmark: expected a mapping, got {node!r}")
+    for key in node.keys():
+        if key not in BENCHMARK_KEYS:
+            close = difflib.get_close_matches(str(key), sorted(BENCHMARK_KEYS), n=1)
+            hint = f" Did you mean benchmark.{close[0]}?" if close else ""
+            raise ConfigError(f"benchmark.{key} is not a setting.{hint} Valid keys: {', '.join(sorted(BENCHMARK_KEYS))}.")
+    plain = OmegaConf.to_container(node, resolve=True)
+    for key, low in (("rollouts_per_doc", 1), ("max_concurrency", 1), ("every", 1), ("max_retries", 0)):
+        value = plain.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"benchmark.{key}: must be an integer >= {low}, got {value!r}")
+    if not isinstance(plain.get("timeout_s"), (int, float)) or plain["timeout_s"] <= 0:
+        raise ConfigError(f"benchmark.timeout_s: must be > 0, got {plain.get('timeout_s')!r}")
+    if not isinstance(plain.get("confirm"), bool):
+        raise ConfigError(f"benchmark.confirm: must be true or false, got {plain.get('confirm')!r}")
+    models = [_entry(i, e) for i, e in enumerate(plain.get("models") or [])]
+    labels = [m.label for m in models]
+    duplicate = next((label for label in labels if labels.count(label) > 1), None)
+    if duplicate:
+        raise ConfigError(f"benchmark.models: two entries are labelled {duplicate!r}; give one a distinct label")
+    run = _trained_run(plain.get("run_dir"), plain.get("steps"), plain["every"])
+    if not models and run is None:
+        raise ConfigError("benchmark: nothing to benchmark; list benchmark.models or set benchmark.run_dir")
+    return BenchmarkSettings(
+        name=str(plain["name"]), output_dir=str(plain["output_dir"]), models=models, run=run,
+        rollouts_per_doc=plain["rollouts_per_doc"], max_concurrency=plain["max_concurrency"],
+        timeout_s=float(plain["timeout_s"]), max_retries=plain["max_retries"], confirm=plain["confirm"],
+    )
+
+
+MODEL_KEYS = {"model", "label", "api_base", "api_key_env"}
+
+
+def _model_entry(where: str, value: Any) -> ModelEntry:
+    if isinstance(value, str):
+        value = {"model": value}
+    if not isinstance(value, dict) or not isinstance(value.get("model"), str) or not value["model"].strip():
+        raise ConfigError(f"{where}: expected a litellm model id or {{model: <id>, ...}}, got {value!r}")
+    unknown = sorted(set(value) - MODEL_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]} is not a setting of a model entry; valid keys: {', '.join(sorted(MODEL_KEYS))}")
+    model = value["model"].strip()
+    _check_litellm_id(where, model)
+    return ModelEntry(model=model, label=str(value.get("label") or model), api_base=value.get("api_base"),
+                      api_key_env=value.get("api_key_env"))
+
+
+def _check_litellm_id(where: str, model: str) -> None:
+    import litellm
+
+    litellm.suppress_debug_info = True
+    try:
+        litellm.get_llm_provider(model)
+    except Exception:
+        raise ConfigError(
+            f"{where}: {model!r} is not a litellm model id; prefix it with its provider, e.g. openrouter/openai/gpt-4o, "
+            "gemini/gemini-2.5-pro, or openai/<name> with api_base for an OpenAI-compatible server"
+        ) from None
+
+
+def _entry(index: int, value: Any) -> Union[ModelEntry, BestOfNEntry]:
+    where = f"benchmark.models[{index}]"
+    if isinstance(value, dict) and "best_of_n" in value:
+        if set(value) != {"best_of_n"}:
+            raise ConfigError(f"{where}: a best_of_n entry holds only best_of_n: {{model or step, n}}")
+        spec = dict(value["best_of_n"] or {})
+        where = f"{where}.best_of_n"
+        n = spec.pop("n", 4)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+            raise ConfigError(f"{where}.n: must be an integer >= 2 (candidates to rank), got {n!r}")
+        has_model, has_step = "model" in spec, "step" in spec
+        if has_model == has_step:
+            raise ConfigError(f"{where}: set exactly one of model (a litellm id) or step (a checkpoint of benchmark.run_dir)")
+        label = spec.pop("label", None)
+        if has_step:
+            step = spec.pop("step")
+            if spec:
+                raise ConfigError(f"{where}.{sorted(spec)[0]} is not a setting with step; valid: step, n, label")
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                raise ConfigError(f"{where}.step: must be a checkpoint step >= 0 (0 = the base model), got {step!r}")
+            return BestOfNEntry(n=n, step=step, label=str(label or f"best-of-{n} step {step}"))
+        inner = _model_entry(where, spec)
+        return BestOfNEntry(n=n, model=inner, label=str(label or f"best-of-{n} {inner.label}"))
+    return _model_entry(where, value)
+
+
+def find_trained_model(run_dir: Path) -> tuple[str, Path]:
+    """The ART model of a run folder: ``art/<project>/models/<name>/checkpoints``."""
+    found = sorted(p for p in run_dir.glob("art/*/models/*/checkpoints") if p.is_dir())
+    if not found:
+        raise ConfigError(f"benchmark.run_dir: {run_dir} has no checkpoints (expected art/<project>/models/<name>/"
+                          "checkpoints/NNNN, as python -m summrl.train writes); point it at a training run folder")
+    if len(found) > 1:
+        raise ConfigError(f"benchmark.run_dir: {run_dir} holds several models ({', '.join(p.parent.name for p in found)}); "
+                          "point it at one run's folder")
+    return found[0].parent.name, found[0]
+
+
+def checkpoint_steps(checkpoints_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in checkpoints_dir.iterdir()
+                  if p.is_dir() and re.fullmatch(r"\d+", p.name) and (p / "adapter_model.safetensors").exists())
+
+
+def _trained_run(run_dir: Any, steps: Any, every: int) -> Optional[TrainedRun]:
+    if run_dir is None:
+        if steps is not None:
+            raise ConfigError("benchmark.steps: set benchmark.run_dir to the training run whose checkpoints to benchmark")
+        return None
+    path = Path(str(run_dir)).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"benchmark.run_dir: {path} is not a folder (a training run folder, e.g. runs/<run.name>)")
+    name, checkpoints_dir = find_trained_model(path)
+    available = checkpoint_steps(checkpoints_dir)
+    if steps is None:
+        chosen = {0, *(s for s in available if s % every == 0)}
+        if available:
+            chosen.add(available[-1])
+    else:
+        if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+            raise ConfigError(f"benchmark.steps: must be a list of checkpoint steps, e.g. [0, 8, 16], got {steps!r}")
+        missing = sorted(set(steps) - {0, *available})
+        if missing:
+            raise ConfigError(f"benchmark.steps: step {missing[0]} has no checkpoint in {checkpoints_dir}; "
+                              f"available: 0 (base), {', '.join(map(str, available)) or 'none'}")
+        chosen = set(steps)
+    return TrainedRun(run_dir=path, name=name, checkpoints_dir=checkpoints_dir, steps=sorted(chosen))
+
+
+def _check_cross(config: BenchmarkConfig, node: DictConfig) -> None:
+    settings = config.benchmark
+    uses_ruler = any(isinstance(m, BestOfNEntry) for m in settings.models) or config.reward.kind == "ruler" \
+        or getattr(config.reward, "base", None) == "ruler"
+    if uses_ruler and config.judge.kind == "lexical":
+        raise ConfigError("best_of_n and reward=ruler rank summaries with RULER, which needs an LLM judge; got judge=lexical: "
+                          "use judge=gemini_flash, judge=openai_compatible or judge=embedded")
+    needs_checkpoints = settings.run is not None or any(
+        isinstance(m, BestOfNEntry) and m.step is not None for m in settings.models)
+    for m in settings.models:
+        if isinstance(m, BestOfNEntry) and m.step is not None:
+            if settings.run is None:
+                raise ConfigError(f"benchmark.models: {m.label} draws from step {m.step}; set benchmark.run_dir")
+            available = {0, *checkpoint_steps(settings.run.checkpoints_dir)}
+            if m.step not in available:
+                raise ConfigError(f"benchmark.models: {m.label}: step {m.step} has no checkpoint in "
+                                  f"{settings.run.checkpoints_dir}")
+    if (needs_checkpoints or config.judge.kind == "embedded") and config.backend.kind not in SERVING_BACKENDS:
+        raise ConfigError(f"backend={config.choices.get('backend') or config.backend.kind}: checkpoints and judge=embedded "
+                          "are served by backend=embedded (CPU) or backend=local_gpu (GPU)")
+    if config.judge.kind == "embedded" and config.backend.kind != "embedded":
+        raise ConfigError(f"judge=embedded is served by the embedded backend; got backend.kind={config.backend.kind}")
+    if settings.run is not None:
+        _check_run_matches(config, settings.run)
+
+
+def _check_run_matches(config: BenchmarkConfig, run: TrainedRun) -> None:
+    """The checkpoints are LoRA adapters of the run's base model: the configured model must be the same one."""
+    saved = run.run_dir / ".hydra" / "config.yaml"
+    if not saved.exists():
+        return  # a run folder without Hydra's record (copied checkpoints): the adapter load checks shapes
+    trained = OmegaConf.load(saved)
+    choice = _saved_choice(run.run_dir, "model")
+    fix = f"pass model={choice}" if choice else "select the model the run was trained with"
+    base = OmegaConf.select(trained, "model.base_model")
+    if base is not None and base != config.model.base_model:
+        raise ConfigError(f"model.base_model: the run in {run.run_dir} trained {base}, the benchmark is configured with "
+                          f"{config.model.base_model}; {fix}")
+    lora = OmegaConf.select(trained, "model.lora")
+    if lora is not None:
+        for key in ("r", "alpha", "target_modules"):
+            if OmegaConf.to_container(lora).get(key) != getattr(config.model.lora, key):
+                raise ConfigError(f"model.lora.{key}: the run in {run.run_dir} trained its adapters with "
+                                  f"{key}={lora[key]}, the benchmark has {getattr(config.model.lora, key)}; {fix}")
+
+
+def _saved_choice(run_dir: Path, group: str) -> Optional[str]:
+    hydra_yaml = run_dir / ".hydra" / "hydra.yaml"
+    if not hydra_yaml.exists():
+        return None
+    return OmegaConf.select(OmegaConf.load(hydra_yaml), f"hydra.runtime.choices.{group}")
+
+
+def missing_model_keys(entry: ModelEntry) -> list[str]:
+    """Variables a litellm model needs that are not set. A model on its own api_base needs only its api_key_env."""
+    if entry.api_key_env:
+        return [] if os.environ.get(entry.api_key_env) else [entry.api_key_env]
+    if entry.api_base:
+        return []
+    import litellm
+
+    env = litellm.validate_environment(model=entry.model)
+    return [] if env.get("keys_in_environment") else list(env.get("missing_keys") or [])
+
+
+def check_keys(config: BenchmarkConfig) -> None:
+    """Every key a paid model or judge needs, before anything is loaded or called."""
+    from summrl.judges import missing_keys
+
+    for name in missing_keys(config.judge):
+        raise ConfigError(f"judge={config.choices.get('judge') or config.judge.kind} needs {name}: export it or put it in .env")
+    for entry in config.benchmark.models:
+        model = entry.model if isinstance(entry, BestOfNEntry) else entry
+        if model is None:
+            continue
+        missing = missing_model_keys(model)
+        if missing:
+            raise ConfigError(f"benchmark.models: {entry.label} needs {' or '.join(missing)}: export it or put it in .env "
+                              "(or set the entry's api_key_env)")
+
+
+def plain_list(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value

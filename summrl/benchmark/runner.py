@@ -1,0 +1,312 @@
+"""The benchmark, top to bottom: plan the rows still to do → cost guard → serve checkpoints if needed →
+for each model (and step), summarize every val document ``rollouts_per_doc`` times, score each document's
+summaries with the judge and the training reward, append the rows → summary table and charts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from summrl.benchmark.config import BenchmarkConfig, BestOfNEntry, ModelEntry
+from summrl.benchmark.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
+from summrl.benchmark.rows import Row, RowStore, correctness, read_rows, row_key
+from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
+from summrl.config import ConfigError, RulerRewardConfig
+from summrl.data import Document, Question, load_splits
+from summrl.rollout import word_count
+
+
+@dataclass
+class Job:
+    """One line of the summary table: a model entry, or the trained run at one step (0 = base model)."""
+
+    label: str
+    step: Optional[int]  # a checkpoint step of the trained run; None for model entries
+    entry: Union[ModelEntry, BestOfNEntry, None]  # None: the trained run's checkpoint at ``step``
+    pending: dict[str, list[int]] = field(default_factory=dict)  # document id -> rollouts still to do
+
+    @property
+    def serve_step(self) -> Optional[int]:
+        """The checkpoint this job's summaries come from, if any."""
+        if self.entry is None:
+            return self.step
+        return self.entry.step if isinstance(self.entry, BestOfNEntry) else None
+
+
+def plan(config: BenchmarkConfig, documents: Sequence[Document], store: RowStore) -> list[Job]:
+    settings = config.benchmark
+    jobs = [Job(settings.run.name, step, None) for step in settings.run.steps] if settings.run else []
+    jobs += [Job(entry.label, None, entry) for entry in settings.models]
+    for job in jobs:
+        for doc in documents:
+            todo = [r for r in range(settings.rollouts_per_doc)
+                    if row_key(job.label, job.step, doc.id, r) not in store.done]
+            if todo:
+                job.pending[doc.id] = todo
+    return jobs
+
+
+# ------------------------------------------------------------------ cost guard
+
+
+def _uses_ruler(config: BenchmarkConfig) -> bool:
+    return config.reward.kind == "ruler" or getattr(config.reward, "base", None) == "ruler"
+
+
+def judge_local(config: BenchmarkConfig) -> bool:
+    return config.judge.kind in ("lexical", "embedded")
+
+
+def cost_plan(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[Document]) -> list[Calls]:
+    work = []
+    for job in jobs:
+        entry = job.entry.model if isinstance(job.entry, BestOfNEntry) else job.entry
+        who = f"model {entry.model}" if entry else f"model {job.label} step {job.step} (checkpoint)"
+        if entry is None and isinstance(job.entry, BestOfNEntry):
+            who = f"model {job.label} (checkpoint step {job.entry.step})"
+        work.append(Work(Calls(who, entry.model if entry else None),
+                         job.entry.n if isinstance(job.entry, BestOfNEntry) else 1,
+                         {d: len(r) for d, r in job.pending.items()}))
+    judge_id = getattr(config.judge, "model", None) or f"{config.model.base_model} (judge=embedded)"
+    judge = Calls(f"judge {judge_id}", None if judge_local(config) else config.judge.model)
+    return estimate(work, documents, judge, max_words=config.trainer.max_words,
+                    max_summary_tokens=config.trainer.max_summary_tokens, reward_uses_ruler=_uses_ruler(config),
+                    judge_calls=config.judge.kind != "lexical")
+
+
+# ------------------------------------------------------------------ scoring
+
+
+class RecordingJudge:
+    """Passes calls to the judge and keeps each text's verdicts, so the per-question correctness of a row
+    comes from the same judge calls as its reward (reward=qa asks nothing twice)."""
+
+    def __init__(self, judge: Any) -> None:
+        self.judge = judge
+        self.verdicts: dict[str, Union[list[bool], Exception]] = {}
+
+    def __getattr__(self, name: str) -> Any:  # .client (RULER), usage_metrics
+        return getattr(self.judge, name)
+
+    async def grade_group(self, texts: Sequence[str], questions: Sequence[Question]) -> list:
+        results = await self.judge.grade_group(texts, questions)
+        self.verdicts.update(zip(texts, results))
+        return results
+
+    async def grade_all(self, texts: Sequence[str], questions: Sequence[Question]) -> list:
+        """Verdicts for every text; those the reward did not grade (RULER, Summary-RL's rejections) are graded now."""
+        rest = [t for t in dict.fromkeys(texts) if t not in self.verdicts]
+        if rest:
+            await self.grade_group(rest, questions)
+        return [self.verdicts[t] for t in texts]
+
+
+def skip_full_document_baseline(reward: Any, document: Document) -> None:
+    """The QA reward also grades the full document once per document (training's percent_full metric);
+    the benchmark does not report it, so it does not pay for it."""
+    for qa in (reward, getattr(reward, "base", None)):
+        if qa is not None and hasattr(qa, "baselines"):
+            qa.baselines.setdefault(document.id, None)
+
+
+@dataclass
+class Scorer:
+    config: BenchmarkConfig
+    endpoint: Optional[tuple[str, str, str]]  # judge=embedded: (base model, URL, key)
+    judge_cost_known: bool  # False: a paid judge whose price (or RULER's) cannot be counted
+
+    async def score(self, job: Job, source: Any, document: Document) -> tuple[list[Row], list[str]]:
+        from summrl.judges import build_judge
+        from summrl.rewards import Missing, build_reward
+
+        rollouts = job.pending[document.id]
+        summaries: list[Summary] = await asyncio.gather(*(source.summarize(document) for _ in rollouts))
+        judge = RecordingJudge(build_judge(self.config.judge, self.endpoint))  # a fresh judge: its usage is this document's
+        reward = build_reward(self.config.reward, judge, self.config.trainer.max_words)
+        skip_full_document_baseline(reward, document)
+        texts = [s.text for s in summaries]
+        scores = await reward.score_group(document, texts)
+        verdicts = await judge.grade_all(texts, document.questions)
+        usage = judge.usage_metrics()
+        calls = usage.get("judge/calls", 0.0) / len(texts)
+        judge_cost = usage.get("judge/cost_usd", 0.0) / len(texts) if self.judge_cost_known else math.nan
+        rows, errors = [], []
+        for rollout, summary, score, verdict in zip(rollouts, summaries, scores, verdicts):
+            if isinstance(score, Missing) or isinstance(verdict, Exception):
+                errors.append(score.error if isinstance(score, Missing) else str(verdict))
+                continue
+            rows.append(Row(
+                model=job.label, step=job.step, document_id=document.id, rollout=rollout,
+                score=sum(verdict) / len(verdict), reward=score.reward, correct=correctness(verdict),
+                questions=len(verdict), words=word_count(summary.text), chars=len(summary.text),
+                model_calls=summary.model_calls, model_cost_usd=summary.model_cost_usd, judge_calls=calls,
+                judge_cost_usd=judge_cost, ranking_calls=summary.ranking_calls, summary=summary.text,
+            ))
+        return rows, errors
+
+
+# ------------------------------------------------------------------ sources
+
+
+def litellm_source(config: BenchmarkConfig, entry: ModelEntry) -> LiteLLMSource:
+    t, b = config.trainer, config.benchmark
+    return LiteLLMSource(model=entry.model, max_words=t.max_words, max_tokens=t.max_summary_tokens,
+                         temperature=t.temperature, timeout_s=b.timeout_s, max_retries=b.max_retries,
+                         api_base=entry.api_base, api_key_env=entry.api_key_env)
+
+
+async def source_for(config: BenchmarkConfig, job: Job, server: Any, ruler_judge: Any) -> Any:
+    t, b = config.trainer, config.benchmark
+    step = job.serve_step
+    if step is not None:
+        name = await server.serve(step)
+        inner = LiteLLMSource(model=f"openai/{name}", max_words=t.max_words, max_tokens=t.max_summary_tokens,
+                              temperature=t.temperature, timeout_s=b.timeout_s, max_retries=b.max_retries,
+                              api_base=server.base_url, api_key=server.api_key, local=True)
+    else:
+        entry = job.entry.model if isinstance(job.entry, BestOfNEntry) else job.entry
+        inner = litellm_source(config, entry)
+    if not isinstance(job.entry, BestOfNEntry):
+        return inner
+    from summrl.rewards.ruler import RulerReward
+
+    rubric = getattr(config.reward, "rubric", None) or RulerRewardConfig().rubric
+    return BestOfN(inner, job.entry.n, RulerReward(ruler_judge.client, rubric=rubric, max_words=t.max_words))
+
+
+# ------------------------------------------------------------------ outputs
+
+
+IDENTITY_FILE = "benchmark.json"
+
+
+def identity(config: BenchmarkConfig) -> dict:
+    """What makes rows comparable: the same documents, prompt, sampling, judge and reward."""
+    operational = {"max_concurrency", "timeout_s", "max_retries", "retry_base_s", "retry_max_s", "cache_dir"}
+    t = config.trainer
+    return {
+        "dataset": asdict(config.dataset),
+        "prompt": {"max_words": t.max_words, "max_summary_tokens": t.max_summary_tokens, "temperature": t.temperature},
+        "judge": {k: v for k, v in asdict(config.judge).items() if k not in operational},
+        "reward": asdict(config.reward),
+    }
+
+
+def check_identity(out_dir: Path, config: BenchmarkConfig) -> None:
+    path = out_dir / IDENTITY_FILE
+    mine = json.loads(json.dumps(identity(config)))
+    if path.exists():
+        saved = json.loads(path.read_text())
+        for section in mine:
+            if saved.get(section) != mine[section]:
+                raise ConfigError(
+                    f"{out_dir} holds rows scored with another {section} ({json.dumps(saved.get(section))}); "
+                    f"rerun with that config to resume, or pick a new benchmark.name")
+    else:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(mine, indent=2) + "\n")
+
+
+def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -> Optional[Any]:
+    import pandas as pd
+
+    from summrl.benchmark.charts import bar_chart, step_chart
+    from summrl.benchmark.summary import markdown, summarize
+
+    rows_path = out_dir / "rows.csv"
+    if not rows_path.exists():
+        return None
+    rows = read_rows(rows_path)
+    wanted = {(j.label, j.step) for j in jobs}
+    rows = rows[[(m, None if pd.isna(s) else int(s)) in wanted for m, s in zip(rows.model, rows.step)]]
+    if rows.empty:
+        return None
+    table = summarize(rows, order=[(j.label, j.step) for j in jobs])
+    table.to_csv(out_dir / "summary.csv", index=False)
+    text = markdown(table)
+    (out_dir / "summary.md").write_text(text)
+    print(text, flush=True)
+    trained = config.benchmark.run.name if config.benchmark.run else None
+    bar_chart(table, trained, out_dir / "models.png")
+    if trained and (table.model == trained).any():
+        step_chart(table, trained, out_dir / "steps.png")
+    return table
+
+
+# ------------------------------------------------------------------ main
+
+
+async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
+    """The whole benchmark. Returns the exit status: 0, 1 (some rows failed; rerun to retry), 3 (not confirmed)."""
+    out_dir = Path(config.benchmark.output_dir)
+    check_identity(out_dir, config)
+    val, _ = load_splits(config.dataset)
+    store = RowStore(out_dir / "rows.csv")
+    jobs = plan(config, val, store)
+    total = len(jobs) * len(val) * config.benchmark.rollouts_per_doc
+    todo = [j for j in jobs if j.pending]
+    lines = cost_plan(config, todo, val)
+    print(render(lines, total, total - sum(len(r) for j in todo for r in j.pending.values())), flush=True)
+    if todo and config.benchmark.confirm and needs_confirmation(lines) and not confirmed(stdin):
+        print("summrl: benchmark not confirmed; nothing was called. Rerun with benchmark.confirm=false to skip "
+              "the question.", file=sys.stderr)
+        return 3
+    failures = await run_jobs(config, todo, val, store) if todo else []
+    write_outputs(config, jobs, out_dir)
+    print(f"summrl: benchmark output in {out_dir}", flush=True)
+    if failures:
+        print(f"summrl: {len(failures)} summaries could not be made or scored (first: {failures[0]}); rerun the same "
+              "command to retry only those", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[Document],
+                   store: RowStore) -> list[str]:
+    from summrl.benchmark.serving import start_server
+    from summrl.judges import build_judge
+
+    needs_server = config.judge.kind == "embedded" or any(j.serve_step is not None for j in jobs)
+    server = await start_server(config) if needs_server else None
+    try:
+        endpoint = (config.model.base_model, server.base_url, server.api_key) if config.judge.kind == "embedded" else None
+        known = judge_local(config) or (
+            not _uses_ruler(config) and token_price(config.judge.model, 1, 1) is not None)
+        scorer = Scorer(config, endpoint, judge_cost_known=known)
+        ruler_judge = build_judge(config.judge, endpoint) if any(isinstance(j.entry, BestOfNEntry) for j in jobs) else None
+        by_id = {d.id: d for d in documents}
+        failures: list[str] = []
+        for job in jobs:
+            source = await source_for(config, job, server, ruler_judge)
+            if isinstance(job.entry, BestOfNEntry) and not judge_local(config):
+                scorer_for_job = Scorer(config, endpoint, judge_cost_known=False)  # RULER's ranking cost is not reported
+            else:
+                scorer_for_job = scorer
+            limit = asyncio.Semaphore(config.benchmark.max_concurrency)
+            written = [0]
+
+            async def one(doc_id: str) -> None:
+                async with limit:
+                    try:
+                        rows, errors = await scorer_for_job.score(job, source, by_id[doc_id])
+                    except SummaryError as e:
+                        failures.append(str(e))
+                        return
+                    store.append(rows)
+                    written[0] += len(rows)
+                    failures.extend(errors)
+
+            await asyncio.gather(*(one(d) for d in job.pending))
+            where = "" if job.step is None else f" step {job.step}"
+            print(f"summrl: {job.label}{where}: {written[0]} of {sum(len(r) for r in job.pending.values())} summaries "
+                  "scored", flush=True)
+        return failures
+    finally:
+        if server is not None:
+            await server.close()

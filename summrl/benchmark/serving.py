@@ -1,0 +1,126 @@
+"""Serving a trained run's checkpoints (and the base model) on an OpenAI-compatible endpoint.
+
+``backend=embedded``: the embedded engine (transformers + peft, CPU) behind the embedded server,
+one checkpoint's adapter at a time; the base model's name selects no adapter (also the endpoint of
+judge=embedded). ``backend=local_gpu``: ART's LocalBackend (vLLM) on this machine's GPU, which loads
+each step's adapter as ``name@step``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+from typing import Optional, Protocol
+
+from summrl.benchmark.config import BenchmarkConfig, TrainedRun
+from summrl.config import ConfigError
+
+
+class CheckpointServer(Protocol):
+    base_url: str
+    api_key: str
+
+    async def serve(self, step: int) -> str:
+        """Load ``step`` (0 = the base model) and return the name to request it by."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class EmbeddedServer:
+    """The embedded engine on 127.0.0.1: the base model and, after ``serve(step)``, that step's adapter."""
+
+    def __init__(self, config: BenchmarkConfig, run: Optional[TrainedRun]) -> None:
+        self.config, self.run = config, run
+        self.api_key = secrets.token_urlsafe(16)
+        self.step = 0
+        self.base_url = ""
+        self._engine = self._batcher = self._server = None
+
+    def _served(self) -> dict[str, bool]:
+        names = {self.config.model.base_model: False}  # base weights: no LoRA
+        if self.step and self.run is not None:
+            names[f"{self.run.name}@{self.step}"] = True
+        return names
+
+    async def start(self) -> "EmbeddedServer":
+        from summrl.backends.embedded.engine import Engine
+        from summrl.backends.embedded.server import Batcher, InferenceServer, build_app
+
+        b, m = self.config.backend, self.config.model
+        self._engine = await asyncio.to_thread(
+            Engine, base_model=m.base_model, weights=m.weights, lora=m.lora, device=b.device, dtype=b.dtype,
+            num_threads=b.num_threads, max_string_chars=b.json_max_string_chars)
+        self._batcher = Batcher(self._engine, b.max_batch_size, b.batch_window_ms / 1000)
+        self._server = InferenceServer(build_app(self._engine, self._batcher, self.api_key, self._served))
+        await asyncio.to_thread(self._server.start)
+        self.base_url = self._server.base_url
+        return self
+
+    async def serve(self, step: int) -> str:
+        if step == 0:
+            return self.config.model.base_model
+        assert self.run is not None
+        if step != self.step:  # the caller awaits every request of the previous step first
+            await asyncio.to_thread(self._engine.load_checkpoint, self.run.checkpoint(step))
+            self.step = step
+        return f"{self.run.name}@{step}"
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await asyncio.to_thread(self._server.stop)
+        if self._batcher is not None:
+            await asyncio.to_thread(self._batcher.close)
+
+
+class LocalGPUServer:
+    """ART's LocalBackend (vLLM + Unsloth) serving the run's adapters on this machine's GPU."""
+
+    def __init__(self, config: BenchmarkConfig, run: TrainedRun) -> None:
+        self.config, self.run = config, run
+        self.base_url = self.api_key = ""
+
+    async def start(self) -> "LocalGPUServer":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("backend=local_gpu needs a CUDA GPU and none is visible; use backend=embedded on CPU")
+        try:
+            import unsloth  # noqa: F401  (ART's LocalBackend trains and serves through it)
+            import vllm  # noqa: F401
+        except ImportError as e:
+            raise ConfigError(f"backend=local_gpu needs the [gpu] extra ({e.name} is missing): "
+                              "pip install 'summrl[gpu]' on the GPU machine") from None
+        import art
+        from art.local import LocalBackend
+
+        # The ART layout is art/<project>/models/<name>: the project is the folder above models/.
+        project = self.run.checkpoints_dir.parent.parent.parent.name
+        self.backend = LocalBackend(path=str(self.run.run_dir / "art"))
+        self.model = art.TrainableModel(name=self.run.name, project=project, base_model=self.config.model.base_model)
+        await self.model.register(self.backend)
+        self.base_url, self.api_key = await self.backend._prepare_backend_for_training(self.model, None)
+        self._service = await self.backend._get_service(self.model)
+        return self
+
+    async def serve(self, step: int) -> str:
+        if step == 0:
+            return self.config.model.base_model  # vLLM serves the base model under its Hugging Face name
+        await self._service.register_lora_for_step(step, str(self.run.checkpoint(step)))
+        return f"{self.run.name}@{step}"
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+
+async def start_server(config: BenchmarkConfig) -> CheckpointServer:
+    run = config.benchmark.run
+    if config.backend.kind == "local_gpu":
+        assert run is not None
+        return await LocalGPUServer(config, run).start()
+    return await EmbeddedServer(config, run).start()
+
+
+def checkpoint_path(run: TrainedRun, step: int) -> Path:
+    return run.checkpoint(step)

@@ -1,0 +1,101 @@
+"""Where summaries come from: a litellm model (hosted or on an OpenAI-compatible endpoint, including the
+checkpoint server), or best-of-N over one of those, ranked by RULER.
+
+Every source gets training's prompt (``summrl.rollout``) and sampling settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from summrl.data import Document
+from summrl.rewards import Missing
+from summrl.rewards.ruler import RulerReward
+from summrl.rollout import SYSTEM_PROMPT, summary_prompt, word_count
+
+
+def messages_for(document: Document, max_words: int) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": summary_prompt(document, max_words)}]
+
+
+@dataclass
+class Summary:
+    text: str
+    model_calls: int
+    model_cost_usd: float  # nan: the price is unknown
+    ranking_calls: int = 0  # best-of-N: RULER calls to pick this one
+
+
+class SummaryError(RuntimeError):
+    """A model call that failed after its retries (the row stays undone; a rerun retries it)."""
+
+
+@dataclass
+class LiteLLMSource:
+    model: str  # litellm id, e.g. openrouter/openai/gpt-4o or openai/<served name> with api_base
+    max_words: int
+    max_tokens: int
+    temperature: float
+    timeout_s: float
+    max_retries: int
+    api_base: Optional[str] = None
+    api_key_env: Optional[str] = None
+    api_key: Optional[str] = None  # in memory only (the checkpoint server's key)
+    local: bool = False  # served on this machine: costs $0
+
+    async def summarize(self, document: Document) -> Summary:
+        import litellm
+
+        key = self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None)
+        try:
+            response = await litellm.acompletion(
+                model=self.model, messages=messages_for(document, self.max_words), max_tokens=self.max_tokens,
+                temperature=self.temperature, api_base=self.api_base,
+                api_key=key or ("none" if self.api_base else None), timeout=self.timeout_s,
+                num_retries=self.max_retries, drop_params=True,  # reasoning models reject some sampling params
+            )
+        except Exception as e:
+            message = f"{type(e).__name__}: {e}"
+            if key:
+                message = message.replace(key, "***")
+            raise SummaryError(f"{self.model}: {message[:500]}") from None
+        text = response.choices[0].message.content or ""
+        return Summary(text=text, model_calls=1, model_cost_usd=0.0 if self.local else call_cost(response))
+
+
+def call_cost(response) -> float:
+    import litellm
+
+    try:
+        return float(litellm.completion_cost(completion_response=response))
+    except Exception:  # not in litellm's cost map: unknown, never 0
+        return math.nan
+
+
+@dataclass
+class BestOfN:
+    """``n`` candidates from ``inner``, ranked by RULER against the rubric; the best is kept (ties: the first)."""
+
+    inner: LiteLLMSource
+    n: int
+    ruler: RulerReward
+
+    async def summarize(self, document: Document) -> Summary:
+        candidates = await asyncio.gather(*(self.inner.summarize(document) for _ in range(self.n)))
+        texts = [c.text for c in candidates]
+        scores = await self.ruler.score_group(document, texts)
+        failed = next((s for s in scores if isinstance(s, Missing)), None)
+        if failed is not None:
+            raise SummaryError(failed.error)
+        best = max(range(self.n), key=lambda i: (scores[i].reward, -i))
+        return Summary(text=texts[best], model_calls=sum(c.model_calls for c in candidates),
+                       model_cost_usd=sum(c.model_cost_usd for c in candidates), ranking_calls=1)
+
+
+def words(texts: Sequence[str]) -> list[int]:
+    return [word_count(t) for t in texts]

@@ -1,0 +1,79 @@
+"""The summary table: per model (and checkpoint step), the mean % of questions answered with a 95% confidence
+interval, the mean reward, mean words, and $ per 1k summaries.
+
+The interval is a Student-t interval over documents: a document's rollouts share its questions, so they
+are not independent; each document contributes the mean of its rollouts, and the interval is
+``mean ± t(0.975, n-1) · sd / sqrt(n)`` over the n document means (none when n < 2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+CI_METHOD = "95% Student-t interval over per-document means"
+
+
+def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    from scipy import stats
+
+    n = len(values)
+    if n < 2:
+        return math.nan, math.nan
+    mean, sem = float(np.mean(values)), float(np.std(values, ddof=1)) / math.sqrt(n)
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sem
+    return mean - half, mean + half
+
+
+def per_thousand(costs: pd.Series) -> float:
+    """$ per 1k summaries; nan (unknown) if any summary's cost is unknown."""
+    return math.nan if costs.isna().any() else 1000.0 * float(costs.mean())
+
+
+def summarize(rows: pd.DataFrame, order: list[tuple[str, object]] | None = None) -> pd.DataFrame:
+    """One line per (model, step). ``order``: (model, step) pairs in the order to list them."""
+    lines = []
+    for (model, step), group in rows.groupby(["model", rows["step"].fillna(-1)], sort=False):
+        by_doc = group.groupby("document_id")["score"].mean().to_numpy()
+        low, high = t_interval(by_doc)
+        lines.append({
+            "model": model,
+            "step": None if step == -1 else int(step),
+            "documents": len(by_doc),
+            "summaries": len(group),
+            "answered_pct": 100 * float(by_doc.mean()),
+            "ci_low_pct": 100 * low,
+            "ci_high_pct": 100 * high,
+            "mean_reward": float(group["reward"].mean()),
+            "mean_words": float(group["words"].mean()),
+            "usd_per_1k": per_thousand(group["model_cost_usd"] + group["judge_cost_usd"]),
+            "model_usd_per_1k": per_thousand(group["model_cost_usd"]),
+            "judge_usd_per_1k": per_thousand(group["judge_cost_usd"]),
+        })
+    table = pd.DataFrame(lines)
+    if order and not table.empty:
+        rank = {(m, s): i for i, (m, s) in enumerate(order)}
+        table["_rank"] = [rank.get((m, None if pd.isna(s) else int(s)), len(rank)) for m, s in zip(table.model, table.step)]
+        table = table.sort_values("_rank", kind="stable").drop(columns="_rank").reset_index(drop=True)
+    table["step"] = table["step"].astype("Int64") if not table.empty else table.get("step")
+    return table
+
+
+def _money(value: float) -> str:
+    return "unknown" if math.isnan(value) else f"{value:.2f}"
+
+
+def _ci(low: float, high: float) -> str:
+    return "n/a (1 document)" if math.isnan(low) else f"[{low:.1f}, {high:.1f}]"
+
+
+def markdown(table: pd.DataFrame) -> str:
+    header = "| model | step | docs | summaries | % answered | 95% CI | reward | words | $ / 1k summaries |"
+    lines = [header, "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    for r in table.itertuples():
+        step = "" if pd.isna(r.step) else str(r.step)
+        lines.append(f"| {r.model} | {step} | {r.documents} | {r.summaries} | {r.answered_pct:.1f} | "
+                     f"{_ci(r.ci_low_pct, r.ci_high_pct)} | {r.mean_reward:.3f} | {r.mean_words:.0f} | {_money(r.usd_per_1k)} |")
+    return "\n".join(lines) + f"\n\nCI: {CI_METHOD}. $ = model + judge calls from litellm's cost map (local models $0).\n"

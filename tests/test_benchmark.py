@@ -1,0 +1,212 @@
+"""`python -m summrl.benchmark`: models on loopback servers and trained embedded checkpoints, scored on the
+sample's val split; the rows, the table and its confidence intervals, resume, the cost guard and the charts."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from PIL import Image
+
+from summrl.benchmark.config import validate_benchmark
+from summrl.benchmark.rows import read_rows
+from summrl.benchmark.runner import run
+from summrl.config import ConfigError
+from summrl.data import load_splits
+from summrl.judges.fake_server import FakeLLM, Reply
+from summrl.judges.lexical import LexicalJudge
+from tests.conftest import CONF, ROOT
+
+T_975 = {1: 12.7062, 2: 4.3027, 3: 3.1824}  # Student-t quantiles from a printed table, for the hand computation
+
+
+def compose_benchmark(overrides: list[str], out_dir: Path):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("benchmark", overrides=[f"benchmark.output_dir={out_dir}", *overrides], return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    return validate_benchmark(cfg, choices)
+
+
+def run_benchmark_cli(args: list[str], stdin: str = "", timeout: float = 900, env: dict | None = None,
+                      unset: tuple[str, ...] = ()):
+    environment = {k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}.items() if k not in unset}
+    return subprocess.run([sys.executable, "-m", "summrl.benchmark", *args], cwd=ROOT, input=stdin, capture_output=True,
+                          text=True, timeout=timeout, env=environment)
+
+
+def fake_model(server: FakeLLM, name: str = "fake-frontier", **extra) -> str:
+    """A benchmark.models entry (Hydra override syntax) for an OpenAI-compatible model on the fake server."""
+    fields = ", ".join([f"model: openai/{name}", f"api_base: '{server.base_url}'", *(f"{k}: {v}" for k, v in extra.items())])
+    return "{" + fields + "}"
+
+
+def val_documents(val_size: int):
+    from tests.conftest import compose_config
+
+    return load_splits(compose_config(["experiment=local", f"dataset.val_size={val_size}"]).dataset)[0]
+
+
+def assert_png(path: Path) -> None:
+    image = Image.open(path)
+    assert image.format == "PNG" and image.width >= 500 and image.height >= 300
+    pixels = np.asarray(image.convert("L"))
+    assert (pixels < 128).mean() > 0.005  # ink: axes, bars, labels (a blank canvas is all white)
+    assert len(np.unique(pixels)) > 10
+
+
+def hand_table(rows: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
+    """Mean % answered and its 95% t-interval over per-document means, computed from the rows by hand."""
+    out = {}
+    for model, group in rows.groupby("model"):
+        per_doc = [np.mean([sum(json.loads(c)) / len(json.loads(c)) for c in g.correct]) for _, g in group.groupby("document_id")]
+        n, mean = len(per_doc), sum(per_doc) / len(per_doc)
+        if n < 2:
+            out[model] = (100 * mean, math.nan, math.nan)
+            continue
+        sd = math.sqrt(sum((x - mean) ** 2 for x in per_doc) / (n - 1))
+        half = T_975[n - 1] * sd / math.sqrt(n)
+        out[model] = (100 * mean, 100 * (mean - half), 100 * (mean + half))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- config checks
+
+
+def test_bad_entries_fail_before_anything_runs(tmp_path):
+    with pytest.raises(ConfigError, match=r"benchmark.models\[0\]: 'gpt4' is not a litellm model id"):
+        compose_benchmark(["experiment=local", "benchmark.models=[gpt4]"], tmp_path)
+    with pytest.raises(ConfigError, match="benchmark.run_dir: .* is not a folder"):
+        compose_benchmark(["experiment=local", f"benchmark.run_dir={tmp_path / 'none'}"], tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="has no checkpoints"):
+        compose_benchmark(["experiment=local", f"benchmark.run_dir={tmp_path / 'empty'}"], tmp_path)
+    checkpoint = tmp_path / "run" / "art" / "summrl" / "models" / "r" / "checkpoints" / "0002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"benchmark.steps: step 5 has no checkpoint .* available: 0 \(base\), 2"):
+        compose_benchmark(["experiment=local", f"benchmark.run_dir={tmp_path / 'run'}", "benchmark.steps=[0,5]"], tmp_path)
+    config = compose_benchmark(["experiment=local", f"benchmark.run_dir={tmp_path / 'run'}"], tmp_path)
+    assert config.benchmark.run.name == "r" and config.benchmark.run.steps == [0, 2]
+    with pytest.raises(ConfigError, match="RULER, which needs an LLM judge; got judge=lexical"):
+        compose_benchmark(["experiment=local", "benchmark.models=[{best_of_n: {model: openai/x, n: 4}}]"], tmp_path)
+    with pytest.raises(ConfigError, match="two entries are labelled 'openai/x'"):
+        compose_benchmark(["experiment=local", "benchmark.models=[openai/x,openai/x]"], tmp_path)
+    with pytest.raises(ConfigError, match="benchmark.rollouts_per_doc: must be an integer >= 1"):
+        compose_benchmark(["experiment=local", "benchmark.rollouts_per_doc=0"], tmp_path)
+
+
+def test_missing_key_stops_the_cli_before_anything_loads(tmp_path):
+    result = run_benchmark_cli(["judge=lexical", f"hydra.run.dir={tmp_path / 'out'}"], timeout=60,
+                               unset=("OPENROUTER_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"))
+    assert result.returncode == 2
+    assert "benchmark.models: openrouter/openai/gpt-4o needs OPENROUTER_API_KEY" in result.stderr
+    assert not (tmp_path / "out" / "rows.csv").exists()
+
+
+# ----------------------------------------------------------------------------------------- a fake frontier model
+
+
+def scripted_summaries(documents, count: int) -> list[Reply]:
+    """Summaries that carry 0..5 of the val documents' gold answers, so scores differ between rows."""
+    replies = []
+    for i in range(count):
+        facts = [q.answer for d in documents for q in d.questions[: i % 6] if q.answerable]
+        replies.append(Reply(" ".join(["Summary."] + facts)))
+    return replies
+
+
+def test_fake_frontier_rows_table_confidence_intervals_resume_and_charts(tmp_path):
+    out = tmp_path / "out"
+    docs = val_documents(3)
+    with FakeLLM() as fake:
+        fake.script = scripted_summaries(docs, 6)
+        config = compose_benchmark(["experiment=local", "dataset.val_size=3", "benchmark.rollouts_per_doc=2",
+                                    f"benchmark.models=[{fake_model(fake)}]"], out)
+        status = asyncio.run(run(config, stdin=io.StringIO("y\n")))  # the price is unknown: it asks, "y" goes on
+        assert status == 0
+        assert len(fake.requests) == 6
+        sent = fake.requests[0]
+        assert sent["model"] == "fake-frontier" and sent["max_tokens"] == config.trainer.max_summary_tokens
+        assert "in at most 350 words" in sent["messages"][-1]["content"]  # training's prompt
+
+        rows = read_rows(out / "rows.csv")
+        assert len(rows) == 6 and set(rows.document_id) == {d.id for d in docs}
+        assert sorted(rows.rollout.tolist()) == [0, 0, 0, 1, 1, 1] and rows.step.isna().all()
+        judge, by_id = LexicalJudge(), {d.id: d for d in docs}
+        for row in rows.itertuples():
+            verdicts = [int(judge.answers(row.summary, q)) for q in by_id[row.document_id].questions]
+            assert json.loads(row.correct) == verdicts
+            assert row.score == pytest.approx(sum(verdicts) / len(verdicts)) and row.reward == pytest.approx(row.score)
+            assert row.words == len(row.summary.split())
+            assert math.isnan(row.model_cost_usd)  # not in litellm's cost map: unknown, not $0
+            assert row.judge_cost_usd == 0 and row.judge_calls == 0  # the lexical judge is local
+        assert rows.score.nunique() > 1
+
+        table = pd.read_csv(out / "summary.csv")
+        (line,) = table.itertuples()
+        mean, low, high = hand_table(rows)["openai/fake-frontier"]
+        assert line.answered_pct == pytest.approx(mean, abs=1e-6)
+        assert (line.ci_low_pct, line.ci_high_pct) == pytest.approx((low, high), abs=1e-3)
+        assert line.documents == 3 and line.summaries == 6 and math.isnan(line.usd_per_1k)
+        assert line.mean_words == pytest.approx(rows.words.mean())
+        assert "unknown" in (out / "summary.md").read_text()
+        assert_png(out / "models.png")
+
+        # a rerun does nothing new; a crash that lost the last rows (and left half a line) redoes only those
+        assert asyncio.run(run(config, stdin=io.StringIO(""))) == 0  # nothing to do: it does not even ask
+        assert len(fake.requests) == 6
+        lines = (out / "rows.csv").read_text().splitlines(keepends=True)
+        (out / "rows.csv").write_text("".join(lines[:-2]) + lines[-2][:15])
+        fake.script = scripted_summaries(docs, 2)
+        assert asyncio.run(run(config, stdin=io.StringIO("y\n"))) == 0
+        assert len(fake.requests) == 8
+        again = read_rows(out / "rows.csv")
+        assert len(again) == 6 and len(set(zip(again.document_id, again.rollout))) == 6
+
+
+def test_cost_guard_estimates_and_refusal_calls_nothing(tmp_path):
+    out = tmp_path / "out"
+    with FakeLLM() as fake:
+        models = f"[{fake_model(fake, 'gpt-4o', api_key_env='FAKE_KEY', label='gpt-4o')},{fake_model(fake)}]"
+        result = run_benchmark_cli(["experiment=local", "dataset.val_size=2", f"benchmark.models={models}",
+                                    f"hydra.run.dir={out}"], stdin="n\n", env={"FAKE_KEY": "sk-fake"}, timeout=120)
+        assert result.returncode == 3, result.stderr[-2000:]
+        assert fake.requests == []
+    assert "0 already in rows.csv" in result.stdout and "8 of 8 summaries to do" in result.stdout
+    priced = next(line for line in result.stdout.splitlines() if "model openai/gpt-4o:" in line)
+    assert "4 calls" in priced and "$" in priced and "unknown" not in priced
+    unpriced = next(line for line in result.stdout.splitlines() if "model openai/fake-frontier:" in line)
+    assert "unknown (not in litellm's cost map)" in unpriced
+    assert "estimated total: $" in result.stdout and "+ unknown for model openai/fake-frontier" in result.stdout
+    assert "Proceed? [y/N]" in result.stdout and "nothing was called" in result.stderr
+    assert not (out / "rows.csv").exists()
+    assert "sk-fake" not in result.stdout + result.stderr + "".join(p.read_text() for p in out.rglob("*") if p.is_file())
+
+
+def test_best_of_n_keeps_the_summary_ruler_ranks_best(tmp_path):
+    """RULER as test-time compute: 3 candidates, the judge (the fake scores RULER by length) picks the longest."""
+    candidates = ["Short one.", "A much longer candidate summary that RULER ranks first by length here.", "Medium text."]
+    with FakeLLM() as policy, FakeLLM() as judge:
+        policy.script = [Reply(c) for c in candidates]
+        entry = "{best_of_n: " + fake_model(policy, n=3, label="bo3") + "}"
+        config = compose_benchmark(
+            ["experiment=local", "judge=openai_compatible", f"judge.api_base={judge.base_url}", "judge.model=openai/fake-judge",
+             f"judge.cache_dir={tmp_path / 'cache'}", "dataset.val_size=1", "benchmark.rollouts_per_doc=1",
+             f"benchmark.models=[{entry}]", "benchmark.confirm=false"], tmp_path / "out")
+        assert asyncio.run(run(config)) == 0
+        assert len(policy.requests) == 3
+        ruler_prompts = [r for r in judge.requests if "<trajectory" in r["messages"][-1]["content"]]
+        assert len(ruler_prompts) == 1
+    (row,) = read_rows(tmp_path / "out" / "rows.csv").itertuples()
+    assert row.model == "bo3" and row.summary == candidates[1]
+    assert row.model_calls == 3 and row.ranking_calls == 1 and row.judge_calls >= 1

@@ -210,3 +210,90 @@ def test_best_of_n_keeps_the_summary_ruler_ranks_best(tmp_path):
     (row,) = read_rows(tmp_path / "out" / "rows.csv").itertuples()
     assert row.model == "bo3" and row.summary == candidates[1]
     assert row.model_calls == 3 and row.ranking_calls == 1 and row.judge_calls >= 1
+
+
+# ----------------------------------------------------------------------------------------- trained checkpoints
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """A real one-step `python -m summrl.train experiment=local` run, plus a step-2 checkpoint whose LoRA B matrices
+    are moved off zero, so that serving it (rather than the base weights) changes what greedy decoding writes."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    result = run_cli(["experiment=local", "trainer.max_steps=1", "trainer.max_summary_tokens=8", "dataset.val_size=1",
+                      "dataset.train_size=2", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
+                      "trainer.val_rollouts_per_doc=1", "run.name=tiny", f"hydra.run.dir={run_dir}"], cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoints = run_dir / "art" / "summrl" / "models" / "tiny" / "checkpoints"
+    step2 = checkpoints / "0002"
+    step2.mkdir()
+    for f in (checkpoints / "0001").iterdir():
+        (step2 / f.name).write_bytes(f.read_bytes())
+    weights = load_file(step2 / "adapter_model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    moved = {k: (torch.randn(v.shape, generator=generator) * 0.05 if "lora_B" in k else v) for k, v in weights.items()}
+    save_file(moved, step2 / "adapter_model.safetensors")
+    return run_dir
+
+
+@pytest.mark.slow
+def test_checkpoints_per_step_against_a_fake_frontier_model_with_the_lexical_judge(trained_run, tmp_path):
+    out = tmp_path / "out"
+    docs = val_documents(2)
+    with FakeLLM() as fake:
+        fake.script = scripted_summaries(docs, 4)
+        args = ["experiment=local", f"benchmark.run_dir={trained_run}", "benchmark.every=2", "dataset.val_size=2",
+                "trainer.temperature=0", "trainer.max_summary_tokens=16", f"benchmark.models=[{fake_model(fake)}]",
+                "benchmark.confirm=false", f"hydra.run.dir={out}"]
+        result = run_benchmark_cli(args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert len(fake.requests) == 4
+
+        rows = read_rows(out / "rows.csv")
+        counts = rows.groupby(["model", rows.step.fillna(-1)]).size().to_dict()
+        assert counts == {("tiny", 0): 4, ("tiny", 2): 4, ("openai/fake-frontier", -1): 4}
+        trained = rows[rows.model == "tiny"]
+        assert (trained.model_cost_usd == 0).all()  # served on this machine
+        base = trained[trained.step == 0].set_index(["document_id", "rollout"]).summary
+        step2 = trained[trained.step == 2].set_index(["document_id", "rollout"]).summary
+        assert (base != step2.loc[base.index]).all()  # step 2's adapter was served, not the base weights
+        assert step2.groupby(level=0).nunique().eq(1).all()  # greedy: a document's rollouts agree
+
+        table = pd.read_csv(out / "summary.csv")
+        assert [(m, None if pd.isna(s) else int(s)) for m, s in zip(table.model, table.step)] == \
+            [("tiny", 0), ("tiny", 2), ("openai/fake-frontier", None)]
+        expected = hand_table(rows[rows.step.fillna(-1) == 2])["tiny"]
+        line = table[table.step == 2].iloc[0]
+        assert (line.answered_pct, line.ci_low_pct, line.ci_high_pct) == pytest.approx(expected, abs=1e-3, nan_ok=True)
+        assert_png(out / "models.png")
+        assert_png(out / "steps.png")
+
+        rerun = run_benchmark_cli(args, timeout=120)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert "0 of 12 summaries to do (12 already in rows.csv)" in rerun.stdout
+        assert len(fake.requests) == 4 and len(read_rows(out / "rows.csv")) == 12
+
+
+@pytest.mark.slow
+def test_checkpoint_scored_by_the_embedded_judge(trained_run, tmp_path):
+    """judge=embedded: the base model judges on the same endpoint that serves the checkpoint. One summary only:
+    the grammar-constrained judge writes about 2 tokens/s on 2 shared cores (the fake frontier model goes through
+    the same scoring code, tested above with the lexical judge and in the best-of-N test with an LLM judge)."""
+    out = tmp_path / "out"
+    result = run_benchmark_cli([
+        "experiment=local", "judge=embedded", f"judge.cache_dir={tmp_path / 'cache'}", f"benchmark.run_dir={trained_run}",
+        "benchmark.steps=[2]", "dataset.val_size=1", "benchmark.rollouts_per_doc=1", "trainer.max_summary_tokens=16",
+        "benchmark.models=[]", f"hydra.run.dir={out}"], stdin="")  # all local: no question asked
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Proceed?" not in result.stdout and "local, $0" in result.stdout
+    (row,) = read_rows(out / "rows.csv").itertuples()
+    assert (row.model, row.step) == ("tiny", 2)
+    verdicts = json.loads(row.correct)
+    assert len(verdicts) == 5 and set(verdicts) <= {0, 1} and row.score == pytest.approx(sum(verdicts) / 5)
+    assert row.judge_calls >= 1 and row.judge_cost_usd == 0  # the embedded judge answered, locally
+    assert_png(out / "steps.png")

@@ -4,6 +4,7 @@ then run the benchmark (heavy imports only after validation, so a bad value fail
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 
@@ -29,6 +30,8 @@ def main(cfg: DictConfig) -> None:
         print(f"summrl: config error: {e}", file=sys.stderr)
         sys.exit(2)
     os.environ.setdefault("TQDM_DISABLE", "1")
+    for name in ("LiteLLM", "LiteLLM Router", "httpx"):  # one line per call at INFO under Hydra's logging
+        logging.getLogger(name).setLevel(logging.WARNING)
     from summrl.benchmark.runner import run
 
     try:

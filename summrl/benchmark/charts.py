@@ -65,6 +65,9 @@ def step_chart(table: pd.DataFrame, trained: str, path: Path) -> Path:
     cmap = plt.get_cmap("tab10")
     for i, line in enumerate(baselines.itertuples()):
         ax.axhline(line.answered_pct, linestyle="--", color=cmap((i + 2) % 10), label=f"{line.model} {line.answered_pct:.0f}%")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel("% of questions answered from the summary")
     ax.set_ylim(0, 105)

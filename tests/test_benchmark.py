@@ -121,7 +121,7 @@ def scripted_summaries(documents, count: int) -> list[Reply]:
     replies = []
     for i in range(count):
         facts = [q.answer for d in documents for q in d.questions[: i % 6] if q.answerable]
-        replies.append(Reply(" ".join(["Summary."] + facts)))
+        replies.append(Reply("\n".join(["Summary:", "The facts follow."] + facts)))
     return replies
 
 
@@ -165,13 +165,18 @@ def test_fake_frontier_rows_table_confidence_intervals_resume_and_charts(tmp_pat
         # a rerun does nothing new; a crash that lost the last rows (and left half a line) redoes only those
         assert asyncio.run(run(config, stdin=io.StringIO(""))) == 0  # nothing to do: it does not even ask
         assert len(fake.requests) == 6
-        lines = (out / "rows.csv").read_text().splitlines(keepends=True)
-        (out / "rows.csv").write_text("".join(lines[:-2]) + lines[-2][:15])
-        fake.script = scripted_summaries(docs, 2)
+        # a crash that cut the last row inside its (multi-line, quoted) summary: that row is redone, nothing else
+        data = (out / "rows.csv").read_bytes()
+        last_summary = rows.summary.iloc[-1]
+        assert "\n" in last_summary
+        (out / "rows.csv").write_bytes(data[: len(data) - len(last_summary) // 2])
+        fake.script = scripted_summaries(docs, 1)
         assert asyncio.run(run(config, stdin=io.StringIO("y\n"))) == 0
-        assert len(fake.requests) == 8
+        assert len(fake.requests) == 7
         again = read_rows(out / "rows.csv")
         assert len(again) == 6 and len(set(zip(again.document_id, again.rollout))) == 6
+        written = {r.content for r in scripted_summaries(docs, 6)}
+        assert set(again.summary) <= written  # no summary was kept cut short
 
 
 def test_cost_guard_estimates_and_refusal_calls_nothing(tmp_path):

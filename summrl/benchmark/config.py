@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from summrl.config import (
     FIXED_SCHEMAS,
@@ -266,6 +266,8 @@ def _check_cross(config: BenchmarkConfig, node: DictConfig) -> None:
     if config.judge.kind == "embedded" and config.backend.kind != "embedded":
         raise ConfigError(f"judge=embedded is served by the embedded backend; got backend.kind={config.backend.kind}")
     if settings.run is not None:
+        if settings.run.name in {m.label for m in settings.models}:
+            raise ConfigError(f"benchmark.models: the label {settings.run.name!r} is the trained run's name; pick another label")
         _check_run_matches(config, settings.run)
 
 
@@ -322,7 +324,3 @@ def check_keys(config: BenchmarkConfig) -> None:
         if missing:
             raise ConfigError(f"benchmark.models: {entry.label} needs {' or '.join(missing)}: export it or put it in .env "
                               "(or set the entry's api_key_env)")
-
-
-def plain_list(value: Any) -> Any:
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value

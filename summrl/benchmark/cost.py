@@ -121,6 +121,6 @@ def needs_confirmation(lines: Sequence[Calls]) -> bool:
 def confirmed(stdin: TextIO = sys.stdin) -> bool:
     print("Proceed? [y/N] ", end="", flush=True)
     answer = stdin.readline()
-    if not answer:
-        print()
+    if not stdin.isatty():  # a piped answer is not echoed: end the prompt's line
+        print(flush=True)
     return answer.strip().lower() in ("y", "yes")

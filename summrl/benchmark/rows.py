@@ -6,14 +6,17 @@ and skips them.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 import pandas as pd
+
+from summrl.config import ConfigError
 
 
 @dataclass
@@ -55,36 +58,56 @@ class RowStore:
         self.path = Path(path)
         self.done: set[tuple[str, str, str, int]] = set()
         if self.path.exists():
-            self._drop_partial_line()
-            for record in self._records():
+            for record in self._complete_records():
                 self.done.add(row_key(record["model"], None if record["step"] == "" else int(record["step"]),
                                       record["document_id"], int(record["rollout"])))
 
-    def _drop_partial_line(self) -> None:
-        """A crash mid-write can leave a last line without its newline: cut it, it is redone on this run."""
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(self.path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-
-    def _records(self) -> Iterable[dict]:
+    def _complete_records(self) -> list[dict]:
+        """The rows that were written whole. Rows are appended in order, so only the last one can be cut short
+        by a crash (summaries hold newlines, so a line is not a row): it is dropped and redone on this run."""
         with open(self.path, newline="") as f:
-            for record in csv.DictReader(f):
-                if None not in record.values() and None not in record:
-                    yield record
+            data = f.read()
+        records: list[list[str]] = []
+        cut = False
+        try:
+            for record in csv.reader(io.StringIO(data, newline=""), strict=True):
+                records.append(record)
+        except csv.Error:  # a quoted summary cut before its closing quote: that record was not yielded
+            cut = True
+        if records and records[0] != FIELDS:
+            raise ConfigError(f"{self.path}: not a rows file of this version (columns {records[0][:4]}...); "
+                             "pick a new benchmark.name")
+        body = records[1:]
+        if body and not cut and (not data.endswith("\r\n") or len(body[-1]) != len(FIELDS)):
+            body = body[:-1]  # cut inside an unquoted field, or before its line's end
+        if cut or len(body) != len(records[1:]):
+            self._rewrite(body)
+        return [dict(zip(FIELDS, r)) for r in body]
+
+    def _rewrite(self, body: list[list[str]]) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(FIELDS)
+            writer.writerows(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def append(self, rows: list[Row]) -> None:
-        new = not self.path.exists() or self.path.stat().st_size == 0
+        """Write a document's rows in one write, then flush and fsync."""
+        buffer = io.StringIO(newline="")
+        writer = csv.DictWriter(buffer, fieldnames=FIELDS)
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            writer.writeheader()
+        for row in rows:
+            record = asdict(row)
+            record["step"] = "" if row.step is None else row.step
+            for key in ("model_cost_usd", "judge_cost_usd"):
+                record[key] = "" if math.isnan(record[key]) else record[key]
+            writer.writerow(record)
         with open(self.path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=FIELDS)
-            if new:
-                writer.writeheader()
-            for row in rows:
-                record = asdict(row)
-                record["step"] = "" if row.step is None else row.step
-                for key in ("model_cost_usd", "judge_cost_usd"):
-                    record[key] = "" if math.isnan(record[key]) else record[key]
-                writer.writerow(record)
+            f.write(buffer.getvalue())
             f.flush()
             os.fsync(f.fileno())
         self.done.update(r.key() for r in rows)

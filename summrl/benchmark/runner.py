@@ -67,12 +67,12 @@ def cost_plan(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[
     work = []
     for job in jobs:
         entry = job.entry.model if isinstance(job.entry, BestOfNEntry) else job.entry
-        who = f"model {entry.model}" if entry else f"model {job.label} step {job.step} (checkpoint)"
-        if entry is None and isinstance(job.entry, BestOfNEntry):
-            who = f"model {job.label} (checkpoint step {job.entry.step})"
-        work.append(Work(Calls(who, entry.model if entry else None),
-                         job.entry.n if isinstance(job.entry, BestOfNEntry) else 1,
-                         {d: len(r) for d, r in job.pending.items()}))
+        if entry is not None:
+            calls = Calls(f"model {entry.model}", entry.model)
+        else:  # served on this machine
+            calls = Calls(f"model {job.label} (checkpoint step {job.serve_step})", None)
+        candidates = job.entry.n if isinstance(job.entry, BestOfNEntry) else 1
+        work.append(Work(calls, candidates, {d: len(r) for d, r in job.pending.items()}))
     judge_id = getattr(config.judge, "model", None) or f"{config.model.base_model} (judge=embedded)"
     judge = Calls(f"judge {judge_id}", None if judge_local(config) else config.judge.model)
     return estimate(work, documents, judge, max_words=config.trainer.max_words,

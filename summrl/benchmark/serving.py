@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from pathlib import Path
 from typing import Optional, Protocol
 
 from summrl.benchmark.config import BenchmarkConfig, TrainedRun
@@ -120,7 +119,3 @@ async def start_server(config: BenchmarkConfig) -> CheckpointServer:
         assert run is not None
         return await LocalGPUServer(config, run).start()
     return await EmbeddedServer(config, run).start()
-
-
-def checkpoint_path(run: TrainedRun, step: int) -> Path:
-    return run.checkpoint(step)

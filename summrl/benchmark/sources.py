@@ -10,12 +10,12 @@ import asyncio
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 from summrl.data import Document
 from summrl.rewards import Missing
 from summrl.rewards.ruler import RulerReward
-from summrl.rollout import SYSTEM_PROMPT, summary_prompt, word_count
+from summrl.rollout import SYSTEM_PROMPT, summary_prompt
 
 
 def messages_for(document: Document, max_words: int) -> list[dict]:
@@ -95,7 +95,3 @@ class BestOfN:
         best = max(range(self.n), key=lambda i: (scores[i].reward, -i))
         return Summary(text=texts[best], model_calls=sum(c.model_calls for c in candidates),
                        model_cost_usd=sum(c.model_cost_usd for c in candidates), ranking_calls=1)
-
-
-def words(texts: Sequence[str]) -> list[int]:
-    return [word_count(t) for t in texts]

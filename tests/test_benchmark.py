@@ -179,6 +179,25 @@ def test_fake_frontier_rows_table_confidence_intervals_resume_and_charts(tmp_pat
         assert set(again.summary) <= written  # no summary was kept cut short
 
 
+def test_a_failed_model_call_leaves_its_row_undone_for_the_rerun_and_never_shows_the_key(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_KEY", "sk-secret-77")
+    with FakeLLM() as fake:
+        fake.script = [Reply(status=400), Reply("A summary.")]  # the hostile fake echoes the key in its error body
+        config = compose_benchmark(["experiment=local", "dataset.val_size=2", "benchmark.rollouts_per_doc=1",
+                                    "benchmark.max_retries=0", "benchmark.confirm=false",
+                                    f"benchmark.models=[{fake_model(fake, api_key_env='FAKE_KEY')}]"], tmp_path / "out")
+        assert asyncio.run(run(config)) == 1
+        assert len(read_rows(tmp_path / "out" / "rows.csv")) == 1
+        fake.script = [Reply("Another summary.")]
+        assert asyncio.run(run(config)) == 0
+        assert len(fake.requests) == 3
+    assert sorted(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary.", "Another summary."]
+    printed = capsys.readouterr()
+    assert "could not be made or scored" in printed.err and "rerun the same command" in printed.err
+    assert "sk-secret-77" not in printed.out + printed.err
+    assert "sk-secret-77" not in "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.suffix != ".png")
+
+
 def test_cost_guard_estimates_and_refusal_calls_nothing(tmp_path):
     out = tmp_path / "out"
     with FakeLLM() as fake:

@@ -40,11 +40,12 @@ def bar_chart(table: pd.DataFrame, trained: Optional[str], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(bars) + 2), 4.5))
     colors = ["tab:orange" if m == trained else "tab:blue" for m in bars.model]
     ax.bar(range(len(bars)), bars.answered_pct, yerr=_error(bars), capsize=4, color=colors)
-    for i, value in enumerate(bars.answered_pct):
-        ax.text(i, value + 1, f"{value:.0f}%", ha="center", va="bottom", fontsize=9)
+    tops = bars.ci_high_pct.fillna(bars.answered_pct).clip(lower=bars.answered_pct)
+    for i, (value, top) in enumerate(zip(bars.answered_pct, tops)):
+        ax.text(i, top + 1.5, f"{value:.0f}%", ha="center", va="bottom", fontsize=9)  # above the whisker
     ax.set_xticks(range(len(bars)), labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("% of questions answered from the summary")
-    ax.set_ylim(0, 105)
+    ax.set_ylim(0, 110)
     ax.set_title("Benchmark (95% CI over documents)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

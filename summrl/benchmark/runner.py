@@ -289,22 +289,21 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
             else:
                 scorer_for_job = scorer
             limit = asyncio.Semaphore(config.benchmark.max_concurrency)
-            written = [0]
 
-            async def one(doc_id: str) -> None:
+            async def one(doc_id: str) -> int:
                 async with limit:
                     try:
                         rows, errors = await scorer_for_job.score(job, source, by_id[doc_id])
                     except SummaryError as e:
                         failures.append(str(e))
-                        return
-                    store.append(rows)
-                    written[0] += len(rows)
+                        return 0
+                    store.append(rows)  # as soon as the document is scored: a crash loses only what is in flight
                     failures.extend(errors)
+                    return len(rows)
 
-            await asyncio.gather(*(one(d) for d in job.pending))
+            written = sum(await asyncio.gather(*(one(d) for d in job.pending)))
             where = "" if job.step is None else f" step {job.step}"
-            print(f"summrl: {job.label}{where}: {written[0]} of {sum(len(r) for r in job.pending.values())} summaries "
+            print(f"summrl: {job.label}{where}: {written} of {sum(len(r) for r in job.pending.values())} summaries "
                   "scored", flush=True)
         return failures
     finally:

@@ -96,7 +96,6 @@ class TrainerConfig:
     max_summary_tokens: int = 1000
     temperature: float = 1.0
     max_words: int = 350  # the prompt asks for it and the rewards read it
-    seed: int = 80
     num_epochs: int = 100  # passes over the train split; max_steps normally ends the run first
     # A rollout whose reward is missing (a judge call failed after its retries) drops its group.
     # Past this share of a step's rollouts the run stops, naming the judge and its last error.
@@ -287,6 +286,7 @@ class RunConfig:
 @dataclass
 class Config:
     project: str
+    seed: int  # the training seed: data order, sampling, LoRA init (the val/train split has dataset.seed)
     run: RunConfig
     model: ModelConfig
     dataset: DatasetConfig
@@ -323,7 +323,7 @@ NOT_AVAILABLE: dict[tuple[str, str], str] = {
     ("backend", "serverless"): "the cloud issue (#4)",
     ("logger", "wandb"): "the ablations issue (#5)",
 }
-TOP_LEVEL_KEYS = {"project", "run", "model", "dataset", "trainer", "reward", "judge", "backend", "logger"}
+TOP_LEVEL_KEYS = {"project", "seed", "run", "model", "dataset", "trainer", "reward", "judge", "backend", "logger"}
 
 
 def _typed_section(group: str, node: Any, schema: type) -> Any:
@@ -366,6 +366,10 @@ def validate(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None
         raise ConfigError(f"{missing[0]} is missing from the composed config (check conf/train.yaml's defaults).")
 
     sections: dict[str, Any] = {"project": cfg.project}
+    try:
+        sections["seed"] = int(cfg.seed)
+    except (TypeError, ValueError):
+        raise ConfigError(f"seed: must be an integer, got {cfg.seed!r}") from None
     for group, schema in FIXED_SCHEMAS.items():
         sections[group] = _typed_section(group, cfg[group], schema)
     for group, schemas in KIND_SCHEMAS.items():

@@ -154,14 +154,14 @@ async def train_step(session: Session, documents: Sequence[Document]) -> tuple[S
     return scored, result
 
 
-def training_batches(train_docs: Sequence[Document], trainer, initial_step: int):
+def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial_step: int):
     """The step-by-step document batches. Same seed, same order; a resumed run continues the same order.
 
     ART's iterate_dataset reseeds the global ``random`` with the epoch number, so the trainer seed
     would not reach the data order: shuffle with it first.
     """
     docs = list(train_docs)
-    random.Random(trainer.seed).shuffle(docs)
+    random.Random(seed).shuffle(docs)
     return iterate_dataset(docs, trainer.groups_per_step, trainer.num_epochs, initial_step=initial_step, use_tqdm=False)
 
 
@@ -173,7 +173,7 @@ def write_result(run_dir: str, result: dict) -> None:
 
 async def train(config: Config) -> Optional[float]:
     """Run (or resume) one training job. Returns the final val score."""
-    seed_everything(config.trainer.seed)
+    seed_everything(config.seed)
     t = config.trainer
     val, train_docs = load_splits(config.dataset)
     started = time.time()
@@ -184,7 +184,7 @@ async def train(config: Config) -> Optional[float]:
         step = await session.model.get_step()
         print(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
               f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}", flush=True)
-        for batch in training_batches(train_docs, t, initial_step=step):
+        for batch in training_batches(train_docs, t, config.seed, initial_step=step):
             if batch.step >= t.max_steps:
                 break
             if batch.step % t.eval_every == 0:

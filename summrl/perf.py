@@ -82,7 +82,7 @@ async def bench_step(steps: int, repeats: int) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="summrl-perf-") as run_dir:
         config = compose_local(run_dir, STEP_OVERRIDES)
-        seed_everything(config.trainer.seed)
+        seed_everything(config.seed)
         _, train_docs = load_splits(config.dataset)
         load_start = time.perf_counter()
         session = await open_session(config)

@@ -165,6 +165,18 @@ class EmbeddedJudgeConfig:
     cache_dir: Optional[str] = "~/.cache/summrl/judge"
 
 
+@dataclass
+class LocalJudgeConfig(EmbeddedJudgeConfig):
+    """The offline pair that lets every reward run on a laptop: the lexical judge grades QA (fast, deterministic)
+    and the embedded model, with base weights, is RULER's judge. The other fields configure the embedded model."""
+
+    kind: str = "local"
+    min_recall: float = 0.6  # the lexical judge's threshold (see LexicalJudgeConfig)
+
+    def __post_init__(self) -> None:
+        _require(0.0 < self.min_recall <= 1.0, "judge.min_recall", f"must be in (0, 1], got {self.min_recall}")
+
+
 # --------------------------------------------------------------------------- reward
 
 
@@ -269,9 +281,18 @@ class NoLoggerConfig:
 
 @dataclass
 class WandbLoggerConfig:
+    """One W&B run per job: group = the sweep, name = the job's overrides, tags = reward/judge/model/backend."""
+
     kind: str = "wandb"
     project: str = "summrl"
     entity: Optional[str] = None
+    mode: str = "auto"  # auto: online when WANDB_API_KEY is set, offline otherwise (`wandb sync` later)
+    log_samples: bool = True  # a table of val summaries with per-question correctness at every eval
+
+    def __post_init__(self) -> None:
+        _require(self.mode in ("auto", "online", "offline"), "logger.mode",
+                 f"must be one of auto, online, offline, got {self.mode!r}")
+        _require(bool(self.project), "logger.project", "must name a W&B project")
 
 
 # --------------------------------------------------------------------------- run
@@ -292,14 +313,15 @@ class Config:
     dataset: DatasetConfig
     trainer: TrainerConfig
     reward: QARewardConfig | RulerRewardConfig | LengthPenalizedRewardConfig
-    judge: LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig
+    judge: LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig | LocalJudgeConfig
     backend: EmbeddedBackendConfig | SkyPilotBackendConfig | LocalGPUBackendConfig | ServerlessBackendConfig
     logger: NoLoggerConfig | WandbLoggerConfig
 
 
 # Schemas for groups whose options differ in shape, by ``kind``.
 KIND_SCHEMAS: dict[str, dict[str, type]] = {
-    "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig, "embedded": EmbeddedJudgeConfig},
+    "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig, "embedded": EmbeddedJudgeConfig,
+              "local": LocalJudgeConfig},
     "reward": {"qa": QARewardConfig, "ruler": RulerRewardConfig, "length_penalized": LengthPenalizedRewardConfig},
     "backend": {
         "embedded": EmbeddedBackendConfig,
@@ -321,7 +343,6 @@ NOT_AVAILABLE: dict[tuple[str, str], str] = {
     ("backend", "skypilot"): "the cloud issue (#4)",
     ("backend", "local_gpu"): "the cloud issue (#4)",
     ("backend", "serverless"): "the cloud issue (#4)",
-    ("logger", "wandb"): "the ablations issue (#5)",
 }
 TOP_LEVEL_KEYS = {"project", "seed", "run", "model", "dataset", "trainer", "reward", "judge", "backend", "logger"}
 
@@ -382,11 +403,12 @@ def validate(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None
     uses_ruler = config.reward.kind == "ruler" or getattr(config.reward, "base", None) == "ruler"
     if uses_ruler and config.judge.kind == "lexical":
         raise ConfigError(
-            "reward=ruler needs an LLM judge, got judge=lexical: use judge=gemini_flash, judge=openai_compatible "
-            "or judge=embedded"
+            "reward=ruler needs an LLM judge, got judge=lexical: use judge=gemini_flash, judge=openai_compatible, "
+            "judge=embedded, or judge=local (offline: lexical QA grading, the embedded model for RULER)"
         )
-    if config.judge.kind == "embedded" and config.backend.kind != "embedded":
-        raise ConfigError(f"judge=embedded is served by the embedded backend; got backend.kind={config.backend.kind}")
+    if config.judge.kind in ("embedded", "local") and config.backend.kind != "embedded":
+        raise ConfigError(f"judge={config.judge.kind} uses the embedded backend's model; got "
+                          f"backend.kind={config.backend.kind}: use backend=embedded or another judge")
     for (group, option), where in NOT_AVAILABLE.items():
         if choices.get(group) == option:
             available = sorted(

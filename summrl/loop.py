@@ -7,7 +7,6 @@ or which reward it runs with.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 import traceback
@@ -23,9 +22,12 @@ from art.utils.iterate_dataset import iterate_dataset
 from summrl.backends import build_backend
 from summrl.config import Config
 from summrl.data import Document, load_splits
+from summrl.job import JobInfo, read_result, write_result
 from summrl.judges import Judge, build_judge
 from summrl.rewards import Missing, Reward, build_reward
 from summrl.rollout import rollout, summary_of
+from summrl.secrets import redact_text
+from summrl.tracking import Tracker, open_tracker
 
 
 def seed_everything(seed: int) -> None:
@@ -43,10 +45,19 @@ class Session:
     model: art.TrainableModel
     judge: Judge
     reward: Reward
+    tracker: Tracker
+    judge_totals: dict[str, float] = field(default_factory=dict)  # the run's judge calls, tokens and cost
 
     @property
     def trainer(self):
         return self.config.trainer
+
+    def judge_usage(self) -> dict[str, float]:
+        """The judge's usage since the last call (``judge/*``), also added to the run's totals."""
+        usage = self.judge.usage_metrics()
+        for key, value in usage.items():
+            self.judge_totals[key] = self.judge_totals.get(key, 0.0) + value
+        return usage
 
 
 class MissingRewardsError(RuntimeError):
@@ -72,25 +83,27 @@ class Scored:
         return float(np.mean(rewards)) if rewards else float("nan")
 
 
-async def open_session(config: Config) -> Session:
-    """Build the backend, register the ART model (loading or resuming it), then the judge and reward."""
+async def open_session(config: Config, job: Optional[JobInfo] = None) -> Session:
+    """Build the backend, register the ART model (loading or resuming it), then the judge, reward and tracker."""
     backend = build_backend(config, config.run.dir)
     model = art.TrainableModel(
         name=config.run.name,
         project=config.project,
         base_model=config.model.base_model,
-        report_metrics=[],  # history.jsonl only; W&B arrives with logger=wandb
+        report_metrics=[],  # ART writes history.jsonl only; logger=wandb mirrors it into one W&B run per job
     )
     try:
         await model.register(backend)
         # judge=embedded: the same endpoint, base weights (the base model's name selects no LoRA)
         endpoint = (config.model.base_model, model.inference_base_url, model.inference_api_key)
-        judge = build_judge(config.judge, endpoint if config.judge.kind == "embedded" else None)
+        judge = build_judge(config.judge, endpoint if config.judge.kind in ("embedded", "local") else None)
         reward = build_reward(config.reward, judge, config.trainer.max_words)
+        history = Path(config.run.dir) / "art" / config.project / "models" / config.run.name / "history.jsonl"
+        tracker = open_tracker(config, job, history)
     except BaseException:
         await backend.close()
         raise
-    return Session(config=config, backend=backend, model=model, judge=judge, reward=reward)
+    return Session(config=config, backend=backend, model=model, judge=judge, reward=reward, tracker=tracker)
 
 
 async def sample_and_score(session: Session, documents: Sequence[Document], rollouts_per_doc: int) -> Scored:
@@ -124,6 +137,7 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
         for trajectory, score in zip(group.trajectories, scores):
             trajectory.reward = score.reward
             trajectory.metrics.update(score.metrics)
+            trajectory.metadata.update(score.metadata)
         kept.append(group)
     total = sum(len(g.trajectories) for g in groups)
     if total and missing / total > session.trainer.max_missing_reward_rate:
@@ -142,7 +156,9 @@ def judge_name(config: Config) -> str:
 async def evaluate(session: Session, val: Sequence[Document], step: int) -> float:
     result = await sample_and_score(session, val, session.trainer.val_rollouts_per_doc)
     await session.model.log(result.groups, split="val", step=step,
-                            metrics={**result.metrics(), **session.judge.usage_metrics()})
+                            metrics={**result.metrics(), **session.judge_usage()})
+    session.tracker.log_history()
+    session.tracker.log_samples(step, result.groups)
     return result.mean_reward()
 
 
@@ -165,23 +181,26 @@ def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial
     return iterate_dataset(docs, trainer.groups_per_step, trainer.num_epochs, initial_step=initial_step, use_tqdm=False)
 
 
-def write_result(run_dir: str, result: dict) -> None:
-    path = Path(run_dir) / "result.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+def earlier_val_history(run_dir: str, step: int) -> list[tuple[int, float]]:
+    """A resumed run keeps the val scores its earlier invocations recorded (before the resumed step, which is scored again)."""
+    earlier = (read_result(run_dir) or {}).get("val_history", [])
+    return [(h["step"], h["val_reward"]) for h in earlier if h["step"] < step]
 
 
-async def train(config: Config) -> Optional[float]:
-    """Run (or resume) one training job. Returns the final val score."""
-    seed_everything(config.seed)
-    t = config.trainer
-    val, train_docs = load_splits(config.dataset)
+async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float]:
+    """Run (or resume) one training job and write its ``result.json``. Returns the final val score."""
+    job = job or JobInfo()
     started = time.time()
     history: list[tuple[int, float]] = []
-    result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir}
-    session = await open_session(config)
+    result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir, **job.record()}
+    session: Optional[Session] = None
     try:
+        seed_everything(config.seed)
+        t = config.trainer
+        val, train_docs = load_splits(config.dataset)
+        session = await open_session(config, job)
         step = await session.model.get_step()
+        history = earlier_val_history(config.run.dir, step)
         print(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
               f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}", flush=True)
         for batch in training_batches(train_docs, t, config.seed, initial_step=step):
@@ -192,7 +211,8 @@ async def train(config: Config) -> Optional[float]:
                 print(f"summrl: step {batch.step} | val reward {history[-1][1]:.3f}", flush=True)
             scored, trained = await train_step(session, batch.items)
             await session.model.log(scored.groups, split="train", step=trained.step,
-                                    metrics={**trained.metrics, **scored.metrics(), **session.judge.usage_metrics()})
+                                    metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
+            session.tracker.log_history()
             step = trained.step
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
             print(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}", flush=True)
@@ -208,9 +228,15 @@ async def train(config: Config) -> Optional[float]:
         )
         return history[-1][1]
     except BaseException as e:
-        result.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        result.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),
+                      traceback=redact_text(traceback.format_exc()))
         raise
     finally:
         result["wall_s"] = round(time.time() - started, 1)
+        if session is not None:
+            result["judge_calls"] = session.judge_totals.get("judge/calls", 0.0)
+            result["judge_cost_usd"] = session.judge_totals.get("judge/cost_usd", 0.0)
         write_result(config.run.dir, result)
-        await session.backend.close()
+        if session is not None:
+            session.tracker.finish(failed=result["status"] != "completed")
+            await session.backend.close()

@@ -15,8 +15,9 @@ GROUPS = ["model", "dataset", "reward", "judge", "backend", "logger"]
 LOCAL = ["experiment=local"]
 
 
-# RULER needs an LLM judge; the local experiment's judge is lexical.
-NEEDS = {("reward", "ruler"): ["judge=openai_compatible"]}
+# Choices that need another group's option beside them.
+# Choices that need another group's option beside them: judge=local runs on the embedded backend only.
+NEEDS = {("backend", b): ["judge=lexical"] for b in group_options("backend") if b != "embedded"}
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
@@ -31,10 +32,18 @@ def test_every_group_option_composes_against_its_schema(group, option):
 
 
 def test_ruler_needs_an_llm_judge():
+    with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge.*judge=local"):
+        compose_config([*LOCAL, "judge=lexical", "reward=ruler"])
     with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge"):
-        compose_config([*LOCAL, "reward=ruler"])
-    with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge"):
-        compose_config([*LOCAL, "reward=length_penalized", "reward.base=ruler"])
+        compose_config([*LOCAL, "judge=lexical", "reward=length_penalized", "reward.base=ruler"])
+    # the local experiment's judge pairs lexical QA grading with the embedded model for RULER
+    assert compose_config([*LOCAL, "reward=ruler"]).judge.kind == "local"
+
+
+def test_embedded_judges_need_the_embedded_backend():
+    for judge in ("embedded", "local"):
+        with pytest.raises(ConfigError, match=f"judge={judge} uses the embedded backend's model.*backend=embedded"):
+            compose_config([*LOCAL, f"judge={judge}", "backend=local_gpu"])
 
 
 def test_planned_options_list_what_is_available_instead():
@@ -63,7 +72,7 @@ def test_local_experiment_is_the_embedded_default():
     assert config.model.name == "smollm2_135m"
     assert config.dataset.name == "repliqa_sample"
     assert config.backend.kind == "embedded"
-    assert config.judge.kind == "lexical"
+    assert config.judge.kind == "local"  # lexical QA grading, the embedded model for RULER
     assert config.trainer.max_summary_tokens <= 256
 
 

@@ -16,6 +16,7 @@ from summrl.data import Document
 class Score:
     reward: float
     metrics: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)  # e.g. per-question correctness, for val samples
 
 
 @dataclass

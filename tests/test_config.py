@@ -58,6 +58,16 @@ def test_every_experiment_composes(experiment):
     assert config.trainer.max_steps > 0
 
 
+def test_sweeps_as_config_set_multirun_and_their_grid():
+    cfg, _ = compose_raw(["experiment=reward_ablation_local"])
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert dict(cfg.hydra.sweeper.params) == {"reward": "qa,length_penalized,ruler"}
+    assert cfg.model.name == "smollm2_135m" and cfg.judge.kind == "local"  # on top of experiment=local
+    cfg, _ = compose_raw(["experiment=reward_ablation"])
+    assert dict(cfg.hydra.sweeper.params) == {"reward": "qa,length_penalized,ruler", "model.lr": "5e-5,1e-5",
+                                              "seed": "80,81"}
+
+
 def test_defaults_reproduce_summary_rl():
     cfg, choices = compose_raw([])
     assert choices["model"] == "qwen2_5_3b" and cfg.model.base_model == "Qwen/Qwen2.5-3B-Instruct"

@@ -20,12 +20,13 @@ import numpy as np
 import torch
 from art.utils.iterate_dataset import iterate_dataset
 
-from summrl.backends import build_backend
+from summrl.backends import build_backend, internal_config
 from summrl.config import Config
 from summrl.data import Document, load_splits
 from summrl.judges import Judge, build_judge
 from summrl.rewards import Missing, Reward, build_reward
 from summrl.rollout import rollout, summary_of
+from summrl.storage import CheckpointBackup
 
 
 def seed_everything(seed: int) -> None:
@@ -80,6 +81,7 @@ async def open_session(config: Config) -> Session:
         project=config.project,
         base_model=config.model.base_model,
         report_metrics=[],  # history.jsonl only; W&B arrives with logger=wandb
+        _internal_config=internal_config(config),  # backend=local_gpu: vLLM engine args, Unsloth, LoRA shape
     )
     try:
         await model.register(backend)
@@ -179,6 +181,8 @@ async def train(config: Config) -> Optional[float]:
     started = time.time()
     history: list[tuple[int, float]] = []
     result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir}
+    backup = CheckpointBackup.open(config)  # S3: checks the bucket before any model loads
+    backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
     session = await open_session(config)
     try:
         step = await session.model.get_step()
@@ -194,11 +198,13 @@ async def train(config: Config) -> Optional[float]:
             await session.model.log(scored.groups, split="train", step=trained.step,
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge.usage_metrics()})
             step = trained.step
+            await backup.after_step(step)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
             print(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}", flush=True)
         if not history or history[-1][0] != step:
             history.append((step, await evaluate(session, val, step)))
             print(f"summrl: step {step} | val reward {history[-1][1]:.3f}", flush=True)
+        await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
         result.update(
             status="completed",
             steps=step,

@@ -42,6 +42,12 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as e:
         print(f"summrl: config error: {e}", file=sys.stderr)
         sys.exit(2)
+    if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
+        from summrl.cloud.launch import run_on_cluster
+
+        hydra_cfg = HydraConfig.get()
+        return run_on_cluster(config, list(hydra_cfg.overrides.task),
+                              hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None)
     # ART's gather draws a progress bar per batch; the loop prints one line per step instead.
     os.environ.setdefault("TQDM_DISABLE", "1")
     from summrl.loop import train  # heavy imports only now

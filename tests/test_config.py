@@ -37,10 +37,11 @@ def test_ruler_needs_an_llm_judge():
         compose_config([*LOCAL, "reward=length_penalized", "reward.base=ruler"])
 
 
-def test_planned_options_list_what_is_available_instead():
+@pytest.mark.parametrize("group,option", sorted(NOT_AVAILABLE))
+def test_planned_options_list_what_is_available_instead(group, option):
     with pytest.raises(ConfigError) as e:
-        compose_config([*LOCAL, "backend=skypilot"])
-    assert "backend=embedded" in str(e.value)
+        compose_config([*LOCAL, f"{group}={option}"])
+    assert f"Available now: {group}=" in str(e.value)
 
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))

@@ -39,15 +39,13 @@ def load_config(cfg: DictConfig) -> Config:
 def main(cfg: DictConfig) -> float | None:
     try:
         config = load_config(cfg)
+        if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
+            from summrl.cloud.launch import run_from_hydra
+
+            return run_from_hydra(config)
     except ConfigError as e:
         print(f"summrl: config error: {e}", file=sys.stderr)
         sys.exit(2)
-    if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
-        from summrl.cloud.launch import run_on_cluster
-
-        hydra_cfg = HydraConfig.get()
-        return run_on_cluster(config, list(hydra_cfg.overrides.task),
-                              hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None)
     # ART's gather draws a progress bar per batch; the loop prints one line per step instead.
     os.environ.setdefault("TQDM_DISABLE", "1")
     from summrl.loop import train  # heavy imports only now

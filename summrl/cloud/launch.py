@@ -82,7 +82,8 @@ def preflight(config: Any) -> list[str]:
 def runpod_credentials_problem() -> Optional[str]:
     """SkyPilot 0.14 (`sky check runpod`) reads the key from ~/.runpod/config.toml, [default] api_key."""
     path = Path.home() / ".runpod" / "config.toml"
-    fix = ("pip install runpod && runpod config (paste the API key from https://www.runpod.io/console/user/settings), "
+    fix = ("runpod config (the runpod CLI comes with the [cloud] extra; paste the API key from "
+           "https://www.runpod.io/console/user/settings), "
            "then sky check runpod")
     if not path.exists():
         return f"RunPod credentials: {path} does not exist: {fix}"
@@ -181,10 +182,20 @@ def describe(task: Any) -> str:
     import yaml
 
     # use_user_specified_yaml on a task built in Python: SkyPilot's own redacted rendering.
-    return yaml.safe_dump(task.to_yaml_config(use_user_specified_yaml=True), sort_keys=False)
+    return yaml.safe_dump(task.to_yaml_config(use_user_specified_yaml=True), sort_keys=False, width=10**6)
 
 
 # --------------------------------------------------------------------------- the lifecycle
+
+
+def run_from_hydra(config: Any) -> None:
+    """run_on_cluster for the current Hydra job: its task overrides, and its number in a multirun."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    job_num = hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None
+    return run_on_cluster(config, list(hydra_cfg.overrides.task), job_num)
 
 
 def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = None) -> None:
@@ -201,7 +212,8 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
     task = build_task(config, overrides, cluster)
     if b.dry_run:
         print(f"summrl: dry run: cluster {cluster}, {b.accelerators} on {b.infra}\n{describe(task)}", flush=True)
-    task.validate()  # workdir, resources (SkyPilot's catalog), run: before any money is spent
+    task.validate()  # workdir, resources, run: before any money is spent
+    problems += offered_problems(task, b)
     if problems:
         raise PreflightError(_listing(b, problems))
     if b.dry_run:
@@ -235,6 +247,19 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
     if code != 0:
         raise RemoteJobFailed(int(code), cluster, job_id)
     return None
+
+
+def offered_problems(task: Any, b: Any) -> list[str]:
+    """The accelerators must exist on the infra: SkyPilot's catalog says so offline (at launch it would be late)."""
+    problems = []
+    for r in task.resources:
+        if r.cloud is None or str(r.cloud).lower() in ("kubernetes", "ssh", "slurm"):
+            continue  # no catalog: the cluster itself says what it has
+        feasible = r.cloud.get_feasible_launchable_resources(r, num_nodes=task.num_nodes)
+        if not feasible.resources_list:
+            problems.append(f"backend.accelerators={b.accelerators} is not offered on {b.infra} (SkyPilot's catalog): "
+                            f"see `sky show-gpus --infra {b.infra}`, e.g. backend.accelerators=H100-SXM:1")
+    return problems
 
 
 def _listing(b: Any, problems: list[str]) -> str:

@@ -207,6 +207,10 @@ def test_remote_exit_code_is_propagated(cloud_env, monkeypatch):
     with pytest.raises(RemoteJobFailed) as e:
         run_on_cluster(default_config(), [], None)
     assert e.value.exit_code == 103
+    # A single run (python -m summrl.train) exits with it.
+    with pytest.raises(SystemExit) as exit_:
+        launch.run_from_hydra(default_config())
+    assert exit_.value.code == 103
 
 
 def test_multirun_jobs_drive_their_own_clusters(cloud_env, monkeypatch):

@@ -181,21 +181,35 @@ def describe(task: Any) -> str:
     """The task as YAML with every secret's value replaced by <redacted> (never SkyPilot's clear-text dump)."""
     import yaml
 
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: Any, value: str) -> Any:  # scripts as literal blocks, as a task YAML would hold them
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
     # use_user_specified_yaml on a task built in Python: SkyPilot's own redacted rendering.
-    return yaml.safe_dump(task.to_yaml_config(use_user_specified_yaml=True), sort_keys=False, width=10**6)
+    return yaml.dump(task.to_yaml_config(use_user_specified_yaml=True), Dumper=Dumper, sort_keys=False, width=10**6)
 
 
 # --------------------------------------------------------------------------- the lifecycle
 
 
 def run_from_hydra(config: Any) -> None:
-    """run_on_cluster for the current Hydra job: its task overrides, and its number in a multirun."""
+    """run_on_cluster for the current Hydra job: its task overrides, and its number in a multirun.
+    A single run exits with the remote job's exit code."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
     job_num = hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None
-    return run_on_cluster(config, list(hydra_cfg.overrides.task), job_num)
+    try:
+        return run_on_cluster(config, list(hydra_cfg.overrides.task), job_num)
+    except RemoteJobFailed as e:
+        if job_num is not None:
+            raise  # a sweep records the failed job and goes on
+        print(f"summrl: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)  # a single run exits as the remote job did
 
 
 def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = None) -> None:

@@ -219,4 +219,5 @@ async def train(config: Config) -> Optional[float]:
     finally:
         result["wall_s"] = round(time.time() - started, 1)
         write_result(config.run.dir, result)
+        backup.save_result(config.run.dir)
         await session.backend.close()

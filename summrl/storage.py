@@ -154,6 +154,15 @@ class CheckpointBackup:
             print(f"summrl: warning: backup of step {step} to {self.url} failed ({type(e).__name__}: {e}); "
                   "training goes on and the next backup tries again", flush=True)
 
+    def save_result(self, run_dir: str) -> None:
+        """Upload result.json (status, val scores), so that the launcher of a remote run can read it."""
+        path = Path(run_dir) / "result.json"
+        try:
+            if path.exists():
+                self._upload(path, f"{self.root}/result.json")
+        except Exception as e:
+            print(f"summrl: warning: upload of result.json to {self.url} failed ({type(e).__name__}: {e})", flush=True)
+
     def _upload_checkpoint(self, step: int) -> None:
         folder = self.local / "checkpoints" / f"{step:04d}"
         files = {}
@@ -191,6 +200,23 @@ class NoBackup:
         return None
 
     async def after_step(self, step: int, *, final: bool = False) -> None:
+        return None
+
+    def save_result(self, run_dir: str) -> None:
+        return None
+
+
+def fetch_result(config: Any) -> Optional[dict]:
+    """The run's backed-up result.json (written by the run itself, wherever it ran), or None."""
+    storage = config.storage
+    bucket = resolve_bucket(storage)
+    if not storage.enabled or not bucket:
+        return None
+    root = "/".join(p for p in (storage.prefix, config.project, config.run.name) if p)
+    client = _s3_client(storage)
+    try:
+        return json.loads(client.get_object(Bucket=bucket, Key=f"{root}/result.json")["Body"].read())
+    except client.exceptions.NoSuchKey:
         return None
 
 

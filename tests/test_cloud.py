@@ -7,6 +7,7 @@ cancel, down) are replaced, by a recorder.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -33,6 +34,7 @@ else:
     os.environ["SKY_RUNTIME_DIR"] = _previous
 
 from summrl.cloud import launch  # noqa: E402
+from tests.test_storage import s3, s3_endpoint  # noqa: E402,F401  (a real S3 endpoint on loopback)
 from summrl.cloud.launch import PreflightError, RemoteJobFailed, build_task, run_on_cluster  # noqa: E402
 
 PLANTED = {
@@ -99,6 +101,11 @@ def default_config(*overrides):
     return compose_config(["run.name=summary-rl", *overrides])
 
 
+def launcher_config(*overrides):
+    """The defaults with backups off, so that the launcher reads nothing back from S3 after the job."""
+    return default_config("storage.enabled=false", *overrides)
+
+
 def test_default_task_targets_one_h100_on_runpod_and_validates_offline(cloud_env):
     task = build_task(default_config(), ["model.lr=1e-05"], "summrl")
     task.validate()
@@ -131,21 +138,26 @@ def test_task_resources_and_remote_engine_args_follow_config(cloud_env):
 def test_an_unknown_accelerator_fails_validation_before_launch(cloud_env, monkeypatch):
     fake = FakeSky(monkeypatch)
     with pytest.raises(PreflightError, match="backend.accelerators=H200-TYPO:1 is not offered on runpod"):
-        run_on_cluster(default_config("backend.accelerators=H200-TYPO:1"), [], None)
+        run_on_cluster(launcher_config("backend.accelerators=H200-TYPO:1"), [], None)
     assert "launch" not in fake.names()
 
 
-def test_planted_secrets_are_only_in_the_secrets_mapping(cloud_env, monkeypatch, caplog, capfd):
+def test_planted_secrets_are_only_in_the_secrets_mapping(cloud_env, monkeypatch, caplog, capfd, s3_endpoint):
     fake = FakeSky(monkeypatch)
     caplog.set_level(logging.DEBUG)
-    run_on_cluster(default_config(), ["trainer.seed=3"], None)
+    # The launcher reads the run's result back from the (loopback) bucket named by BACKUP_BUCKET.
+    run_on_cluster(default_config(f"storage.endpoint_url={s3_endpoint}"), ["trainer.seed=3"], None)
     task = fake.calls[0][1]
     assert {k: v.get_secret_value() for k, v in task.secrets.items()} == PLANTED
     assert not task.envs
     out, err = capfd.readouterr()
-    text = "\n".join([task.setup, task.run, launch.describe(task), out, err, caplog.text])
+    task_text = "\n".join([task.setup, task.run, launch.describe(task)])
+    ours = "\n".join(line for line in (out + err).splitlines() if line.startswith("summrl"))
     for value in [*PLANTED.values(), RUNPOD_KEY]:
-        assert value not in text
+        assert value not in task_text + ours
+        # Every log line too (the loopback S3 server's access log and urllib3 name the bucket in request URLs).
+        if value != PLANTED["BACKUP_BUCKET"]:
+            assert value not in out + err + caplog.text
     assert "<redacted>" in launch.describe(task)
 
 
@@ -186,7 +198,7 @@ def test_dry_run_multirun_names_a_cluster_per_job(cloud_env, tmp_path):
 def test_cluster_is_reused_and_kept_with_autostop_down(cloud_env, monkeypatch, capsys):
     fake = FakeSky(monkeypatch)
     for _ in range(2):
-        run_on_cluster(default_config(), [], None)
+        run_on_cluster(launcher_config(), [], None)
     launches = [c for c in fake.calls if c[0] == "launch"]
     assert [c[2] for c in launches] == [{"cluster_name": "summrl", "idle_minutes_to_autostop": 10, "down": True}] * 2
     assert ("tail_logs", "summrl", 7, True) in fake.calls
@@ -194,10 +206,29 @@ def test_cluster_is_reused_and_kept_with_autostop_down(cloud_env, monkeypatch, c
     assert "python -m summrl.cluster down summrl" in capsys.readouterr().out
 
 
+def test_a_finished_job_returns_its_val_score_from_the_s3_backup(cloud_env, monkeypatch, s3_endpoint):
+    """Sweepers get the remote run's score: the run backs up its result.json, the launcher reads it back."""
+    fake = FakeSky(monkeypatch)
+    result = {"status": "completed", "steps": 40, "final_val_score": 0.71}
+
+    def remote_job(cluster, job_id, follow):  # what the job on the cluster leaves in the bucket
+        fake.calls.append(("tail_logs", cluster, job_id, follow))
+        s3(s3_endpoint).put_object(Bucket="results", Key="summrl/summrl/summary-rl/result.json",
+                                   Body=json.dumps(result).encode())
+        return 0
+
+    monkeypatch.setattr(sky, "tail_logs", remote_job)
+    config = default_config("storage.bucket=results", f"storage.endpoint_url={s3_endpoint}")
+    config.run.dir = str(cloud_env.parent / "launcher-run")
+    s3(s3_endpoint).create_bucket(Bucket="results")
+    assert run_on_cluster(config, [], None) == 0.71
+    assert json.loads((cloud_env.parent / "launcher-run" / "result.json").read_text()) == result
+
+
 def test_down_after_run_takes_the_cluster_down_even_when_the_job_fails(cloud_env, monkeypatch):
     fake = FakeSky(monkeypatch, exit_code=100)
     with pytest.raises(RemoteJobFailed) as e:
-        run_on_cluster(default_config("backend.down_after_run=true"), [], None)
+        run_on_cluster(launcher_config("backend.down_after_run=true"), [], None)
     assert e.value.exit_code == 100 and e.value.cluster == "summrl"
     assert fake.names()[-2:] == ["down", "stream_and_get"] and ("down", "summrl") in fake.calls
 
@@ -205,17 +236,17 @@ def test_down_after_run_takes_the_cluster_down_even_when_the_job_fails(cloud_env
 def test_remote_exit_code_is_propagated(cloud_env, monkeypatch):
     FakeSky(monkeypatch, exit_code=103)
     with pytest.raises(RemoteJobFailed) as e:
-        run_on_cluster(default_config(), [], None)
+        run_on_cluster(launcher_config(), [], None)
     assert e.value.exit_code == 103
     # A single run (python -m summrl.train) exits with it.
     with pytest.raises(SystemExit) as exit_:
-        launch.run_from_hydra(default_config())
+        launch.run_from_hydra(launcher_config())
     assert exit_.value.code == 103
 
 
 def test_multirun_jobs_drive_their_own_clusters(cloud_env, monkeypatch):
     fake = FakeSky(monkeypatch)
-    config = default_config()
+    config = launcher_config()
     config.run.name = "sweep-1"  # as load_config names a multirun's job
     run_on_cluster(config, ["trainer.seed=2"], 1)
     assert fake.calls[0][2]["cluster_name"] == "summrl-1"
@@ -225,7 +256,7 @@ def test_multirun_jobs_drive_their_own_clusters(cloud_env, monkeypatch):
 def test_ctrl_c_cancels_the_job_and_says_how_to_take_the_cluster_down(cloud_env, monkeypatch, capsys):
     fake = FakeSky(monkeypatch, interrupt=True)
     with pytest.raises(KeyboardInterrupt):
-        run_on_cluster(default_config("backend.down_after_run=true"), [], None)
+        run_on_cluster(launcher_config("backend.down_after_run=true"), [], None)
     assert ("cancel", "summrl", [7]) in fake.calls and "down" not in fake.names()
     err = capsys.readouterr().err
     assert "cancelled job 7 on summrl" in err and "python -m summrl.cluster down summrl" in err

@@ -134,6 +134,8 @@ def test_embedded_run_backs_up_each_step_and_resumes_from_s3(tmp_path, s3_endpoi
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["steps"] == 3
     assert f"summrl/summrl/s3run/checkpoints/0003{COMPLETE}" in keys(s3_endpoint, "resume")
+    stored_result = s3(s3_endpoint).get_object(Bucket="resume", Key="summrl/summrl/s3run/result.json")
+    assert json.loads(stored_result["Body"].read()) == result
     # The restored history carries step 1 and 2's training rows into the resumed run's history.
     rows = [json.loads(line) for line in
             (run_dir / "art" / "summrl" / "models" / "s3run" / "history.jsonl").read_text().splitlines()]

@@ -195,7 +195,7 @@ def describe(task: Any) -> str:
 # --------------------------------------------------------------------------- the lifecycle
 
 
-def run_from_hydra(config: Any) -> None:
+def run_from_hydra(config: Any) -> Optional[float]:
     """run_on_cluster for the current Hydra job: its task overrides, and its number in a multirun.
     A single run exits with the remote job's exit code."""
     from hydra.core.hydra_config import HydraConfig
@@ -212,8 +212,9 @@ def run_from_hydra(config: Any) -> None:
         sys.exit(e.exit_code)  # a single run exits as the remote job did
 
 
-def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = None) -> None:
+def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = None) -> Optional[float]:
     """Preflight, then launch (or reuse) the cluster, stream the job's logs, and end as the remote job did.
+    Returns the remote run's final val score when its result.json is in the S3 backup (else None).
 
     Raises PreflightError before anything is provisioned, and RemoteJobFailed when the job fails.
     """
@@ -260,7 +261,28 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
               f"{b.idle_minutes_to_autostop} idle minutes; now: python -m summrl.cluster down {cluster}", flush=True)
     if code != 0:
         raise RemoteJobFailed(int(code), cluster, job_id)
-    return None
+    return remote_result(config)
+
+
+def remote_result(config: Any) -> Optional[float]:
+    """The remote run's final val score, for sweepers: its result.json, backed up to S3, copied to the local run dir."""
+    import json
+
+    from summrl.storage import fetch_result
+
+    try:
+        result = fetch_result(config)
+    except Exception as e:  # the run itself succeeded; only the summary is out of reach (the bucket stays unnamed)
+        print(f"summrl: warning: can't read the run's result.json from the S3 backup ({type(e).__name__})", flush=True)
+        return None
+    if result is None:
+        return None
+    path = Path(config.run.dir) / "result.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"summrl: run {config.run.name} {result.get('status')}: final val reward {result.get('final_val_score')}",
+          flush=True)
+    return result.get("final_val_score")
 
 
 def offered_problems(task: Any, b: Any) -> list[str]:

@@ -28,11 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         records = sky.get(sky.status(cluster_names=[args.name] if args.name else None))
         if not records:
             print("summrl: no clusters" + (f" named {args.name}" if args.name else ""))
-        for r in records:
-            get = r.get if isinstance(r, dict) else (lambda k, r=r: getattr(r, k, None))
-            status = get("status")
-            print(f"{get('name')}\t{getattr(status, 'value', status)}\t{get('handle').launched_resources if get('handle') else ''}"
-                  f"\tautostop {get('autostop')} min{' (down)' if get('to_down') else ''}")
+        for r in records:  # StatusResponse (dict-like)
+            status = getattr(r["status"], "value", r["status"])
+            resources = getattr(r.get("handle"), "launched_resources", "")
+            down = " (down)" if r.get("to_down") else ""
+            print(f"{r['name']}\t{status}\t{resources}\tautostop {r.get('autostop')} min{down}")
         return 0
     name = args.name or DEFAULT_CLUSTER
     if args.command == "down":

@@ -295,3 +295,24 @@ def test_skyignore_keeps_keys_outputs_and_environments_off_the_cluster(tmp_path)
     assert {".env", "runs", ".venv", "outputs"} <= excluded
     assert any(p.startswith("multirun/") for p in excluded)
     assert not {"summrl/train.py", "conf/train.yaml", "summrl", "conf"} & excluded
+
+
+def test_cluster_command_takes_down_and_tails_the_named_cluster(monkeypatch, capsys):
+    from summrl import cluster
+
+    fake = FakeSky(monkeypatch, exit_code=100)
+    assert cluster.main(["down", "summrl-1"]) == 0
+    assert ("down", "summrl-1") in fake.calls and "cluster summrl-1 is down" in capsys.readouterr().out
+    assert cluster.main(["logs"]) == 100  # the job's exit code, like `sky logs`
+    assert ("tail_logs", "summrl", None, True) in fake.calls
+
+    from sky.schemas.api.responses import StatusResponse
+    from sky.utils.status_lib import ClusterStatus
+
+    record = StatusResponse(name="summrl", launched_at=0, status=ClusterStatus.UP, autostop=10, to_down=True,
+                            cluster_hash="h", cluster_ever_up=True, user_hash="u", user_name="me", workspace="default",
+                            is_managed=False, nodes=1)
+    monkeypatch.setattr(sky, "status", lambda cluster_names=None: ("status", cluster_names))
+    monkeypatch.setattr(sky, "get", lambda request: [record] if request == ("status", None) else [])
+    assert cluster.main(["status"]) == 0
+    assert "summrl\tUP\t\tautostop 10 min (down)" in capsys.readouterr().out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -121,11 +122,11 @@ def test_default_task_targets_one_h100_on_runpod_and_validates_offline(cloud_env
 
 
 def test_task_resources_and_remote_engine_args_follow_config(cloud_env):
-    config = default_config("backend.accelerators=A100-80GB:1", "backend.local_gpu.gpu_memory_utilization=0.6",
-                            "backend.local_gpu.max_model_len=8192")
-    task = build_task(config, ["backend.accelerators=A100-80GB:1", "backend.local_gpu.gpu_memory_utilization=0.6",
-                               "backend.local_gpu.max_model_len=8192", "run.name=summary-rl", "trainer.seed=3"],
-                      "summrl")
+    overrides = ["backend.accelerators=A100-80GB:1", "backend.local_gpu.gpu_memory_utilization=0.6",
+                 "backend.local_gpu.max_model_len=8192", "+backend.local_gpu.engine_args.max_num_seqs=64",
+                 "run.name=summary-rl", "trainer.seed=3"]
+    config = default_config(*overrides)
+    task = build_task(config, overrides, "summrl")
     task.validate()
     assert next(iter(task.resources)).accelerators == {"A100-80GB": 1}
     command = task.run.splitlines()[-1]
@@ -133,6 +134,11 @@ def test_task_resources_and_remote_engine_args_follow_config(cloud_env):
     assert "backend.accelerators" not in command and command.count("run.name=") == 1
     assert "trainer.seed=3" in command and "backend.gpu_memory_utilization=0.6" in command
     assert "backend.max_model_len=8192" in command
+    # The remote command composes, as it will on the cluster, into this job with backend=local_gpu.
+    remote = compose_config(shlex.split(command)[3:])
+    assert remote.backend.kind == "local_gpu" and remote.run.name == "summary-rl" and remote.trainer.seed == 3
+    assert (remote.backend.gpu_memory_utilization, remote.backend.max_model_len) == (0.6, 8192)
+    assert remote.backend.engine_args == {"max_num_seqs": 64}
 
 
 def test_an_unknown_accelerator_fails_validation_before_launch(cloud_env, monkeypatch):

@@ -10,6 +10,7 @@ logs and dashboards), never as envs, never in a YAML on disk.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -122,8 +123,8 @@ def _value(v: Any) -> str:
         return "null"
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)  # JSON is valid Hydra override syntax for mappings and lists
     return str(v)
 
 
@@ -133,7 +134,9 @@ def remote_command(config: Any, overrides: list[str]) -> str:
             if not any(_override_key(o) == k or _override_key(o).startswith(k + ".") for k in _LOCAL_ONLY)]
     gpu = config.backend.local_gpu
     backend = [f"backend.{f.name}={_value(getattr(gpu, f.name))}" for f in fields(gpu)
-               if f.name != "kind" and getattr(gpu, f.name) not in ({}, None)]
+               if f.name not in ("kind", "engine_args") and getattr(gpu, f.name) is not None]
+    # ++: engine_args is an empty mapping in local_gpu.yaml, and struct mode refuses new keys without it.
+    backend += [f"++backend.engine_args.{k}={_value(v)}" for k, v in gpu.engine_args.items()]
     # Values the local environment chose (TRAIN_SIZE / VAL_SIZE) are pinned, so the remote job is this job.
     keys = {_override_key(o) for o in kept}
     pinned = [f"dataset.{k}={getattr(config.dataset, k)}" for k in ("train_size", "val_size") if f"dataset.{k}" not in keys]
@@ -266,8 +269,6 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
 
 def remote_result(config: Any) -> Optional[float]:
     """The remote run's final val score, for sweepers: its result.json, backed up to S3, copied to the local run dir."""
-    import json
-
     from summrl.storage import fetch_result
 
     try:

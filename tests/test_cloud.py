@@ -64,9 +64,10 @@ def cloud_env(tmp_path, monkeypatch):
 class FakeSky:
     """Records SkyPilot's network calls; the job ends with ``exit_code`` (or Ctrl-C with ``interrupt``)."""
 
-    def __init__(self, monkeypatch, exit_code=0, interrupt=False):
+    def __init__(self, monkeypatch, exit_code=0, interrupt=False, interrupt_provisioning=False):
         self.calls, self.exit_code, self.interrupt = [], exit_code, interrupt
-        for name in ("launch", "stream_and_get", "tail_logs", "cancel", "down", "get"):
+        self.interrupt_provisioning = interrupt_provisioning
+        for name in ("launch", "stream_and_get", "tail_logs", "cancel", "down", "get", "api_cancel"):
             monkeypatch.setattr(sky, name, getattr(self, name))
 
     def launch(self, task, **kwargs):
@@ -75,6 +76,8 @@ class FakeSky:
 
     def stream_and_get(self, request):
         self.calls.append(("stream_and_get", request))
+        if self.interrupt_provisioning:
+            raise KeyboardInterrupt
         return (7, "handle") if request == "launch-request" else None
 
     def tail_logs(self, cluster, job_id, follow):
@@ -86,6 +89,10 @@ class FakeSky:
     def cancel(self, cluster, job_ids):
         self.calls.append(("cancel", cluster, job_ids))
         return "cancel-request"
+
+    def api_cancel(self, request, silent=False):
+        self.calls.append(("api_cancel", request))
+        return "api-cancel-request"
 
     def down(self, cluster):
         self.calls.append(("down", cluster))
@@ -266,6 +273,14 @@ def test_ctrl_c_cancels_the_job_and_says_how_to_take_the_cluster_down(cloud_env,
     assert ("cancel", "summrl", [7]) in fake.calls and "down" not in fake.names()
     err = capsys.readouterr().err
     assert "cancelled job 7 on summrl" in err and "python -m summrl.cluster down summrl" in err
+
+
+def test_ctrl_c_while_provisioning_cancels_the_launch(cloud_env, monkeypatch, capsys):
+    fake = FakeSky(monkeypatch, interrupt_provisioning=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_on_cluster(launcher_config(), [], None)
+    assert ("api_cancel", "launch-request") in fake.calls and "tail_logs" not in fake.names()
+    assert "python -m summrl.cluster down summrl" in capsys.readouterr().err
 
 
 def test_preflight_lists_every_missing_item_before_provisioning(tmp_path, monkeypatch):

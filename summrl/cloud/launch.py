@@ -10,6 +10,7 @@ logs and dashboards), never as envs, never in a YAML on disk.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -225,7 +226,7 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
     cluster = cluster_name(config, job_num)
     logging.getLogger("alembic").setLevel(logging.WARNING)  # SkyPilot's state DB migrations, at Hydra's INFO
     problems = preflight(config)
-    if "skypilot is not installed" in " ".join(problems):
+    if importlib.util.find_spec("sky") is None:  # nothing more can be checked without it
         raise PreflightError(_listing(b, problems))
     task = build_task(config, overrides, cluster)
     if b.dry_run:
@@ -242,7 +243,7 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
 
     print(f"summrl: launching run {config.run.name} on cluster {cluster} ({b.accelerators} on {b.infra}); "
           f"reused if it is up, taken down after {b.idle_minutes_to_autostop} idle minutes", flush=True)
-    job_id = None
+    request = job_id = None
     try:
         request = sky.launch(task, cluster_name=cluster, idle_minutes_to_autostop=b.idle_minutes_to_autostop,
                              down=True)
@@ -252,6 +253,9 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
         if job_id is not None:
             sky.get(sky.cancel(cluster, job_ids=[job_id]))
             print(f"\nsummrl: cancelled job {job_id} on {cluster}.", file=sys.stderr)
+        elif request is not None:  # still provisioning: SkyPilot's API server would carry on without us
+            sky.get(sky.api_cancel(request, silent=True))
+            print(f"\nsummrl: cancelled the launch of {cluster}.", file=sys.stderr)
         print(f"summrl: the cluster {cluster} stays up until {b.idle_minutes_to_autostop} idle minutes pass. "
               f"Take it down now: python -m summrl.cluster down {cluster}  (or: sky down {cluster})",
               file=sys.stderr, flush=True)

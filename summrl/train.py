@@ -43,6 +43,9 @@ def main(cfg: DictConfig) -> float | None:
             from summrl.cloud.launch import run_from_hydra
 
             return run_from_hydra(config)
+        from summrl.preflight import check
+
+        check(config)  # the backend's packages, GPU and keys, and the backup bucket: all listed, before loading
     except ConfigError as e:
         print(f"summrl: config error: {e}", file=sys.stderr)
         sys.exit(2)

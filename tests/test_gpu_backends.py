@@ -9,7 +9,8 @@ import pytest
 
 from summrl.backends import BackendUnavailable, build_backend, internal_config
 from summrl.config import ConfigError
-from tests.conftest import compose_config
+from summrl.preflight import PreflightError, check
+from tests.conftest import ROOT, compose_config, run_cli
 
 
 def test_local_gpu_settings_reach_arts_model_config_under_arts_own_names():
@@ -48,9 +49,20 @@ def test_serverless_needs_wandb_key_and_no_local_backup(tmp_path, monkeypatch):
         compose_config(["backend=serverless"])
     config = compose_config(["backend=serverless", "storage.enabled=false"])
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    with pytest.raises(BackendUnavailable, match="WANDB_API_KEY"):
-        build_backend(config, str(tmp_path))
+    with pytest.raises(PreflightError, match="backend=serverless needs WANDB_API_KEY"):
+        check(config)
     monkeypatch.setenv("WANDB_API_KEY", "planted-wandb")
+    check(config)
     from art.serverless import ServerlessBackend
 
     assert isinstance(build_backend(config, str(tmp_path)), ServerlessBackend)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this machine has ART's GPU stack")
+def test_cli_lists_what_a_local_gpu_run_lacks_in_a_second(tmp_path, monkeypatch):
+    monkeypatch.delenv("BACKUP_BUCKET", raising=False)
+    result = run_cli(["backend=local_gpu", "judge=lexical", f"hydra.run.dir={tmp_path}"], cwd=ROOT, timeout=60,
+                     env={"BACKUP_BUCKET": ""})
+    assert result.returncode == 2
+    assert "pip install -e '.[gpu]'" in result.stderr and "BACKUP_BUCKET" in result.stderr
+    assert not (tmp_path / "art").exists()

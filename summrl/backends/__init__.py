@@ -8,11 +8,10 @@ backend here: ``summrl.cloud`` runs the job on a cloud GPU with ``backend=local_
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any, Optional
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(RuntimeError):  # summrl.preflight lists it as a config error before anything loads
     """The selected backend can't run on this machine; the message says what is missing and the fix."""
 
 
@@ -31,9 +30,7 @@ def build_backend(config: Any, run_dir: str) -> Any:
         from art.local import LocalBackend
 
         return LocalBackend(path=art_path)
-    if kind == "serverless":
-        if not os.environ.get("WANDB_API_KEY"):
-            raise BackendUnavailable("backend=serverless needs WANDB_API_KEY (W&B Training): export it or put it in .env")
+    if kind == "serverless":  # WANDB_API_KEY: checked by summrl.preflight
         from art.serverless.backend import ServerlessBackend
 
         return ServerlessBackend(base_url=config.backend.base_url)

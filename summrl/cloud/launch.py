@@ -21,8 +21,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional
 
-from summrl.config import ConfigError
 from summrl.judges import missing_keys
+from summrl.preflight import PreflightError
 from summrl.storage import resolve_bucket
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -35,10 +35,6 @@ SECRET_NAMES = (
 )
 # Overrides of this launcher that must not reach the remote job (it gets its own backend and name).
 _LOCAL_ONLY = ("backend", "run.name", "run.dir")
-
-
-class PreflightError(ConfigError):
-    """Something the launch needs is missing; the message lists each item and its fix."""
 
 
 class RemoteJobFailed(RuntimeError):

@@ -262,7 +262,8 @@ class LocalGPUBackendConfig:
                  f"must be > 0 or null, got {self.max_model_len}")
         _require(self.max_seq_length > 0, "backend.max_seq_length", f"must be > 0, got {self.max_seq_length}")
         for key in ("gpu_memory_utilization", "max_model_len", "enforce_eager"):
-            _require(key not in self.engine_args, f"backend.engine_args.{key}", f"has its own setting: use backend.{key}")
+            _require(key not in self.engine_args, f"backend.engine_args.{key}",
+                     f"has its own setting: use backend.{key}")
 
 
 @dataclass

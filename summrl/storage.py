@@ -33,6 +33,11 @@ def resolve_bucket(storage: Any) -> Optional[str]:
     return storage.bucket or os.environ.get("BACKUP_BUCKET") or None
 
 
+def bucket_label(storage: Any) -> str:
+    """How messages name the bucket: a name from $BACKUP_BUCKET travels as a secret, so it is not echoed."""
+    return storage.bucket or "$BACKUP_BUCKET"
+
+
 def model_dir(config: Any) -> Path:
     """Where the backend keeps this run's ART state (ART's layout: <art path>/<project>/models/<name>)."""
     return Path(config.run.dir) / "art" / config.project / "models" / config.run.name
@@ -40,6 +45,11 @@ def model_dir(config: Any) -> Path:
 
 def local_steps(checkpoints: Path) -> list[int]:
     return sorted(int(p.name) for p in checkpoints.glob("*") if p.is_dir() and p.name.isdigit())
+
+
+def _describe(e: Exception, bucket: str, label: str) -> str:
+    """An S3 error for a message, with the bucket named as ``label`` (URLs in boto errors carry its name)."""
+    return f"{type(e).__name__}: {e}".replace(bucket, label)
 
 
 def _md5(path: Path) -> str:
@@ -66,6 +76,7 @@ class CheckpointBackup:
 
     client: Any
     bucket: str
+    label: str  # the bucket as messages name it (bucket_label)
     root: str  # <prefix>/<project>/<run name>
     local: Path  # the run's ART model dir
     every: int
@@ -84,14 +95,14 @@ class CheckpointBackup:
             raise StorageError("storage.enabled=true needs a bucket: set BACKUP_BUCKET in the environment or .env, "
                                "or storage.bucket=<name>; or turn backups off with storage.enabled=false")
         client = _s3_client(storage)
-        _ensure_bucket(client, bucket, storage)
+        _ensure_bucket(client, bucket, bucket_label(storage), storage)
         root = "/".join(p for p in (storage.prefix, config.project, config.run.name) if p)
-        return cls(client=client, bucket=bucket, root=root, local=model_dir(config), every=storage.backup_every,
-                   max_steps=config.trainer.max_steps, restore_enabled=storage.restore)
+        return cls(client=client, bucket=bucket, label=bucket_label(storage), root=root, local=model_dir(config),
+                   every=storage.backup_every, max_steps=config.trainer.max_steps, restore_enabled=storage.restore)
 
     @property
     def url(self) -> str:
-        return f"s3://{self.bucket}/{self.root}"
+        return f"s3://{self.label}/{self.root}"
 
     # ------------------------------------------------------------------ restore
 
@@ -151,8 +162,9 @@ class CheckpointBackup:
             if history.exists():
                 self._upload(history, f"{self.root}/history.jsonl")
         except Exception as e:  # a failed backup must not end a paid run: the next one retries
-            print(f"summrl: warning: backup of step {step} to {self.url} failed ({type(e).__name__}: {e}); "
-                  "training goes on and the next backup tries again", flush=True)
+            print(f"summrl: warning: backup of step {step} to {self.url} failed "
+                  f"({_describe(e, self.bucket, self.label)}); training goes on and the next backup tries again",
+                  flush=True)
 
     def save_result(self, run_dir: str) -> None:
         """Upload result.json (status, val scores), so that the launcher of a remote run can read it."""
@@ -161,7 +173,8 @@ class CheckpointBackup:
             if path.exists():
                 self._upload(path, f"{self.root}/result.json")
         except Exception as e:
-            print(f"summrl: warning: upload of result.json to {self.url} failed ({type(e).__name__}: {e})", flush=True)
+            print(f"summrl: warning: upload of result.json to {self.url} failed "
+                  f"({_describe(e, self.bucket, self.label)})", flush=True)
 
     def _upload_checkpoint(self, step: int) -> None:
         folder = self.local / "checkpoints" / f"{step:04d}"
@@ -181,7 +194,7 @@ class CheckpointBackup:
         head = self.client.head_object(Bucket=self.bucket, Key=key)
         etag = head["ETag"].strip('"')
         if head["ContentLength"] != size or ("-" not in etag and etag != md5):
-            raise StorageError(f"s3://{self.bucket}/{key}: uploaded object does not match {path} (size or ETag)")
+            raise StorageError(f"s3://{self.label}/{key}: uploaded object does not match {path} (size or ETag)")
         return {"size": size, "md5": md5}
 
     def _get(self, rel: str, missing_ok: bool = False) -> Optional[bytes]:
@@ -220,7 +233,7 @@ def fetch_result(config: Any) -> Optional[dict]:
         return None
 
 
-def _ensure_bucket(client: Any, bucket: str, storage: Any) -> None:
+def _ensure_bucket(client: Any, bucket: str, label: str, storage: Any) -> None:
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
     where = f" at {storage.endpoint_url}" if storage.endpoint_url else ""
@@ -233,16 +246,17 @@ def _ensure_bucket(client: Any, bucket: str, storage: Any) -> None:
     except ClientError as e:
         code = str(e.response.get("Error", {}).get("Code", ""))
         if code in ("403", "AccessDenied", "Forbidden"):
-            raise StorageError(f"storage: access to bucket {bucket!r}{where} denied: check the AWS_* credentials "
+            raise StorageError(f"storage: access to bucket {label}{where} denied: check the AWS_* credentials "
                                "and the bucket's policy") from None
         if code not in ("404", "NoSuchBucket", "NotFound"):
-            raise StorageError(f"storage: bucket {bucket!r}{where}: {code or e}") from None
+            raise StorageError(f"storage: bucket {label}{where}: {_describe(e, bucket, label)}") from None
     except BotoCoreError as e:
-        raise StorageError(f"storage: can't reach S3{where}: {e} (check storage.endpoint_url and the network)") from None
+        raise StorageError(f"storage: can't reach S3{where}: {_describe(e, bucket, label)} (check storage.endpoint_url "
+                           "and the network)") from None
     if not storage.create_bucket:
-        raise StorageError(f"storage: bucket {bucket!r}{where} does not exist: create it, or set "
+        raise StorageError(f"storage: bucket {label}{where} does not exist: create it, or set "
                            "storage.create_bucket=true")
     region = storage.region or client.meta.region_name
     extra = {"CreateBucketConfiguration": {"LocationConstraint": region}} if region and region != "us-east-1" else {}
     client.create_bucket(Bucket=bucket, **extra)
-    print(f"summrl: created bucket {bucket}{where}", flush=True)
+    print(f"summrl: created bucket {label}{where}", flush=True)

@@ -71,11 +71,16 @@ def test_backups_on_need_a_bucket(tmp_path, aws_env):
         CheckpointBackup.open(config)
 
 
-def test_bucket_comes_from_backup_bucket_env(tmp_path, s3_endpoint, aws_env, monkeypatch):
-    monkeypatch.setenv("BACKUP_BUCKET", "env-bucket")
-    config = compose_config(["experiment=local", "storage.enabled=true", f"storage.endpoint_url={s3_endpoint}",
-                             f"run.dir={tmp_path}"])
-    assert CheckpointBackup.open(config).bucket == "env-bucket"
+def test_bucket_comes_from_backup_bucket_env_and_is_not_echoed(tmp_path, s3_endpoint, aws_env, monkeypatch, capsys):
+    monkeypatch.setenv("BACKUP_BUCKET", "env-bucket-4Qz")
+    config = compose_config(["experiment=local", "run.name=r1", "storage.enabled=true",
+                             f"storage.endpoint_url={s3_endpoint}", f"run.dir={tmp_path / 'run'}"])
+    backup = CheckpointBackup.open(config)
+    write_checkpoint(config, 1, b"weights")
+    asyncio.run(backup.after_step(1))
+    assert backup.bucket == "env-bucket-4Qz" and backup.complete_steps() == [1]
+    out = capsys.readouterr().out
+    assert "step 1 backed up to s3://$BACKUP_BUCKET/summrl/summrl/r1" in out and "env-bucket-4Qz" not in out
 
 
 def test_interrupted_upload_is_ignored_and_the_last_complete_step_restored(tmp_path, s3_endpoint, aws_env):

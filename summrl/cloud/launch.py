@@ -136,7 +136,8 @@ def remote_command(config: Any, overrides: list[str]) -> str:
     backend += [f"++backend.engine_args.{k}={_value(v)}" for k, v in gpu.engine_args.items()]
     # Values the local environment chose (TRAIN_SIZE / VAL_SIZE) are pinned, so the remote job is this job.
     keys = {_override_key(o) for o in kept}
-    pinned = [f"dataset.{k}={getattr(config.dataset, k)}" for k in ("train_size", "val_size") if f"dataset.{k}" not in keys]
+    pinned = [f"dataset.{k}={getattr(config.dataset, k)}" for k in ("train_size", "val_size")
+              if f"dataset.{k}" not in keys]
     args = [*kept, *pinned, f"run.name={config.run.name}", "backend=local_gpu", *backend]
     return "python -m summrl.train " + " ".join(shlex.quote(a) for a in args)
 

@@ -122,6 +122,7 @@ def test_default_task_targets_one_h100_on_runpod_and_validates_offline(cloud_env
     assert resources.disk_size == 100
     assert task.workdir == str(ROOT)
     assert "uv pip install --python .venv/bin/python -e '.[gpu]'" in task.setup
+    assert "ensure_vllm_runtime()" in task.setup.splitlines()[-1]
     assert task.run.splitlines()[-1] == (
         "python -m summrl.train model.lr=1e-05 dataset.train_size=3500 dataset.val_size=91 run.name=summary-rl "
         "backend=local_gpu backend.gpu_memory_utilization=0.8 backend.enforce_eager=false backend.load_in_4bit=true "

@@ -36,7 +36,7 @@ def test_engine_args_cannot_shadow_their_own_settings():
         compose_config(["backend=local_gpu", "backend.gpu_memory_utilization=1.5"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this machine has ART's GPU stack")
+@pytest.mark.skipif(importlib.util.find_spec("unsloth") is not None, reason="this machine has ART's GPU stack")
 def test_local_gpu_without_the_gpu_extra_fails_before_anything_loads(tmp_path):
     config = compose_config(["backend=local_gpu", "storage.enabled=false", f"run.dir={tmp_path}"])
     with pytest.raises(BackendUnavailable, match=r"pip install -e '\.\[gpu\]'"):
@@ -58,7 +58,7 @@ def test_serverless_needs_wandb_key_and_no_local_backup(tmp_path, monkeypatch):
     assert isinstance(build_backend(config, str(tmp_path)), ServerlessBackend)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this machine has ART's GPU stack")
+@pytest.mark.skipif(importlib.util.find_spec("unsloth") is not None, reason="this machine has ART's GPU stack")
 def test_cli_lists_what_a_local_gpu_run_lacks_in_a_second(tmp_path, monkeypatch):
     monkeypatch.delenv("BACKUP_BUCKET", raising=False)
     result = run_cli(["backend=local_gpu", "judge=lexical", f"hydra.run.dir={tmp_path}"], cwd=ROOT, timeout=60,

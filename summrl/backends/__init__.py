@@ -8,6 +8,8 @@ backend here: ``summrl.cloud`` runs the job on a cloud GPU with ``backend=local_
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 from typing import Any, Optional
 
 
@@ -41,11 +43,15 @@ def build_backend(config: Any, run_dir: str) -> Any:
 
 def check_local_gpu() -> None:
     """Fail before any model loads when ART's LocalBackend can't run here."""
-    missing = [name for name in ("vllm", "unsloth") if importlib.util.find_spec(name) is None]
+    # Unsloth (training) comes with the [gpu] extra; vLLM is not imported here: ART 0.5.18 installs its own
+    # vLLM runtime venv with `uv` on first use (art.vllm_runtime), unless ART_VLLM_RUNTIME_BIN names one.
+    missing = [] if importlib.util.find_spec("unsloth") else ["unsloth: pip install -e '.[gpu]'"]
+    if not shutil.which("uv") and not os.environ.get("ART_VLLM_RUNTIME_BIN"):
+        missing.append("uv (ART installs its vLLM runtime with it): pip install uv")
     if missing:
         raise BackendUnavailable(
-            f"backend=local_gpu needs ART's LocalBackend ({', '.join(missing)} not installed): "
-            "pip install -e '.[gpu]' on a machine with an NVIDIA GPU, or use backend=embedded / backend=skypilot"
+            f"backend=local_gpu needs ART's LocalBackend on an NVIDIA GPU; missing {'; '.join(missing)}. "
+            "Or use backend=skypilot (a cloud GPU) or backend=embedded"
         )
     import torch
 

@@ -153,6 +153,8 @@ def setup_script(config: Any) -> str:
         "[ -x .venv/bin/python ] || uv venv --python 3.11 .venv",
         f"uv pip install --python .venv/bin/python -e {shlex.quote(target)}",
     ]
+    if "gpu" in extras:  # ART installs its vLLM runtime (its own uv venv) on first use: do it here, once per cluster
+        lines.append(".venv/bin/python -c 'from art.vllm_runtime import ensure_vllm_runtime; ensure_vllm_runtime()'")
     if config.backend.setup:
         lines.append(config.backend.setup)
     return "\n".join(lines)

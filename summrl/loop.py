@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from art.utils.iterate_dataset import iterate_dataset
 
-from summrl.backends import build_backend
+from summrl.backends import build_backend, internal_config
 from summrl.config import Config
 from summrl.data import Document, load_splits
 from summrl.job import JobInfo, read_result, write_result
@@ -27,6 +27,7 @@ from summrl.judges import Judge, build_judge
 from summrl.rewards import Missing, Reward, build_reward, build_val_reward
 from summrl.rollout import rollout, summary_of
 from summrl.secrets import redact_text
+from summrl.storage import CheckpointBackup
 from summrl.tracking import Tracker, open_tracker
 
 
@@ -101,6 +102,7 @@ async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Ses
         project=config.project,
         base_model=config.model.base_model,
         report_metrics=[],  # ART writes history.jsonl only; logger=wandb mirrors it into one W&B run per job
+        _internal_config=internal_config(config),  # backend=local_gpu: vLLM engine args, Unsloth, LoRA shape
     )
     try:
         await model.register(backend)
@@ -188,7 +190,7 @@ async def train_step(session: Session, documents: Sequence[Document]) -> tuple[S
 def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial_step: int):
     """The step-by-step document batches. Same seed, same order; a resumed run continues the same order.
 
-    ART's iterate_dataset reseeds the global ``random`` with the epoch number, so the trainer seed
+    ART's iterate_dataset reseeds the global ``random`` with the epoch number, so the training seed
     would not reach the data order: shuffle with it first.
     """
     docs = list(train_docs)
@@ -211,10 +213,13 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
                     **job.record()}
     session: Optional[Session] = None
     tracker = open_tracker(config, job, history_path(config))  # first, so that any failure shows on the W&B run
+    backup: Optional[CheckpointBackup] = None
     try:
+        backup = CheckpointBackup.open(config)  # S3: checks the bucket before any model loads
         seed_everything(config.seed)
         t = config.trainer
         val, train_docs = load_splits(config.dataset)
+        backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
         session = await open_session(config, tracker)
         step = await session.model.get_step()
         history = earlier_val_history(config.run.dir, step)
@@ -230,10 +235,12 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
             session.tracker.log_history()
             step = trained.step
+            await backup.after_step(step)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
             print(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}", flush=True)
         if not history or history[-1]["step"] != step:
             history.append(await evaluate(session, val, step))
+        await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
         result.update(
             status="completed",
             steps=step,
@@ -256,6 +263,8 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
             result["judge_calls"] = session.judge_totals.get("judge/calls", 0.0)
             result["judge_cost_usd"] = session.judge_totals.get("judge/cost_usd", 0.0)
         write_result(config.run.dir, result)
+        if backup is not None:
+            backup.save_result(config.run.dir)
         tracker.finish(failed=result["status"] != "completed")
         if session is not None:
             await session.backend.close()

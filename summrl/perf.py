@@ -36,7 +36,7 @@ def compose_local(run_dir: str, overrides: list[str]):
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=[*overrides, f"run.dir={run_dir}", "run.name=perf"], return_hydra_config=True)
-    return validate(cfg, dict(cfg.hydra.runtime.choices))
+    return validate(cfg)
 
 
 def startup_seconds(repeats: int = 3) -> list[float]:

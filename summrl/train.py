@@ -30,7 +30,7 @@ def load_config(cfg: DictConfig) -> Config:
 
     hydra_cfg = HydraConfig.get()
     choices = dict(hydra_cfg.runtime.choices)
-    config = validate(cfg, choices)
+    config = validate(cfg)
     load_dotenv()  # keys may live in .env; they are read from the environment, never from config
     for name in missing_keys(config.judge):
         raise ConfigError(f"judge={choices.get('judge')} needs {name}: export it or put it in .env")
@@ -44,6 +44,13 @@ def main(cfg: DictConfig) -> float | None:
     job = JobInfo.from_hydra()
     try:
         config = load_config(cfg)
+        if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
+            from summrl.cloud.launch import run_from_hydra
+
+            return run_from_hydra(config)
+        from summrl.preflight import check
+
+        check(config)  # the backend's packages, GPU and keys, and the backup bucket: all listed, before loading
     except ConfigError as e:
         print(f"summrl: config error: {e}", file=sys.stderr)
         if job.sweep is None:

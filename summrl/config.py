@@ -5,13 +5,13 @@ Hydra composes ``conf/``; :func:`validate` turns the result into these dataclass
 so a bad value fails in well under 2 s, before any model, cluster or API is touched.
 
 Groups whose options differ in shape (judge, reward, backend, logger) carry a ``kind`` that
-selects the schema. Options planned by later issues exist as YAML so that they show in
-``--help``, but selecting one fails here with "not available yet".
+selects the schema.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -96,7 +96,6 @@ class TrainerConfig:
     max_summary_tokens: int = 1000
     temperature: float = 1.0
     max_words: int = 350  # the prompt asks for it and the rewards read it
-    seed: int = 80
     num_epochs: int = 100  # passes over the train split; max_steps normally ends the run first
     # A rollout whose reward is missing (a judge call failed after its retries) drops its group.
     # Past this share of a step's rollouts the run stops, naming the judge and its last error.
@@ -164,6 +163,18 @@ class EmbeddedJudgeConfig:
     retry_base_s: float = 1.0
     retry_max_s: float = 30.0
     cache_dir: Optional[str] = "~/.cache/summrl/judge"
+
+
+@dataclass
+class LocalJudgeConfig(EmbeddedJudgeConfig):
+    """The offline pair that lets every reward run on a laptop: the lexical judge grades QA (fast, deterministic)
+    and the embedded model, with base weights, is RULER's judge. The other fields configure the embedded model."""
+
+    kind: str = "local"
+    min_recall: float = 0.6  # the lexical judge's threshold (see LexicalJudgeConfig)
+
+    def __post_init__(self) -> None:
+        _require(0.0 < self.min_recall <= 1.0, "judge.min_recall", f"must be in (0, 1], got {self.min_recall}")
 
 
 # --------------------------------------------------------------------------- reward
@@ -240,24 +251,89 @@ class EmbeddedBackendConfig:
 
 
 @dataclass
-class SkyPilotBackendConfig:
-    kind: str = "skypilot"
-    infra: str = "runpod"
-    accelerators: str = "H100:1"
-    cluster_name: str = "summrl"
-    idle_minutes_to_autostop: int = 10
-    down_after_run: bool = False
+class LocalGPUBackendConfig:
+    """ART's LocalBackend (vLLM for sampling, Unsloth for training) on this machine's GPU; needs the [gpu] extra."""
+
+    kind: str = "local_gpu"
+    # vLLM's share of GPU memory (Unsloth trains in the rest). ART issue #452: a 3B model runs out of
+    # memory on 24 GB without lowering it.
+    gpu_memory_utilization: float = 0.8
+    max_model_len: Optional[int] = None  # vLLM context length; null = the model's
+    enforce_eager: bool = False  # skip CUDA graphs (less memory, slower sampling)
+    load_in_4bit: bool = True  # Unsloth's QLoRA (ART's default)
+    max_seq_length: int = 32768  # Unsloth's training context
+    # Any other vLLM engine argument (art.dev.EngineArgs), e.g. {max_num_seqs: 64}.
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(0.0 < self.gpu_memory_utilization <= 1.0, "backend.gpu_memory_utilization",
+                 f"must be in (0, 1], got {self.gpu_memory_utilization} (e.g. 0.6 on a 24 GB GPU)")
+        _require(self.max_model_len is None or self.max_model_len > 0, "backend.max_model_len",
+                 f"must be > 0 or null, got {self.max_model_len}")
+        _require(self.max_seq_length > 0, "backend.max_seq_length", f"must be > 0, got {self.max_seq_length}")
+        for key in ("gpu_memory_utilization", "max_model_len", "enforce_eager"):
+            _require(key not in self.engine_args, f"backend.engine_args.{key}",
+                     f"has its own setting: use backend.{key}")
 
 
 @dataclass
-class LocalGPUBackendConfig:
-    kind: str = "local_gpu"
-    gpu_memory_utilization: float = 0.8
+class SkyPilotBackendConfig:
+    """Run this same job on a cloud GPU that SkyPilot provisions, with backend=local_gpu there."""
+
+    kind: str = "skypilot"
+    infra: str = "runpod"  # any SkyPilot infra: runpod, aws, gcp/us-central1, k8s, ...
+    accelerators: str = "H100:1"  # e.g. H100-SXM:1, A100-80GB:1
+    disk_size: int = 100  # GB: the model, vLLM, checkpoints
+    # The cluster to create or reuse. In a multirun each job drives its own: <name>-<job number>.
+    cluster_name: str = "summrl"
+    # RunPod can't stop a cluster, only delete it: after this many idle minutes it is taken down.
+    idle_minutes_to_autostop: int = 10
+    down_after_run: bool = False  # take the cluster down when the job ends (Summary-RL's DESTROY_AFTER_RUN)
+    dry_run: bool = False  # print the task (secrets redacted), validate it offline, launch nothing
+    extras: str = "gpu"  # the project's extras installed on the cluster
+    setup: Optional[str] = None  # extra shell run after the install, e.g. "pip install flash-attn"
+    # The remote backend=local_gpu's settings, e.g. backend.local_gpu.gpu_memory_utilization=0.7
+    local_gpu: LocalGPUBackendConfig = field(default_factory=LocalGPUBackendConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.infra), "backend.infra", "must name a SkyPilot infra, e.g. runpod")
+        _require(":" not in self.accelerators or self.accelerators.rsplit(":", 1)[1].isdigit(),
+                 "backend.accelerators", f"must be NAME or NAME:COUNT, e.g. H100:1, got {self.accelerators!r}")
+        _require(self.disk_size > 0, "backend.disk_size", f"must be > 0, got {self.disk_size}")
+        _require(self.idle_minutes_to_autostop >= 0, "backend.idle_minutes_to_autostop",
+                 f"must be >= 0, got {self.idle_minutes_to_autostop}")
+        _require(bool(re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", self.cluster_name)), "backend.cluster_name",
+                 f"must be lowercase letters, digits and '-', starting with a letter, got {self.cluster_name!r}")
 
 
 @dataclass
 class ServerlessBackendConfig:
+    """ART's ServerlessBackend (W&B Training): sampling and training run on W&B's GPUs; needs WANDB_API_KEY."""
+
     kind: str = "serverless"
+    base_url: Optional[str] = None  # null = W&B's default endpoint
+
+
+# --------------------------------------------------------------------------- storage
+
+
+@dataclass
+class StorageConfig:
+    """S3 backup of each run's checkpoints and history, and resume from it on a fresh machine."""
+
+    enabled: bool = True
+    bucket: Optional[str] = None  # null = $BACKUP_BUCKET (environment or .env)
+    prefix: str = "summrl"  # objects live under s3://<bucket>/<prefix>/<project>/<run name>/
+    endpoint_url: Optional[str] = None  # S3-compatible stores: R2, MinIO, ...
+    region: Optional[str] = None  # null = boto3's default (AWS_DEFAULT_REGION)
+    backup_every: int = 1  # steps between backups (the last step is always backed up)
+    create_bucket: bool = True  # create the bucket when it does not exist
+    restore: bool = True  # a run with no local checkpoint resumes from the latest complete backup
+
+    def __post_init__(self) -> None:
+        _require(self.backup_every > 0, "storage.backup_every", f"must be > 0, got {self.backup_every}")
+        _require(not self.prefix.startswith("/") and not self.prefix.endswith("/"), "storage.prefix",
+                 f"must not start or end with '/', got {self.prefix!r}")
 
 
 # --------------------------------------------------------------------------- logger
@@ -270,9 +346,18 @@ class NoLoggerConfig:
 
 @dataclass
 class WandbLoggerConfig:
+    """One W&B run per job: group = the sweep, name = the job's overrides, tags = reward/judge/model/backend."""
+
     kind: str = "wandb"
     project: str = "summrl"
     entity: Optional[str] = None
+    mode: str = "auto"  # auto: online when WANDB_API_KEY is set, offline otherwise (`wandb sync` later)
+    log_samples: bool = True  # a table of val summaries with per-question correctness at every eval
+
+    def __post_init__(self) -> None:
+        _require(self.mode in ("auto", "online", "offline"), "logger.mode",
+                 f"must be one of auto, online, offline, got {self.mode!r}")
+        _require(bool(self.project), "logger.project", "must name a W&B project")
 
 
 # --------------------------------------------------------------------------- run
@@ -287,19 +372,22 @@ class RunConfig:
 @dataclass
 class Config:
     project: str
+    seed: int  # the training seed: data order, sampling, LoRA init (the val/train split has dataset.seed)
     run: RunConfig
     model: ModelConfig
     dataset: DatasetConfig
     trainer: TrainerConfig
     reward: QARewardConfig | RulerRewardConfig | LengthPenalizedRewardConfig
-    judge: LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig
+    judge: LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig | LocalJudgeConfig
     backend: EmbeddedBackendConfig | SkyPilotBackendConfig | LocalGPUBackendConfig | ServerlessBackendConfig
     logger: NoLoggerConfig | WandbLoggerConfig
+    storage: StorageConfig
 
 
 # Schemas for groups whose options differ in shape, by ``kind``.
 KIND_SCHEMAS: dict[str, dict[str, type]] = {
-    "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig, "embedded": EmbeddedJudgeConfig},
+    "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig, "embedded": EmbeddedJudgeConfig,
+              "local": LocalJudgeConfig},
     "reward": {"qa": QARewardConfig, "ruler": RulerRewardConfig, "length_penalized": LengthPenalizedRewardConfig},
     "backend": {
         "embedded": EmbeddedBackendConfig,
@@ -314,16 +402,11 @@ FIXED_SCHEMAS: dict[str, type] = {
     "model": ModelConfig,
     "dataset": DatasetConfig,
     "trainer": TrainerConfig,
+    "storage": StorageConfig,
 }
 
-# Group options whose implementation is planned in a later issue: (group, option) -> where.
-NOT_AVAILABLE: dict[tuple[str, str], str] = {
-    ("backend", "skypilot"): "the cloud issue (#4)",
-    ("backend", "local_gpu"): "the cloud issue (#4)",
-    ("backend", "serverless"): "the cloud issue (#4)",
-    ("logger", "wandb"): "the ablations issue (#5)",
-}
-TOP_LEVEL_KEYS = {"project", "run", "model", "dataset", "trainer", "reward", "judge", "backend", "logger"}
+TOP_LEVEL_KEYS = {"project", "seed", "run", "model", "dataset", "trainer", "reward", "judge", "backend", "logger",
+                  "storage"}
 
 
 def _typed_section(group: str, node: Any, schema: type) -> Any:
@@ -353,9 +436,8 @@ def _typed_section(group: str, node: Any, schema: type) -> Any:
         raise ConfigError(f"{group}: {e}") from None
 
 
-def validate(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None) -> Config:
-    """Validate a composed Hydra config. ``choices`` is ``HydraConfig.runtime.choices`` (group -> option)."""
-    choices = choices or {}
+def validate(cfg: DictConfig) -> Config:
+    """Validate a composed Hydra config."""
     extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL_KEYS | {"experiment", "hydra"})
     if extra:
         close = difflib.get_close_matches(extra[0], sorted(TOP_LEVEL_KEYS), n=1)
@@ -366,6 +448,10 @@ def validate(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None
         raise ConfigError(f"{missing[0]} is missing from the composed config (check conf/train.yaml's defaults).")
 
     sections: dict[str, Any] = {"project": cfg.project}
+    try:
+        sections["seed"] = int(cfg.seed)
+    except (TypeError, ValueError):
+        raise ConfigError(f"seed: must be an integer, got {cfg.seed!r}") from None
     for group, schema in FIXED_SCHEMAS.items():
         sections[group] = _typed_section(group, cfg[group], schema)
     for group, schemas in KIND_SCHEMAS.items():
@@ -378,25 +464,14 @@ def validate(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None
     uses_ruler = config.reward.kind == "ruler" or getattr(config.reward, "base", None) == "ruler"
     if uses_ruler and config.judge.kind == "lexical":
         raise ConfigError(
-            "reward=ruler needs an LLM judge, got judge=lexical: use judge=gemini_flash, judge=openai_compatible "
-            "or judge=embedded"
+            "reward=ruler needs an LLM judge, got judge=lexical: use judge=gemini_flash, judge=openai_compatible, "
+            "judge=embedded, or judge=local (offline: lexical QA grading, the embedded model for RULER)"
         )
-    if config.judge.kind == "embedded" and config.backend.kind != "embedded":
-        raise ConfigError(f"judge=embedded is served by the embedded backend; got backend.kind={config.backend.kind}")
-    for (group, option), where in NOT_AVAILABLE.items():
-        if choices.get(group) == option:
-            available = sorted(
-                o for (g, o) in _group_options(group) if (g, o) not in NOT_AVAILABLE
-            )
-            raise ConfigError(
-                f"{group}={option} is not available yet (it arrives with {where}). "
-                f"Available now: {', '.join(f'{group}={o}' for o in available)}."
-            )
+    if config.judge.kind in ("embedded", "local") and config.backend.kind != "embedded":
+        raise ConfigError(f"judge={config.judge.kind} uses the embedded backend's model; got "
+                          f"backend.kind={config.backend.kind}: use backend=embedded or another judge")
+    if config.backend.kind == "serverless" and config.storage.enabled:
+        raise ConfigError("backend=serverless keeps its checkpoints on W&B, so there is nothing local to back up: "
+                          "add storage.enabled=false")
     return config
 
-
-def _group_options(group: str) -> list[tuple[str, str]]:
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parent.parent / "conf" / group
-    return [(group, p.stem) for p in sorted(folder.glob("*.yaml"))]

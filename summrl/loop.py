@@ -7,7 +7,6 @@ or which reward it runs with.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 import traceback
@@ -20,12 +19,16 @@ import numpy as np
 import torch
 from art.utils.iterate_dataset import iterate_dataset
 
-from summrl.backends import build_backend
+from summrl.backends import build_backend, internal_config
 from summrl.config import Config
 from summrl.data import Document, load_splits
+from summrl.job import JobInfo, read_result, write_result
 from summrl.judges import Judge, build_judge
-from summrl.rewards import Missing, Reward, build_reward
+from summrl.rewards import Missing, Reward, build_reward, build_val_reward
 from summrl.rollout import rollout, summary_of
+from summrl.secrets import redact_text
+from summrl.storage import CheckpointBackup
+from summrl.tracking import Tracker, open_tracker
 
 
 def seed_everything(seed: int) -> None:
@@ -43,10 +46,20 @@ class Session:
     model: art.TrainableModel
     judge: Judge
     reward: Reward
+    val_reward: Reward  # the reward, plus QA metrics when it is not QA-based: ablations share one axis
+    tracker: Tracker
+    judge_totals: dict[str, float] = field(default_factory=dict)  # the run's judge calls, tokens and cost
 
     @property
     def trainer(self):
         return self.config.trainer
+
+    def judge_usage(self) -> dict[str, float]:
+        """The judge's usage since the last call (``judge/*``), also added to the run's totals."""
+        usage = self.judge.usage_metrics()
+        for key, value in usage.items():
+            self.judge_totals[key] = self.judge_totals.get(key, 0.0) + value
+        return usage
 
 
 class MissingRewardsError(RuntimeError):
@@ -71,30 +84,43 @@ class Scored:
         rewards = [t.reward for g in self.groups for t in g.trajectories]
         return float(np.mean(rewards)) if rewards else float("nan")
 
+    def mean_metric(self, name: str) -> Optional[float]:
+        values = [t.metrics[name] for g in self.groups for t in g.trajectories if name in t.metrics]
+        return float(np.mean(values)) if values else None
 
-async def open_session(config: Config) -> Session:
+
+def history_path(config: Config) -> Path:
+    """ART's metrics log for this run (``model.log`` appends one line per call)."""
+    return Path(config.run.dir) / "art" / config.project / "models" / config.run.name / "history.jsonl"
+
+
+async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Session:
     """Build the backend, register the ART model (loading or resuming it), then the judge and reward."""
     backend = build_backend(config, config.run.dir)
     model = art.TrainableModel(
         name=config.run.name,
         project=config.project,
         base_model=config.model.base_model,
-        report_metrics=[],  # history.jsonl only; W&B arrives with logger=wandb
+        report_metrics=[],  # ART writes history.jsonl only; logger=wandb mirrors it into one W&B run per job
+        _internal_config=internal_config(config),  # backend=local_gpu: vLLM engine args, Unsloth, LoRA shape
     )
     try:
         await model.register(backend)
         # judge=embedded: the same endpoint, base weights (the base model's name selects no LoRA)
         endpoint = (config.model.base_model, model.inference_base_url, model.inference_api_key)
-        judge = build_judge(config.judge, endpoint if config.judge.kind == "embedded" else None)
+        judge = build_judge(config.judge, endpoint if config.judge.kind in ("embedded", "local") else None)
         reward = build_reward(config.reward, judge, config.trainer.max_words)
+        val_reward = build_val_reward(config.reward, judge, config.trainer.max_words)
     except BaseException:
         await backend.close()
         raise
-    return Session(config=config, backend=backend, model=model, judge=judge, reward=reward)
+    return Session(config=config, backend=backend, model=model, judge=judge, reward=reward, val_reward=val_reward,
+                   tracker=tracker or Tracker())
 
 
-async def sample_and_score(session: Session, documents: Sequence[Document], rollouts_per_doc: int) -> Scored:
-    """Sample ``rollouts_per_doc`` summaries per document and score each group with the reward."""
+async def sample_and_score(session: Session, documents: Sequence[Document], rollouts_per_doc: int,
+                           reward: Reward) -> Scored:
+    """Sample ``rollouts_per_doc`` summaries per document and score each group with ``reward``."""
     t = session.trainer
     started = time.perf_counter()
     groups = await art.gather_trajectory_groups(
@@ -111,7 +137,7 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
     generated = time.perf_counter()
     by_id = {doc.id: doc for doc in documents}
     all_scores = await asyncio.gather(*(
-        session.reward.score_group(by_id[str(g.trajectories[0].metadata["document_id"])], [summary_of(tr) for tr in g.trajectories])
+        reward.score_group(by_id[str(g.trajectories[0].metadata["document_id"])], [summary_of(tr) for tr in g.trajectories])
         for g in groups
     ))
     kept, dropped, missing, last_error = [], 0, 0, ""
@@ -124,6 +150,7 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
         for trajectory, score in zip(group.trajectories, scores):
             trajectory.reward = score.reward
             trajectory.metrics.update(score.metrics)
+            trajectory.metadata.update(score.metadata)
         kept.append(group)
     total = sum(len(g.trajectories) for g in groups)
     if total and missing / total > session.trainer.max_missing_reward_rate:
@@ -139,78 +166,105 @@ def judge_name(config: Config) -> str:
     return getattr(config.judge, "model", config.judge.kind)
 
 
-async def evaluate(session: Session, val: Sequence[Document], step: int) -> float:
-    result = await sample_and_score(session, val, session.trainer.val_rollouts_per_doc)
+async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict:
+    """Score the val split; returns ``{"step", "val_reward", "val_qa_accuracy"}`` (the last None without QA)."""
+    result = await sample_and_score(session, val, session.trainer.val_rollouts_per_doc, session.val_reward)
     await session.model.log(result.groups, split="val", step=step,
-                            metrics={**result.metrics(), **session.judge.usage_metrics()})
-    return result.mean_reward()
+                            metrics={**result.metrics(), **session.judge_usage()})
+    session.tracker.log_history()
+    session.tracker.log_samples(step, result.groups)
+    scores = {"step": step, "val_reward": result.mean_reward(), "val_qa_accuracy": result.mean_metric("qa_accuracy")}
+    accuracy = "" if scores["val_qa_accuracy"] is None else f" | val qa accuracy {scores['val_qa_accuracy']:.3f}"
+    print(f"summrl: step {step} | val reward {scores['val_reward']:.3f}{accuracy}", flush=True)
+    return scores
 
 
 async def train_step(session: Session, documents: Sequence[Document]) -> tuple[Scored, art.TrainResult]:
-    scored = await sample_and_score(session, documents, session.trainer.rollouts_per_group)
+    scored = await sample_and_score(session, documents, session.trainer.rollouts_per_group, session.reward)
     started = time.perf_counter()
     result = await session.backend.train(session.model, scored.groups, learning_rate=session.config.model.lr)
     scored.timings["train_s"] = time.perf_counter() - started
     return scored, result
 
 
-def training_batches(train_docs: Sequence[Document], trainer, initial_step: int):
+def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial_step: int):
     """The step-by-step document batches. Same seed, same order; a resumed run continues the same order.
 
-    ART's iterate_dataset reseeds the global ``random`` with the epoch number, so the trainer seed
+    ART's iterate_dataset reseeds the global ``random`` with the epoch number, so the training seed
     would not reach the data order: shuffle with it first.
     """
     docs = list(train_docs)
-    random.Random(trainer.seed).shuffle(docs)
+    random.Random(seed).shuffle(docs)
     return iterate_dataset(docs, trainer.groups_per_step, trainer.num_epochs, initial_step=initial_step, use_tqdm=False)
 
 
-def write_result(run_dir: str, result: dict) -> None:
-    path = Path(run_dir) / "result.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+def earlier_val_history(run_dir: str, step: int) -> list[dict]:
+    """A resumed run keeps the val scores its earlier invocations recorded (before the resumed step, which is scored again)."""
+    earlier = (read_result(run_dir) or {}).get("val_history", [])
+    return [h for h in earlier if h["step"] < step]
 
 
-async def train(config: Config) -> Optional[float]:
-    """Run (or resume) one training job. Returns the final val score."""
-    seed_everything(config.trainer.seed)
-    t = config.trainer
-    val, train_docs = load_splits(config.dataset)
+async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float]:
+    """Run (or resume) one training job and write its ``result.json``. Returns the final val score."""
+    job = job or JobInfo()
     started = time.time()
-    history: list[tuple[int, float]] = []
-    result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir}
-    session = await open_session(config)
+    history: list[dict] = []
+    result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir, "seed": config.seed,
+                    **job.record()}
+    session: Optional[Session] = None
+    tracker = open_tracker(config, job, history_path(config))  # first, so that any failure shows on the W&B run
+    backup: Optional[CheckpointBackup] = None
     try:
+        backup = CheckpointBackup.open(config)  # S3: checks the bucket before any model loads
+        seed_everything(config.seed)
+        t = config.trainer
+        val, train_docs = load_splits(config.dataset)
+        backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
+        session = await open_session(config, tracker)
         step = await session.model.get_step()
+        history = earlier_val_history(config.run.dir, step)
         print(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
               f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}", flush=True)
-        for batch in training_batches(train_docs, t, initial_step=step):
+        for batch in training_batches(train_docs, t, config.seed, initial_step=step):
             if batch.step >= t.max_steps:
                 break
             if batch.step % t.eval_every == 0:
-                history.append((batch.step, await evaluate(session, val, batch.step)))
-                print(f"summrl: step {batch.step} | val reward {history[-1][1]:.3f}", flush=True)
+                history.append(await evaluate(session, val, batch.step))
             scored, trained = await train_step(session, batch.items)
             await session.model.log(scored.groups, split="train", step=trained.step,
-                                    metrics={**trained.metrics, **scored.metrics(), **session.judge.usage_metrics()})
+                                    metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
+            session.tracker.log_history()
             step = trained.step
+            await backup.after_step(step)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
             print(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}", flush=True)
-        if not history or history[-1][0] != step:
-            history.append((step, await evaluate(session, val, step)))
-            print(f"summrl: step {step} | val reward {history[-1][1]:.3f}", flush=True)
+        if not history or history[-1]["step"] != step:
+            history.append(await evaluate(session, val, step))
+        await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
         result.update(
             status="completed",
             steps=step,
-            final_val_score=history[-1][1],
-            best_val_score=max(score for _, score in history),
-            val_history=[{"step": s, "val_reward": v} for s, v in history],
+            final_val_score=history[-1]["val_reward"],
+            best_val_score=max(h["val_reward"] for h in history),
+            # the share of questions answered: the axis every reward is compared on
+            final_val_qa_accuracy=history[-1]["val_qa_accuracy"],
+            best_val_qa_accuracy=max((h["val_qa_accuracy"] for h in history if h["val_qa_accuracy"] is not None),
+                                     default=None),
+            val_history=history,
         )
-        return history[-1][1]
+        return history[-1]["val_reward"]
     except BaseException as e:
-        result.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        result.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),
+                      traceback=redact_text(traceback.format_exc()))
         raise
     finally:
         result["wall_s"] = round(time.time() - started, 1)
+        if session is not None:
+            result["judge_calls"] = session.judge_totals.get("judge/calls", 0.0)
+            result["judge_cost_usd"] = session.judge_totals.get("judge/cost_usd", 0.0)
         write_result(config.run.dir, result)
-        await session.backend.close()
+        if backup is not None:
+            backup.save_result(config.run.dir)
+        tracker.finish(failed=result["status"] != "completed")
+        if session is not None:
+            await session.backend.close()

@@ -36,7 +36,7 @@ def compose_local(run_dir: str, overrides: list[str]):
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=[*overrides, f"run.dir={run_dir}", "run.name=perf"], return_hydra_config=True)
-    return validate(cfg, dict(cfg.hydra.runtime.choices))
+    return validate(cfg)
 
 
 def startup_seconds(repeats: int = 3) -> list[float]:
@@ -82,7 +82,7 @@ async def bench_step(steps: int, repeats: int) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="summrl-perf-") as run_dir:
         config = compose_local(run_dir, STEP_OVERRIDES)
-        seed_everything(config.trainer.seed)
+        seed_everything(config.seed)
         _, train_docs = load_splits(config.dataset)
         load_start = time.perf_counter()
         session = await open_session(config)

@@ -2,6 +2,9 @@
 
 Heavy libraries (torch, ART, litellm) are imported only after the config is validated, so a bad
 value fails in about a second. Returns the final validation score for Hydra sweepers.
+
+In a multirun a failing job (even a config error) is recorded in its ``result.json`` as failed and
+raises an ordinary exception: Hydra runs the sweep's other jobs, then exits non-zero.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from summrl.config import Config, ConfigError, validate
+from summrl.job import JobInfo, write_result
 
 
 def load_config(cfg: DictConfig) -> Config:
@@ -26,7 +30,7 @@ def load_config(cfg: DictConfig) -> Config:
 
     hydra_cfg = HydraConfig.get()
     choices = dict(hydra_cfg.runtime.choices)
-    config = validate(cfg, choices)
+    config = validate(cfg)
     load_dotenv()  # keys may live in .env; they are read from the environment, never from config
     for name in missing_keys(config.judge):
         raise ConfigError(f"judge={choices.get('judge')} needs {name}: export it or put it in .env")
@@ -37,16 +41,29 @@ def load_config(cfg: DictConfig) -> Config:
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    job = JobInfo.from_hydra()
     try:
         config = load_config(cfg)
+        if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
+            from summrl.cloud.launch import run_from_hydra
+
+            return run_from_hydra(config)
+        from summrl.preflight import check
+
+        check(config)  # the backend's packages, GPU and keys, and the backup bucket: all listed, before loading
     except ConfigError as e:
         print(f"summrl: config error: {e}", file=sys.stderr)
-        sys.exit(2)
+        if job.sweep is None:
+            sys.exit(2)
+        # SystemExit would end the whole sweep; an exception fails this job only.
+        write_result(HydraConfig.get().runtime.output_dir, {"status": "failed", "error": f"config error: {e}",
+                                                            **job.record()})
+        raise
     # ART's gather draws a progress bar per batch; the loop prints one line per step instead.
     os.environ.setdefault("TQDM_DISABLE", "1")
     from summrl.loop import train  # heavy imports only now
 
-    return asyncio.run(train(config))
+    return asyncio.run(train(config, job))
 
 
 if __name__ == "__main__":

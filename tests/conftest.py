@@ -30,7 +30,7 @@ def compose_raw(overrides: list[str]):
 
 def compose_config(overrides: list[str]) -> Config:
     cfg, choices = compose_raw(overrides)
-    return validate(cfg, choices)
+    return validate(cfg)
 
 
 def group_options(group: str) -> list[str]:

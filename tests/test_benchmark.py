@@ -98,7 +98,8 @@ def test_bad_entries_fail_before_anything_runs(tmp_path):
     config = compose_benchmark(["experiment=local", f"benchmark.run_dir={tmp_path / 'run'}"], tmp_path)
     assert config.benchmark.run.name == "r" and config.benchmark.run.steps == [0, 2]
     with pytest.raises(ConfigError, match="RULER, which needs an LLM judge; got judge=lexical"):
-        compose_benchmark(["experiment=local", "benchmark.models=[{best_of_n: {model: openai/x, n: 4}}]"], tmp_path)
+        compose_benchmark(["experiment=local", "judge=lexical", "benchmark.models=[{best_of_n: {model: openai/x, n: 4}}]"],
+                          tmp_path)
     with pytest.raises(ConfigError, match="two entries are labelled 'openai/x'"):
         compose_benchmark(["experiment=local", "benchmark.models=[openai/x,openai/x]"], tmp_path)
     with pytest.raises(ConfigError, match="benchmark.rollouts_per_doc: must be an integer >= 1"):
@@ -130,7 +131,7 @@ def test_fake_frontier_rows_table_confidence_intervals_resume_and_charts(tmp_pat
     docs = val_documents(3)
     with FakeLLM() as fake:
         fake.script = scripted_summaries(docs, 6)
-        config = compose_benchmark(["experiment=local", "dataset.val_size=3", "benchmark.rollouts_per_doc=2",
+        config = compose_benchmark(["experiment=local", "judge=lexical", "dataset.val_size=3", "benchmark.rollouts_per_doc=2",
                                     f"benchmark.models=[{fake_model(fake)}]"], out)
         status = asyncio.run(run(config, stdin=io.StringIO("y\n")))  # the price is unknown: it asks, "y" goes on
         assert status == 0
@@ -271,7 +272,7 @@ def test_checkpoints_per_step_against_a_fake_frontier_model_with_the_lexical_jud
     docs = val_documents(2)
     with FakeLLM() as fake:
         fake.script = scripted_summaries(docs, 4)
-        args = ["experiment=local", f"benchmark.run_dir={trained_run}", "benchmark.every=2", "dataset.val_size=2",
+        args = ["experiment=local", "judge=lexical", f"benchmark.run_dir={trained_run}", "benchmark.every=2", "dataset.val_size=2",
                 "trainer.temperature=0", "trainer.max_summary_tokens=16", f"benchmark.models=[{fake_model(fake)}]",
                 "benchmark.confirm=false", f"hydra.run.dir={out}"]
         result = run_benchmark_cli(args)

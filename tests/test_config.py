@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from summrl.config import NOT_AVAILABLE, ConfigError
+from summrl.config import ConfigError
 from tests.conftest import ROOT, compose_config, compose_raw, group_options, run_cli
 
 GROUPS = ["model", "dataset", "reward", "judge", "backend", "logger"]
@@ -15,38 +15,45 @@ GROUPS = ["model", "dataset", "reward", "judge", "backend", "logger"]
 LOCAL = ["experiment=local"]
 
 
-# RULER needs an LLM judge; the local experiment's judge is lexical.
-NEEDS = {("reward", "ruler"): ["judge=openai_compatible"]}
+# Choices that need another group's option beside them: judge=local runs on the embedded backend only.
+NEEDS = {("backend", b): ["judge=lexical"] for b in group_options("backend") if b != "embedded"}
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
 def test_every_group_option_composes_against_its_schema(group, option):
-    overrides = [*LOCAL, *NEEDS.get((group, option), []), f"{group}={option}"]
-    if (group, option) in NOT_AVAILABLE:
-        with pytest.raises(ConfigError, match=rf"{group}={option} is not available yet"):
-            compose_config(overrides)
-    else:
-        config = compose_config(overrides)
-        assert getattr(config, group) is not None
+    config = compose_config([*LOCAL, *NEEDS.get((group, option), []), f"{group}={option}"])
+    assert getattr(config, group) is not None
 
 
 def test_ruler_needs_an_llm_judge():
+    with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge.*judge=local"):
+        compose_config([*LOCAL, "judge=lexical", "reward=ruler"])
     with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge"):
-        compose_config([*LOCAL, "reward=ruler"])
-    with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge"):
-        compose_config([*LOCAL, "reward=length_penalized", "reward.base=ruler"])
+        compose_config([*LOCAL, "judge=lexical", "reward=length_penalized", "reward.base=ruler"])
+    # the local experiment's judge pairs lexical QA grading with the embedded model for RULER
+    assert compose_config([*LOCAL, "reward=ruler"]).judge.kind == "local"
 
 
-def test_planned_options_list_what_is_available_instead():
-    with pytest.raises(ConfigError) as e:
-        compose_config([*LOCAL, "backend=skypilot"])
-    assert "backend=embedded" in str(e.value)
+def test_embedded_judges_need_the_embedded_backend():
+    for judge in ("embedded", "local"):
+        with pytest.raises(ConfigError, match=f"judge={judge} uses the embedded backend's model.*backend=embedded"):
+            compose_config([*LOCAL, f"judge={judge}", "backend=local_gpu"])
 
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))
 def test_every_experiment_composes(experiment):
     config = compose_config([f"experiment={experiment}"])
     assert config.trainer.max_steps > 0
+
+
+def test_sweeps_as_config_set_multirun_and_their_grid():
+    cfg, _ = compose_raw(["experiment=reward_ablation_local"])
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert dict(cfg.hydra.sweeper.params) == {"reward": "qa,length_penalized,ruler"}
+    assert cfg.model.name == "smollm2_135m" and cfg.judge.kind == "local"  # on top of experiment=local
+    cfg, _ = compose_raw(["experiment=reward_ablation"])
+    assert dict(cfg.hydra.sweeper.params) == {"reward": "qa,length_penalized,ruler", "model.lr": "5e-5,1e-5",
+                                              "seed": "80,81"}
 
 
 def test_defaults_reproduce_summary_rl():
@@ -63,7 +70,7 @@ def test_local_experiment_is_the_embedded_default():
     assert config.model.name == "smollm2_135m"
     assert config.dataset.name == "repliqa_sample"
     assert config.backend.kind == "embedded"
-    assert config.judge.kind == "lexical"
+    assert config.judge.kind == "local"  # lexical QA grading, the embedded model for RULER
     assert config.trainer.max_summary_tokens <= 256
 
 

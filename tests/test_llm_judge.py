@@ -15,6 +15,7 @@ import pytest
 from summrl.data import Document, Question
 from summrl.judges.llm import JudgeClient, JudgeError, LLMJudge
 from summrl.loop import MissingRewardsError, Session, sample_and_score
+from summrl.tracking import Tracker
 from summrl.rewards import Missing
 from summrl.rewards.qa import QAReward
 from tests.conftest import compose_config
@@ -160,7 +161,8 @@ def policy_session(fake: FakeLLM, max_missing: float) -> Session:
     model = art.Model(name="fake-policy", project="tests", inference_base_url=fake.base_url, inference_api_key="x")
     judge = LLMJudge(client(fake, max_retries=0))
     reward = QAReward(judge, max_chars=3000, forbid_han=True, include_unanswerable=True)
-    return Session(config=config, backend=None, model=model, judge=judge, reward=reward)  # type: ignore[arg-type]
+    return Session(config=config, backend=None, model=model, judge=judge, reward=reward,  # type: ignore[arg-type]
+                   val_reward=reward, tracker=Tracker())
 
 
 def test_groups_with_a_missing_reward_are_dropped_and_counted(fake, secret_env):
@@ -168,7 +170,7 @@ def test_groups_with_a_missing_reward_are_dropped_and_counted(fake, secret_env):
     session = policy_session(fake, max_missing=0.5)
     # 4 policy calls, then the judge: d1's first answering call fails, every other call answers.
     fake.script = [Reply("summary")] * 4 + [Reply(status=500)]
-    scored = asyncio.run(sample_and_score(session, docs, rollouts_per_doc=2))
+    scored = asyncio.run(sample_and_score(session, docs, rollouts_per_doc=2, reward=session.reward))
     assert scored.missing_rewards == 1 and scored.dropped_groups == 1
     assert len(scored.groups) == 1 and all(t.reward > 0 for t in scored.groups[0].trajectories)
     assert scored.metrics()["judge/failed_rollouts"] == 1.0
@@ -178,7 +180,7 @@ def test_too_many_missing_rewards_stop_the_run_naming_the_judge(fake, secret_env
     session = policy_session(fake, max_missing=0.2)
     fake.script = [Reply("summary")] * 2 + [Reply(status=503)] * 2
     with pytest.raises(MissingRewardsError) as e:
-        asyncio.run(sample_and_score(session, [DOC], rollouts_per_doc=2))
+        asyncio.run(sample_and_score(session, [DOC], rollouts_per_doc=2, reward=session.reward))
     assert "openai/gpt-4o-mini" in str(e.value) and "503" in str(e.value) and SECRET not in str(e.value)
 
 

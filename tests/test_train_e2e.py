@@ -51,7 +51,9 @@ def test_local_run_trains_checkpoints_logs_val_and_resumes(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming at step 2" in second.stdout
     assert sorted(p.name for p in checkpoints.iterdir()) == ["0001", "0002", "0003"]
-    assert json.loads((run_dir / "result.json").read_text())["steps"] == 3
+    resumed_result = json.loads((run_dir / "result.json").read_text())
+    assert resumed_result["steps"] == 3
+    assert [h["step"] for h in resumed_result["val_history"]] == [0, 2, 3]  # the first run's val scores are kept
     step3 = next(r for r in history(model_dir) if r["step"] == 3 and "train/reward" in r)
     resumed = load_file(checkpoints / "0003" / "adapter_model.safetensors")
     changed = any(not torch.equal(resumed[k], v) for k, v in lora_b.items())
@@ -59,9 +61,9 @@ def test_local_run_trains_checkpoints_logs_val_and_resumes(tmp_path):
 
 
 def test_ruler_with_the_embedded_judge_runs_offline(tmp_path):
-    """reward=ruler judged by the embedded base model, with no key and no network."""
+    """reward=ruler judged by the embedded base model (experiment=local's judge=local), no key, no network."""
     run_dir = tmp_path / "ruler"
-    result = run_cli(["experiment=local", "reward=ruler", "judge=embedded", "trainer.max_steps=1", "dataset.val_size=1",
+    result = run_cli(["experiment=local", "reward=ruler", "model.lr=1e-5", "trainer.max_steps=1", "dataset.val_size=1",
                       "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=1", "trainer.max_summary_tokens=48",
                       f"judge.cache_dir={tmp_path / 'cache'}", "run.name=ruler", f"hydra.run.dir={run_dir}"], cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -72,3 +74,5 @@ def test_ruler_with_the_embedded_judge_runs_offline(tmp_path):
         split = "train" if "train/ruler_score" in r else "val"
         assert 0.0 <= r[f"{split}/ruler_score"] <= 1.0
         assert r[f"{split}/judge/failed_rollouts"] == 0.0 and r[f"{split}/judge/calls"] >= 1
+    # val also measures QA accuracy, the axis a reward ablation compares on
+    assert all(0.0 <= r["val/qa_accuracy"] <= 1.0 for r in rows if "val/ruler_score" in r)

@@ -1,8 +1,20 @@
-"""Backends: where the policy samples and trains. Each is an ART ``Backend``."""
+"""Backends: where the policy samples and trains. Each is an ART ``Backend``.
+
+``embedded`` is ours (in-process, any device); ``local_gpu`` is ART's LocalBackend (vLLM + Unsloth,
+the ``[gpu]`` extra); ``serverless`` is ART's ServerlessBackend (W&B Training). ``skypilot`` builds no
+backend here: ``summrl.cloud`` runs the job on a cloud GPU with ``backend=local_gpu``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
+import os
+import shutil
+from typing import Any, Optional
+
+
+class BackendUnavailable(RuntimeError):  # summrl.preflight lists it as a config error before anything loads
+    """The selected backend can't run on this machine; the message says what is missing and the fix."""
 
 
 def build_backend(config: Any, run_dir: str) -> Any:
@@ -10,8 +22,60 @@ def build_backend(config: Any, run_dir: str) -> Any:
     from pathlib import Path
 
     art_path = str(Path(run_dir) / "art")
-    if config.backend.kind == "embedded":
+    kind = config.backend.kind
+    if kind == "embedded":
         from summrl.backends.embedded import EmbeddedBackend
 
         return EmbeddedBackend(config.backend, model=config.model, path=art_path)
-    raise ValueError(f"backend.kind={config.backend.kind} is not available yet")
+    if kind == "local_gpu":
+        check_local_gpu()
+        from art.local import LocalBackend
+
+        return LocalBackend(path=art_path)
+    if kind == "serverless":  # WANDB_API_KEY: checked by summrl.preflight
+        from art.serverless.backend import ServerlessBackend
+
+        return ServerlessBackend(base_url=config.backend.base_url)
+    if kind == "skypilot":
+        raise BackendUnavailable("backend=skypilot runs the job remotely (summrl.cloud); it has no local ART backend")
+    raise ValueError(f"backend.kind={kind} is not available")
+
+
+def check_local_gpu() -> None:
+    """Fail before any model loads when ART's LocalBackend can't run here."""
+    # Unsloth (training) comes with the [gpu] extra; vLLM is not imported here: ART 0.5.18 installs its own
+    # vLLM runtime venv with `uv` on first use (art.vllm_runtime), unless ART_VLLM_RUNTIME_BIN names one.
+    missing = [] if importlib.util.find_spec("unsloth") else ["unsloth: pip install -e '.[gpu]'"]
+    if not shutil.which("uv") and not os.environ.get("ART_VLLM_RUNTIME_BIN"):
+        missing.append("uv (ART installs its vLLM runtime with it): pip install uv")
+    if missing:
+        raise BackendUnavailable(
+            f"backend=local_gpu needs ART's LocalBackend on an NVIDIA GPU; missing {'; '.join(missing)}. "
+            "Or use backend=skypilot (a cloud GPU) or backend=embedded"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BackendUnavailable(
+            "backend=local_gpu needs a CUDA GPU and torch sees none: use backend=skypilot (a cloud GPU) "
+            "or backend=embedded"
+        )
+
+
+def internal_config(config: Any) -> Optional[dict]:
+    """ART's model-level settings (``TrainableModel._internal_config``) for backends that read them.
+
+    LocalBackend takes vLLM's engine args, Unsloth's init args and the LoRA shape from here
+    (art.dev.get_model_config merges them over its defaults).
+    """
+    if config.backend.kind != "local_gpu":
+        return None
+    b, lora = config.backend, config.model.lora
+    engine = {"gpu_memory_utilization": b.gpu_memory_utilization, "enforce_eager": b.enforce_eager,
+              **({"max_model_len": b.max_model_len} if b.max_model_len else {}), **dict(b.engine_args)}
+    return {
+        "engine_args": engine,
+        "init_args": {"load_in_4bit": b.load_in_4bit, "max_seq_length": b.max_seq_length},
+        "peft_args": {"r": lora.r, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
+                      "target_modules": list(lora.target_modules)},
+    }

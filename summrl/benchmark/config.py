@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from summrl.config import (
     FIXED_SCHEMAS,
     KIND_SCHEMAS,
+    TOP_LEVEL_KEYS,
     ConfigError,
     DatasetConfig,
     ModelConfig,
@@ -90,12 +91,15 @@ TOP_LEVEL = {"model", "dataset", "reward", "judge", "backend", "trainer", "bench
 BENCHMARK_KEYS = {"name", "output_dir", "models", "run_dir", "steps", "every", "rollouts_per_doc", "max_concurrency",
                   "timeout_s", "max_retries", "confirm"}
 SERVING_BACKENDS = ("embedded", "local_gpu")
+# Judges whose LLM is the embedded model (judge=local grades QA lexically and asks it only for RULER).
+EMBEDDED_JUDGES = ("embedded", "local")
 
 
 def validate_benchmark(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None) -> BenchmarkConfig:
     """Validate a composed ``conf/benchmark.yaml``: schemas, model entries, the run folder and its steps."""
     choices = choices or {}
-    extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL | {"experiment", "hydra", "project", "run"})
+    # Experiment presets are training's and may set keys only training reads (storage, seed, ...): ignored here.
+    extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL | TOP_LEVEL_KEYS | {"experiment", "hydra"})
     if extra:
         raise ConfigError(f"{extra[0]} is not a benchmark setting. Top-level keys: {', '.join(sorted(TOP_LEVEL))}.")
     sections: dict[str, Any] = {}
@@ -260,11 +264,19 @@ def _check_cross(config: BenchmarkConfig, node: DictConfig) -> None:
             if m.step not in available:
                 raise ConfigError(f"benchmark.models: {m.label}: step {m.step} has no checkpoint in "
                                   f"{settings.run.checkpoints_dir}")
-    if (needs_checkpoints or config.judge.kind == "embedded") and config.backend.kind not in SERVING_BACKENDS:
-        raise ConfigError(f"backend={config.choices.get('backend') or config.backend.kind}: checkpoints and judge=embedded "
-                          "are served by backend=embedded (CPU) or backend=local_gpu (GPU)")
-    if config.judge.kind == "embedded" and config.backend.kind != "embedded":
-        raise ConfigError(f"judge=embedded is served by the embedded backend; got backend.kind={config.backend.kind}")
+    if needs_checkpoints and config.backend.kind not in SERVING_BACKENDS:
+        raise ConfigError(f"backend={config.choices.get('backend') or config.backend.kind}: checkpoints are served by "
+                          "backend=embedded (CPU) or backend=local_gpu (GPU)")
+    if config.judge.kind in EMBEDDED_JUDGES and config.backend.kind != "embedded":
+        raise ConfigError(f"judge={config.judge.kind} uses the embedded backend's model; got "
+                          f"backend.kind={config.backend.kind}: use backend=embedded or another judge")
+    if needs_checkpoints and config.backend.kind == "local_gpu":
+        from summrl.backends import BackendUnavailable, check_local_gpu
+
+        try:
+            check_local_gpu()
+        except BackendUnavailable as e:
+            raise ConfigError(str(e)) from None
     if settings.run is not None:
         if settings.run.name in {m.label for m in settings.models}:
             raise ConfigError(f"benchmark.models: the label {settings.run.name!r} is the trained run's name; pick another label")

@@ -63,7 +63,7 @@ class Work:
 
 
 def estimate(work: Sequence[Work], documents: Sequence[Document], judge: Calls, *, max_words: int,
-             max_summary_tokens: int, reward_uses_ruler: bool, judge_calls: bool) -> list[Calls]:
+             max_summary_tokens: int, reward_uses_ruler: bool, qa_calls: bool) -> list[Calls]:
     """Fill in each entry's model calls and the judge's calls (answering, grading, RULER) for the pending rows."""
     from summrl.benchmark.sources import messages_for
 
@@ -76,14 +76,13 @@ def estimate(work: Sequence[Work], documents: Sequence[Document], judge: Calls, 
             w.model_calls.calls += calls
             w.model_calls.input_tokens += calls * prompt[doc_id]
             w.model_calls.output_tokens += calls * max_summary_tokens
-            if not judge_calls:  # judge=lexical: no calls
-                continue
-            questions = prompt_tokens([{"role": "user", "content": " ".join(q.question for q in doc.questions)}])
-            n_q = len(doc.questions)
-            # one answering call per summary, one grading call per document (an upper bound)
-            judge.calls += rollouts + 1
-            judge.input_tokens += rollouts * (max_summary_tokens + questions + 80 + 40 * n_q) + 80
-            judge.output_tokens += rollouts * 33 * n_q
+            if qa_calls:  # an LLM grades QA (judge=lexical and judge=local grade it without calls)
+                questions = prompt_tokens([{"role": "user", "content": " ".join(q.question for q in doc.questions)}])
+                n_q = len(doc.questions)
+                # one answering call per summary, one grading call per document (an upper bound)
+                judge.calls += rollouts + 1
+                judge.input_tokens += rollouts * (max_summary_tokens + questions + 80 + 40 * n_q) + 80
+                judge.output_tokens += rollouts * 33 * n_q
             # RULER: (calls, candidates per call): best-of-N ranks each summary's n candidates, reward=ruler a group
             ruler = ([(rollouts, w.candidates)] if w.candidates > 1 else []) + ([(1, rollouts)] if reward_uses_ruler else [])
             for count, size in ruler:

@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from summrl.benchmark.config import BenchmarkConfig, BestOfNEntry, ModelEntry
+from summrl.benchmark.config import EMBEDDED_JUDGES, BenchmarkConfig, BestOfNEntry, ModelEntry
 from summrl.benchmark.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
 from summrl.benchmark.rows import Row, RowStore, correctness, read_rows, row_key
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
-from summrl.config import ConfigError, RulerRewardConfig
+from summrl.config import ConfigError, LexicalJudgeConfig, RulerRewardConfig
 from summrl.data import Document, Question, load_splits
 from summrl.rollout import word_count
 
@@ -60,7 +60,11 @@ def _uses_ruler(config: BenchmarkConfig) -> bool:
 
 
 def judge_local(config: BenchmarkConfig) -> bool:
-    return config.judge.kind in ("lexical", "embedded")
+    return config.judge.kind in ("lexical", *EMBEDDED_JUDGES)
+
+
+def ruler_used(config: BenchmarkConfig, jobs: Sequence[Job]) -> bool:
+    return _uses_ruler(config) or any(isinstance(j.entry, BestOfNEntry) for j in jobs)
 
 
 def cost_plan(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[Document]) -> list[Calls]:
@@ -73,11 +77,11 @@ def cost_plan(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[
             calls = Calls(f"model {job.label} (checkpoint step {job.serve_step})", None)
         candidates = job.entry.n if isinstance(job.entry, BestOfNEntry) else 1
         work.append(Work(calls, candidates, {d: len(r) for d, r in job.pending.items()}))
-    judge_id = getattr(config.judge, "model", None) or f"{config.model.base_model} (judge=embedded)"
+    judge_id = getattr(config.judge, "model", None) or f"{config.model.base_model} (judge={config.judge.kind})"
     judge = Calls(f"judge {judge_id}", None if judge_local(config) else config.judge.model)
     return estimate(work, documents, judge, max_words=config.trainer.max_words,
                     max_summary_tokens=config.trainer.max_summary_tokens, reward_uses_ruler=_uses_ruler(config),
-                    judge_calls=config.judge.kind != "lexical")
+                    qa_calls=config.judge.kind not in ("lexical", "local"))
 
 
 # ------------------------------------------------------------------ scoring
@@ -118,7 +122,8 @@ def skip_full_document_baseline(reward: Any, document: Document) -> None:
 @dataclass
 class Scorer:
     config: BenchmarkConfig
-    endpoint: Optional[tuple[str, str, str]]  # judge=embedded: (base model, URL, key)
+    judge_config: Any  # config.judge, or its lexical half when judge=local runs no RULER (no model to serve)
+    endpoint: Optional[tuple[str, str, str]]  # judge=embedded or local: (base model, URL, key)
     judge_cost_known: bool  # False: a paid judge whose price (or RULER's) cannot be counted
 
     async def score(self, job: Job, source: Any, document: Document) -> tuple[list[Row], list[str]]:
@@ -127,7 +132,7 @@ class Scorer:
 
         rollouts = job.pending[document.id]
         summaries: list[Summary] = await asyncio.gather(*(source.summarize(document) for _ in rollouts))
-        judge = RecordingJudge(build_judge(self.config.judge, self.endpoint))  # a fresh judge: its usage is this document's
+        judge = RecordingJudge(build_judge(self.judge_config, self.endpoint))  # a fresh judge: its usage is this document's
         reward = build_reward(self.config.reward, judge, self.config.trainer.max_words)
         skip_full_document_baseline(reward, document)
         texts = [s.text for s in summaries]
@@ -272,20 +277,26 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
     from summrl.benchmark.serving import start_server
     from summrl.judges import build_judge
 
-    needs_server = config.judge.kind == "embedded" or any(j.serve_step is not None for j in jobs)
+    ruler = ruler_used(config, jobs)
+    needs_server = (config.judge.kind == "embedded" or (config.judge.kind == "local" and ruler)
+                    or any(j.serve_step is not None for j in jobs))
     server = await start_server(config) if needs_server else None
     try:
-        endpoint = (config.model.base_model, server.base_url, server.api_key) if config.judge.kind == "embedded" else None
-        known = judge_local(config) or (
-            not _uses_ruler(config) and token_price(config.judge.model, 1, 1) is not None)
-        scorer = Scorer(config, endpoint, judge_cost_known=known)
-        ruler_judge = build_judge(config.judge, endpoint) if any(isinstance(j.entry, BestOfNEntry) for j in jobs) else None
+        judge_config = config.judge
+        if config.judge.kind == "local" and not ruler:
+            judge_config = LexicalJudgeConfig(min_recall=config.judge.min_recall)  # judge=local's QA grader
+        endpoint = None
+        if judge_config.kind in EMBEDDED_JUDGES:
+            endpoint = (config.model.base_model, server.base_url, server.api_key)
+        known = judge_local(config) or (not _uses_ruler(config) and token_price(config.judge.model, 1, 1) is not None)
+        scorer = Scorer(config, judge_config, endpoint, judge_cost_known=known)
+        ruler_judge = build_judge(judge_config, endpoint) if any(isinstance(j.entry, BestOfNEntry) for j in jobs) else None
         by_id = {d.id: d for d in documents}
         failures: list[str] = []
         for job in jobs:
             source = await source_for(config, job, server, ruler_judge)
             if isinstance(job.entry, BestOfNEntry) and not judge_local(config):
-                scorer_for_job = Scorer(config, endpoint, judge_cost_known=False)  # RULER's ranking cost is not reported
+                scorer_for_job = Scorer(config, judge_config, endpoint, judge_cost_known=False)  # RULER's cost is unreported
             else:
                 scorer_for_job = scorer
             limit = asyncio.Semaphore(config.benchmark.max_concurrency)

@@ -2,7 +2,7 @@
 
 ``backend=embedded``: the embedded engine (transformers + peft, CPU) behind the embedded server,
 one checkpoint's adapter at a time; the base model's name selects no adapter (also the endpoint of
-judge=embedded). ``backend=local_gpu``: ART's LocalBackend (vLLM) on this machine's GPU, which loads
+judge=embedded and judge=local). ``backend=local_gpu``: ART's LocalBackend (vLLM) on this machine's GPU, which loads
 each step's adapter as ``name@step``.
 """
 
@@ -13,7 +13,6 @@ import secrets
 from typing import Optional, Protocol
 
 from summrl.benchmark.config import BenchmarkConfig, TrainedRun
-from summrl.config import ConfigError
 
 
 class CheckpointServer(Protocol):
@@ -81,23 +80,16 @@ class LocalGPUServer:
         self.base_url = self.api_key = ""
 
     async def start(self) -> "LocalGPUServer":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("backend=local_gpu needs a CUDA GPU and none is visible; use backend=embedded on CPU")
-        try:
-            import unsloth  # noqa: F401  (ART's LocalBackend trains and serves through it)
-            import vllm  # noqa: F401
-        except ImportError as e:
-            raise ConfigError(f"backend=local_gpu needs the [gpu] extra ({e.name} is missing): "
-                              "pip install 'summrl[gpu]' on the GPU machine") from None
         import art
         from art.local import LocalBackend
+
+        from summrl.backends import internal_config  # check_local_gpu() ran with the config checks
 
         # The ART layout is art/<project>/models/<name>: the project is the folder above models/.
         project = self.run.checkpoints_dir.parent.parent.parent.name
         self.backend = LocalBackend(path=str(self.run.run_dir / "art"))
-        self.model = art.TrainableModel(name=self.run.name, project=project, base_model=self.config.model.base_model)
+        self.model = art.TrainableModel(name=self.run.name, project=project, base_model=self.config.model.base_model,
+                                        _internal_config=internal_config(self.config))
         await self.model.register(self.backend)
         self.base_url, self.api_key = await self.backend._prepare_backend_for_training(self.model, None)
         self._service = await self.backend._get_service(self.model)

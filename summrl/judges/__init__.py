@@ -40,14 +40,37 @@ def build_judge(config: Any, endpoint: Any = None) -> Judge:
             retry_base_s=config.retry_base_s, retry_max_s=config.retry_max_s, cache_dir=config.cache_dir,
         ))
     if config.kind == "embedded":
-        from summrl.judges.llm import JudgeClient, LLMJudge
+        from summrl.judges.llm import LLMJudge
 
-        if endpoint is None:
-            raise ValueError("judge=embedded needs the embedded backend's endpoint")
-        name, base_url, key = endpoint
-        return LLMJudge(JudgeClient(
-            model=f"openai/{name}", api_base=base_url, api_key=key, structured=True,
-            max_concurrency=config.max_concurrency, timeout_s=config.timeout_s, max_retries=config.max_retries,
-            retry_base_s=config.retry_base_s, retry_max_s=config.retry_max_s, cache_dir=config.cache_dir,
-        ))
+        return LLMJudge(_embedded_client(config, endpoint))
+    if config.kind == "local":
+        from summrl.judges.lexical import LexicalJudge
+
+        return LocalJudge(LexicalJudge(min_recall=config.min_recall), _embedded_client(config, endpoint))
     raise ValueError(f"judge.kind={config.kind} is not available yet")
+
+
+def _embedded_client(config: Any, endpoint: Any):
+    from summrl.judges.llm import JudgeClient
+
+    if endpoint is None:
+        raise ValueError(f"judge={config.kind} needs the embedded backend's endpoint")
+    name, base_url, key = endpoint
+    return JudgeClient(
+        model=f"openai/{name}", api_base=base_url, api_key=key, structured=True,
+        max_concurrency=config.max_concurrency, timeout_s=config.timeout_s, max_retries=config.max_retries,
+        retry_base_s=config.retry_base_s, retry_max_s=config.retry_max_s, cache_dir=config.cache_dir,
+    )
+
+
+class LocalJudge:
+    """judge=local: the lexical judge grades QA; ``client`` (the embedded model) is RULER's judge."""
+
+    def __init__(self, lexical: Judge, client: Any) -> None:
+        self.lexical, self.client = lexical, client
+
+    async def grade_group(self, texts, questions):
+        return await self.lexical.grade_group(texts, questions)
+
+    def usage_metrics(self) -> dict[str, float]:
+        return self.client.usage.snapshot_and_reset()  # RULER's calls; lexical grading costs nothing

@@ -16,6 +16,7 @@ from summrl.data import Document
 class Score:
     reward: float
     metrics: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)  # e.g. per-question correctness, for val samples
 
 
 @dataclass
@@ -25,6 +26,40 @@ class Missing:
 
 class Reward(Protocol):
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]: ...
+
+
+class WithQAMetrics:
+    """A reward that is not QA-based, plus the QA metrics (``qa_accuracy``, ``percent_full``) as side metrics.
+
+    Used for val, so that a reward ablation compares every run on the same axis: the share of the
+    document's questions the judge answers from the summary. The reward itself is unchanged; a QA
+    grading that fails leaves its metrics out, never the reward.
+    """
+
+    def __init__(self, reward: Reward, qa: Reward) -> None:
+        self.reward, self.qa = reward, qa
+
+    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
+        import asyncio
+
+        scores, qa_scores = await asyncio.gather(self.reward.score_group(document, summaries),
+                                                 self.qa.score_group(document, summaries))
+        for score, qa in zip(scores, qa_scores):
+            if isinstance(score, Score) and isinstance(qa, Score):
+                score.metrics = {**qa.metrics, **score.metrics}
+                score.metadata = {**qa.metadata, **score.metadata}
+        return scores
+
+
+def build_val_reward(config, judge, max_words: int) -> Reward:
+    """The reward val runs score with: the training reward, with QA metrics beside it when it is not QA-based."""
+    reward = build_reward(config, judge, max_words)
+    qa_based = config.kind == "qa" or getattr(config, "base", None) == "qa"
+    if qa_based:
+        return reward
+    from summrl.config import QARewardConfig
+
+    return WithQAMetrics(reward, build_reward(QARewardConfig(), judge, max_words))
 
 
 def build_reward(config, judge, max_words: int) -> Reward:

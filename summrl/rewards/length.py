@@ -40,5 +40,5 @@ class LengthPenalizedReward:
             penalty = self.penalty(words, score.reward)
             out.append(Score(score.reward - penalty,
                              {**score.metrics, "base_reward": score.reward, "length_penalty": penalty,
-                              "over_max_words": float(words > self.max_words)}))
+                              "over_max_words": float(words > self.max_words)}, score.metadata))
         return out

@@ -72,4 +72,5 @@ class QAReward:
         }
         if baseline is not None:  # a failed baseline leaves its metric out; it never changes the reward
             metrics.update(percent_full=baseline, percent_diff=accuracy_all - baseline)
-        return Score(reward=accuracy_all if self.include_unanswerable else accuracy_answerable, metrics=metrics)
+        return Score(reward=accuracy_all if self.include_unanswerable else accuracy_answerable, metrics=metrics,
+                     metadata={"correct": ",".join("1" if v else "0" for v in verdicts)})

@@ -1,0 +1,1 @@
+"""Cloud runs: backend=skypilot launches this same job on a SkyPilot-provisioned GPU (see launch.py)."""

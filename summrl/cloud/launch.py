@@ -1,0 +1,306 @@
+"""backend=skypilot: run this same job on a cloud GPU that SkyPilot provisions, with backend=local_gpu there.
+
+ART removed its SkyPilotBackend in 0.5.9; its documented pattern is to let SkyPilot provision the machine
+and run the training program there on ART's LocalBackend. So the task's workdir is this repo (minus what
+``.skyignore`` lists: ``.env``, run outputs, environments), its setup installs the project with the
+``[gpu]`` extra, and its run is ``python -m summrl.train <this job's overrides> run.name=<name>
+backend=local_gpu``. API keys and AWS credentials travel as SkyPilot *secrets* (redacted in SkyPilot's
+logs and dashboards), never as envs, never in a YAML on disk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shlex
+import sys
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Optional
+
+from summrl.judges import missing_keys
+from summrl.preflight import PreflightError
+from summrl.storage import resolve_bucket
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+# Forwarded to the cluster as secrets when set here (environment or .env).
+SECRET_NAMES = (
+    "GEMINI_API_KEY", "OPENROUTER_API_KEY", "OPENAI_API_KEY", "WANDB_API_KEY", "OPENPIPE_API_KEY", "HF_TOKEN",
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
+    "BACKUP_BUCKET",
+)
+# Overrides of this launcher that must not reach the remote job (it gets its own backend and name).
+_LOCAL_ONLY = ("backend", "run.name", "run.dir")
+
+
+class RemoteJobFailed(RuntimeError):
+    """The remote job ended unsuccessfully. ``exit_code`` is SkyPilot's job exit code (100 failed, 103 cancelled)."""
+
+    def __init__(self, exit_code: int, cluster: str, job_id: Optional[int]) -> None:
+        super().__init__(f"the job {job_id} on cluster {cluster} ended with exit code {exit_code}: "
+                         f"see its logs with `python -m summrl.cluster logs {cluster}`")
+        self.exit_code = exit_code
+        self.cluster = cluster
+        self.job_id = job_id
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+def preflight(config: Any) -> list[str]:
+    """Everything the launch needs that is missing, each with its fix. Offline, in well under a second."""
+    problems = []
+    try:
+        import sky  # noqa: F401
+    except ImportError:
+        problems.append("skypilot is not installed: pip install -e '.[cloud]'")
+    if config.backend.infra.split("/")[0].lower() == "runpod":
+        problem = runpod_credentials_problem()
+        if problem:
+            problems.append(problem)
+    for name in missing_keys(config.judge):
+        problems.append(f"{name} (the judge's key) is not set: export it or put it in .env")
+    if getattr(config.logger, "kind", "none") == "wandb" and not os.environ.get("WANDB_API_KEY"):
+        problems.append("WANDB_API_KEY (logger=wandb) is not set: export it or put it in .env")
+    if config.storage.enabled:
+        if not resolve_bucket(config.storage):
+            problems.append("no bucket for the S3 backups: set BACKUP_BUCKET in .env (or storage.bucket=<name>), "
+                            "or storage.enabled=false")
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            if not os.environ.get(name):
+                problems.append(f"{name} (S3 backups from the cluster) is not set: export it or put it in .env, "
+                                "or storage.enabled=false")
+    return problems
+
+
+def runpod_credentials_problem() -> Optional[str]:
+    """SkyPilot 0.14 (`sky check runpod`) reads the key from ~/.runpod/config.toml, [default] api_key."""
+    path = Path.home() / ".runpod" / "config.toml"
+    fix = ("runpod config (the runpod CLI comes with the [cloud] extra; paste the API key from "
+           "https://www.runpod.io/console/user/settings), "
+           "then sky check runpod")
+    if not path.exists():
+        return f"RunPod credentials: {path} does not exist: {fix}"
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, OSError):
+        return f"RunPod credentials: {path} is not valid TOML: {fix}"
+    if not isinstance(data.get("default"), dict) or not data["default"].get("api_key"):
+        return f"RunPod credentials: {path} has no api_key in its [default] profile: {fix}"
+    return None
+
+
+def secrets(config: Any) -> dict[str, str]:
+    """The values the remote job needs, from this environment (after .env is loaded)."""
+    names = list(SECRET_NAMES)
+    if getattr(config.judge, "api_key_env", None):
+        names.append(config.judge.api_key_env)
+    return {name: os.environ[name] for name in dict.fromkeys(names) if os.environ.get(name)}
+
+
+# --------------------------------------------------------------------------- the task
+
+
+def cluster_name(config: Any, job_num: Optional[int]) -> str:
+    """A multirun's jobs each drive their own cluster, so that they run in parallel (hydra/launcher=joblib)."""
+    base = config.backend.cluster_name
+    return base if job_num is None else f"{base}-{job_num}"
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0].strip()
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)  # JSON is valid Hydra override syntax for mappings and lists
+    return str(v)
+
+
+def remote_command(config: Any, overrides: list[str]) -> str:
+    """``python -m summrl.train`` with this job's own overrides, its run name and backend=local_gpu."""
+    kept = [o for o in overrides
+            if not any(_override_key(o) == k or _override_key(o).startswith(k + ".") for k in _LOCAL_ONLY)]
+    gpu = config.backend.local_gpu
+    backend = [f"backend.{f.name}={_value(getattr(gpu, f.name))}" for f in fields(gpu)
+               if f.name not in ("kind", "engine_args") and getattr(gpu, f.name) is not None]
+    # ++: engine_args is an empty mapping in local_gpu.yaml, and struct mode refuses new keys without it.
+    backend += [f"++backend.engine_args.{k}={_value(v)}" for k, v in gpu.engine_args.items()]
+    # Values the local environment chose (TRAIN_SIZE / VAL_SIZE) are pinned, so the remote job is this job.
+    keys = {_override_key(o) for o in kept}
+    pinned = [f"dataset.{k}={getattr(config.dataset, k)}" for k in ("train_size", "val_size")
+              if f"dataset.{k}" not in keys]
+    args = [*kept, *pinned, f"run.name={config.run.name}", "backend=local_gpu", *backend]
+    return "python -m summrl.train " + " ".join(shlex.quote(a) for a in args)
+
+
+def setup_script(config: Any) -> str:
+    extras = config.backend.extras.strip()
+    target = f".[{extras}]" if extras else "."
+    lines = [
+        "set -euo pipefail",
+        # ART needs Python >= 3.11; uv brings it whatever the image ships. .venv is skyignored, so it persists.
+        "command -v uv >/dev/null || curl -LsSf https://astral.sh/uv/install.sh | sh",
+        'export PATH="$HOME/.local/bin:$PATH"',
+        "[ -x .venv/bin/python ] || uv venv --python 3.11 .venv",
+        f"uv pip install --python .venv/bin/python -e {shlex.quote(target)}",
+    ]
+    if "gpu" in extras:  # ART installs its vLLM runtime (its own uv venv) on first use: do it here, once per cluster
+        lines.append(".venv/bin/python -c 'from art.vllm_runtime import ensure_vllm_runtime; ensure_vllm_runtime()'")
+    if config.backend.setup:
+        lines.append(config.backend.setup)
+    return "\n".join(lines)
+
+
+def run_script(config: Any, overrides: list[str]) -> str:
+    return "\n".join([
+        "set -euo pipefail",
+        'export PATH="$HOME/.local/bin:$PATH"',
+        ". .venv/bin/activate",
+        remote_command(config, overrides),
+    ])
+
+
+def build_task(config: Any, overrides: list[str], cluster: str) -> Any:
+    """The SkyPilot task for this job. Secrets go in the task's secrets mapping only."""
+    import sky
+
+    b = config.backend
+    task = sky.Task(name=cluster, setup=setup_script(config), run=run_script(config, overrides), workdir=str(ROOT))
+    task.update_secrets(secrets(config))
+    task.set_resources(sky.Resources(infra=b.infra, accelerators=b.accelerators, disk_size=b.disk_size))
+    return task
+
+
+def describe(task: Any) -> str:
+    """The task as YAML with every secret's value replaced by <redacted> (never SkyPilot's clear-text dump)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: Any, value: str) -> Any:  # scripts as literal blocks, as a task YAML would hold them
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+    # use_user_specified_yaml on a task built in Python: SkyPilot's own redacted rendering.
+    return yaml.dump(task.to_yaml_config(use_user_specified_yaml=True), Dumper=Dumper, sort_keys=False, width=10**6)
+
+
+# --------------------------------------------------------------------------- the lifecycle
+
+
+def run_from_hydra(config: Any) -> Optional[float]:
+    """run_on_cluster for the current Hydra job: its task overrides, and its number in a multirun.
+    A single run exits with the remote job's exit code."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    job_num = hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None
+    try:
+        return run_on_cluster(config, list(hydra_cfg.overrides.task), job_num)
+    except RemoteJobFailed as e:
+        if job_num is not None:
+            raise  # a sweep records the failed job and goes on
+        print(f"summrl: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)  # a single run exits as the remote job did
+
+
+def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = None) -> Optional[float]:
+    """Preflight, then launch (or reuse) the cluster, stream the job's logs, and end as the remote job did.
+    Returns the remote run's final val score when its result.json is in the S3 backup (else None).
+
+    Raises PreflightError before anything is provisioned, and RemoteJobFailed when the job fails.
+    """
+    b = config.backend
+    cluster = cluster_name(config, job_num)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # SkyPilot's state DB migrations, at Hydra's INFO
+    problems = preflight(config)
+    if importlib.util.find_spec("sky") is None:  # nothing more can be checked without it
+        raise PreflightError(_listing(b, problems))
+    task = build_task(config, overrides, cluster)
+    if b.dry_run:
+        print(f"summrl: dry run: cluster {cluster}, {b.accelerators} on {b.infra}\n{describe(task)}", flush=True)
+    task.validate()  # workdir, resources, run: before any money is spent
+    problems += offered_problems(task, b)
+    if problems:
+        raise PreflightError(_listing(b, problems))
+    if b.dry_run:
+        print("summrl: dry run: the task is valid; nothing was launched", flush=True)
+        return None
+
+    import sky
+
+    print(f"summrl: launching run {config.run.name} on cluster {cluster} ({b.accelerators} on {b.infra}); "
+          f"reused if it is up, taken down after {b.idle_minutes_to_autostop} idle minutes", flush=True)
+    request = job_id = None
+    try:
+        request = sky.launch(task, cluster_name=cluster, idle_minutes_to_autostop=b.idle_minutes_to_autostop,
+                             down=True)
+        job_id = sky.stream_and_get(request)[0]
+        code = sky.tail_logs(cluster, job_id, follow=True)
+    except KeyboardInterrupt:
+        if job_id is not None:
+            sky.get(sky.cancel(cluster, job_ids=[job_id]))
+            print(f"\nsummrl: cancelled job {job_id} on {cluster}.", file=sys.stderr)
+        elif request is not None:  # still provisioning: SkyPilot's API server would carry on without us
+            sky.get(sky.api_cancel(request, silent=True))
+            print(f"\nsummrl: cancelled the launch of {cluster}.", file=sys.stderr)
+        print(f"summrl: the cluster {cluster} stays up until {b.idle_minutes_to_autostop} idle minutes pass. "
+              f"Take it down now: python -m summrl.cluster down {cluster}  (or: sky down {cluster})",
+              file=sys.stderr, flush=True)
+        raise
+    if b.down_after_run:
+        print(f"summrl: taking cluster {cluster} down (backend.down_after_run=true)", flush=True)
+        sky.stream_and_get(sky.down(cluster))
+    else:
+        print(f"summrl: cluster {cluster} stays up for the next run and goes down after "
+              f"{b.idle_minutes_to_autostop} idle minutes; now: python -m summrl.cluster down {cluster}", flush=True)
+    if code != 0:
+        raise RemoteJobFailed(int(code), cluster, job_id)
+    return remote_result(config)
+
+
+def remote_result(config: Any) -> Optional[float]:
+    """The remote run's final val score, for sweepers: its result.json, backed up to S3, copied to the local run dir."""
+    from summrl.storage import fetch_result
+
+    try:
+        result = fetch_result(config)
+    except Exception as e:  # the run itself succeeded; only the summary is out of reach (the bucket stays unnamed)
+        print(f"summrl: warning: can't read the run's result.json from the S3 backup ({type(e).__name__})", flush=True)
+        return None
+    if result is None:
+        return None
+    path = Path(config.run.dir) / "result.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"summrl: run {config.run.name} {result.get('status')}: final val reward {result.get('final_val_score')}",
+          flush=True)
+    return result.get("final_val_score")
+
+
+def offered_problems(task: Any, b: Any) -> list[str]:
+    """The accelerators must exist on the infra: SkyPilot's catalog says so offline (at launch it would be late)."""
+    problems = []
+    for r in task.resources:
+        if r.cloud is None or str(r.cloud).lower() in ("kubernetes", "ssh", "slurm"):
+            continue  # no catalog: the cluster itself says what it has
+        feasible = r.cloud.get_feasible_launchable_resources(r, num_nodes=task.num_nodes)
+        if not feasible.resources_list:
+            problems.append(f"backend.accelerators={b.accelerators} is not offered on {b.infra} (SkyPilot's catalog): "
+                            f"see `sky show-gpus --infra {b.infra}`, e.g. backend.accelerators=H100-SXM:1")
+    return problems
+
+
+def _listing(b: Any, problems: list[str]) -> str:
+    return f"can't launch on {b.infra} yet:\n" + "\n".join(f"  - {p}" for p in problems)

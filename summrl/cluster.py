@@ -1,0 +1,46 @@
+"""`python -m summrl.cluster status|down|logs [name]`: the SkyPilot clusters that backend=skypilot drives.
+
+The same as `sky status`, `sky down <name>` and `sky logs <name>`; the name defaults to backend.cluster_name's
+default (a multirun's jobs use <name>-<job number>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_CLUSTER = "summrl"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m summrl.cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["status", "down", "logs"])
+    parser.add_argument("name", nargs="?", default=None, help=f"cluster name (default: all for status, "
+                                                              f"{DEFAULT_CLUSTER} otherwise)")
+    parser.add_argument("--job", type=int, default=None, help="logs: the job id (default: the latest)")
+    args = parser.parse_args(argv)
+    try:
+        import sky
+    except ImportError:
+        print("summrl: skypilot is not installed: pip install -e '.[cloud]'", file=sys.stderr)
+        return 2
+    if args.command == "status":
+        records = sky.get(sky.status(cluster_names=[args.name] if args.name else None))
+        if not records:
+            print("summrl: no clusters" + (f" named {args.name}" if args.name else ""))
+        for r in records:  # StatusResponse (dict-like)
+            status = getattr(r["status"], "value", r["status"])
+            resources = getattr(r.get("handle"), "launched_resources", "")
+            down = " (down)" if r.get("to_down") else ""
+            print(f"{r['name']}\t{status}\t{resources}\tautostop {r.get('autostop')} min{down}")
+        return 0
+    name = args.name or DEFAULT_CLUSTER
+    if args.command == "down":
+        sky.stream_and_get(sky.down(name))
+        print(f"summrl: cluster {name} is down")
+        return 0
+    return int(sky.tail_logs(name, args.job, follow=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""S3 backup of a run's checkpoints and history, and resume from the latest complete backup (boto3).
+
+Layout, under ``s3://<bucket>/<prefix>/<project>/<run name>/``::
+
+    history.jsonl                      the run's metrics so far
+    checkpoints/<step:04d>/<files>     one checkpoint folder, as the backend wrote it
+    checkpoints/<step:04d>.complete    written last: the manifest (path -> size, md5) of that folder
+
+A checkpoint counts only once its marker exists, so an upload cut short (a crash, a preempted machine)
+is never restored. Credentials come from boto3's usual chain (AWS_* in the environment or .env); they
+are never logged or written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+COMPLETE = ".complete"
+
+
+class StorageError(RuntimeError):
+    """The backup can't be reached or used; the message names the setting and the fix."""
+
+
+def resolve_bucket(storage: Any) -> Optional[str]:
+    """``storage.bucket``, else $BACKUP_BUCKET (from the environment or .env)."""
+    return storage.bucket or os.environ.get("BACKUP_BUCKET") or None
+
+
+def bucket_label(storage: Any) -> str:
+    """How messages name the bucket: a name from $BACKUP_BUCKET travels as a secret, so it is not echoed."""
+    return storage.bucket or "$BACKUP_BUCKET"
+
+
+def model_dir(config: Any) -> Path:
+    """Where the backend keeps this run's ART state (ART's layout: <art path>/<project>/models/<name>)."""
+    return Path(config.run.dir) / "art" / config.project / "models" / config.run.name
+
+
+def local_steps(checkpoints: Path) -> list[int]:
+    return sorted(int(p.name) for p in checkpoints.glob("*") if p.is_dir() and p.name.isdigit())
+
+
+def _describe(e: Exception, bucket: str, label: str) -> str:
+    """An S3 error for a message, with the bucket named as ``label`` (URLs in boto errors carry its name)."""
+    return f"{type(e).__name__}: {e}".replace(bucket, label)
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _s3_client(storage: Any) -> Any:
+    import boto3
+    from botocore.config import Config as BotoConfig
+
+    # Path-style addressing: MinIO and most S3-compatible stores need it; AWS accepts it.
+    style = {"s3": {"addressing_style": "path"}} if storage.endpoint_url else {}
+    return boto3.client("s3", endpoint_url=storage.endpoint_url, region_name=storage.region,
+                        config=BotoConfig(retries={"max_attempts": 5, "mode": "standard"}, **style))
+
+
+@dataclass
+class CheckpointBackup:
+    """Backs up one run. ``NoBackup`` stands in when ``storage.enabled`` is false."""
+
+    client: Any
+    bucket: str
+    label: str  # the bucket as messages name it (bucket_label)
+    root: str  # <prefix>/<project>/<run name>
+    local: Path  # the run's ART model dir
+    every: int
+    max_steps: int
+    restore_enabled: bool = True
+    uploaded: set[int] = field(default_factory=set)
+
+    @classmethod
+    def open(cls, config: Any) -> "CheckpointBackup | NoBackup":
+        """Check the bucket now (creating it if configured), before any model loads."""
+        storage = config.storage
+        if not storage.enabled:
+            return NoBackup()
+        bucket = resolve_bucket(storage)
+        if not bucket:
+            raise StorageError("storage.enabled=true needs a bucket: set BACKUP_BUCKET in the environment or .env, "
+                               "or storage.bucket=<name>; or turn backups off with storage.enabled=false")
+        client = _s3_client(storage)
+        _ensure_bucket(client, bucket, bucket_label(storage), storage)
+        root = "/".join(p for p in (storage.prefix, config.project, config.run.name) if p)
+        return cls(client=client, bucket=bucket, label=bucket_label(storage), root=root, local=model_dir(config),
+                   every=storage.backup_every, max_steps=config.trainer.max_steps, restore_enabled=storage.restore)
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.label}/{self.root}"
+
+    # ------------------------------------------------------------------ restore
+
+    def complete_steps(self) -> list[int]:
+        """Steps whose upload finished (their marker exists), oldest first."""
+        prefix = f"{self.root}/checkpoints/"
+        steps = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
+                                                                          Delimiter="/"):
+            for obj in page.get("Contents", []):
+                name = obj["Key"][len(prefix):]
+                if name.endswith(COMPLETE) and name[: -len(COMPLETE)].isdigit():
+                    steps.append(int(name[: -len(COMPLETE)]))
+        return sorted(steps)
+
+    def restore(self) -> Optional[int]:
+        """With no local checkpoint, download the latest complete backup; the backend then resumes at its step."""
+        if not self.restore_enabled or local_steps(self.local / "checkpoints"):
+            return None
+        steps = self.complete_steps()
+        if not steps:
+            return None
+        step = steps[-1]
+        manifest = json.loads(self._get(f"checkpoints/{step:04d}{COMPLETE}"))
+        target = self.local / "checkpoints" / f"{step:04d}"
+        partial = self.local / f".restoring-{step:04d}"
+        for rel, meta in manifest["files"].items():
+            path = partial / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.client.download_file(self.bucket, f"{self.root}/checkpoints/{step:04d}/{rel}", str(path))
+            if path.stat().st_size != meta["size"] or _md5(path) != meta["md5"]:
+                raise StorageError(f"{self.url}/checkpoints/{step:04d}/{rel} does not match its manifest "
+                                   "(size or md5): delete that step's marker to fall back to the previous one")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial.rename(target)  # the backend sees the folder only once it is whole
+        history = self._get("history.jsonl", missing_ok=True)
+        if history is not None and not (self.local / "history.jsonl").exists():
+            (self.local / "history.jsonl").write_bytes(history)
+        self.uploaded.add(step)
+        print(f"summrl: restored step {step} from {self.url}", flush=True)
+        return step
+
+    # ------------------------------------------------------------------ backup
+
+    async def after_step(self, step: int, *, final: bool = False) -> None:
+        """Back up ``step`` every ``backup_every`` steps and at the end; history goes up each time."""
+        if step <= 0 or not (final or step % self.every == 0 or step >= self.max_steps):
+            return
+        await asyncio.to_thread(self._backup, step)
+
+    def _backup(self, step: int) -> None:
+        try:
+            if step not in self.uploaded and (self.local / "checkpoints" / f"{step:04d}").is_dir():
+                self._upload_checkpoint(step)
+                self.uploaded.add(step)
+            history = self.local / "history.jsonl"
+            if history.exists():
+                self._upload(history, f"{self.root}/history.jsonl")
+        except Exception as e:  # a failed backup must not end a paid run: the next one retries
+            print(f"summrl: warning: backup of step {step} to {self.url} failed "
+                  f"({_describe(e, self.bucket, self.label)}); training goes on and the next backup tries again",
+                  flush=True)
+
+    def save_result(self, run_dir: str) -> None:
+        """Upload result.json (status, val scores), so that the launcher of a remote run can read it."""
+        path = Path(run_dir) / "result.json"
+        try:
+            if path.exists():
+                self._upload(path, f"{self.root}/result.json")
+        except Exception as e:
+            print(f"summrl: warning: upload of result.json to {self.url} failed "
+                  f"({_describe(e, self.bucket, self.label)})", flush=True)
+
+    def _upload_checkpoint(self, step: int) -> None:
+        folder = self.local / "checkpoints" / f"{step:04d}"
+        files = {}
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            rel = path.relative_to(folder).as_posix()
+            files[rel] = self._upload(path, f"{self.root}/checkpoints/{step:04d}/{rel}")
+        # Last: the marker that makes this checkpoint count.
+        body = json.dumps({"step": step, "files": files}, indent=1).encode()
+        self.client.put_object(Bucket=self.bucket, Key=f"{self.root}/checkpoints/{step:04d}{COMPLETE}", Body=body)
+        print(f"summrl: step {step} backed up to {self.url}", flush=True)
+
+    def _upload(self, path: Path, key: str) -> dict:
+        """Upload one file and check what landed: its size, and its ETag where that is the md5 (single part)."""
+        size, md5 = path.stat().st_size, _md5(path)
+        self.client.upload_file(str(path), self.bucket, key)
+        head = self.client.head_object(Bucket=self.bucket, Key=key)
+        etag = head["ETag"].strip('"')
+        if head["ContentLength"] != size or ("-" not in etag and etag != md5):
+            raise StorageError(f"s3://{self.label}/{key}: uploaded object does not match {path} (size or ETag)")
+        return {"size": size, "md5": md5}
+
+    def _get(self, rel: str, missing_ok: bool = False) -> Optional[bytes]:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=f"{self.root}/{rel}")["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            if missing_ok:
+                return None
+            raise
+
+
+class NoBackup:
+    """storage.enabled=false: nothing is backed up or restored."""
+
+    def restore(self) -> None:
+        return None
+
+    async def after_step(self, step: int, *, final: bool = False) -> None:
+        return None
+
+    def save_result(self, run_dir: str) -> None:
+        return None
+
+
+def fetch_result(config: Any) -> Optional[dict]:
+    """The run's backed-up result.json (written by the run itself, wherever it ran), or None."""
+    storage = config.storage
+    bucket = resolve_bucket(storage)
+    if not storage.enabled or not bucket:
+        return None
+    root = "/".join(p for p in (storage.prefix, config.project, config.run.name) if p)
+    client = _s3_client(storage)
+    try:
+        return json.loads(client.get_object(Bucket=bucket, Key=f"{root}/result.json")["Body"].read())
+    except client.exceptions.NoSuchKey:
+        return None
+
+
+def _ensure_bucket(client: Any, bucket: str, label: str, storage: Any) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    where = f" at {storage.endpoint_url}" if storage.endpoint_url else ""
+    try:
+        client.head_bucket(Bucket=bucket)
+        return
+    except NoCredentialsError:
+        raise StorageError("storage: no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the "
+                           "environment or .env, or storage.enabled=false") from None
+    except ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        if code in ("403", "AccessDenied", "Forbidden"):
+            raise StorageError(f"storage: access to bucket {label}{where} denied: check the AWS_* credentials "
+                               "and the bucket's policy") from None
+        if code not in ("404", "NoSuchBucket", "NotFound"):
+            raise StorageError(f"storage: bucket {label}{where}: {_describe(e, bucket, label)}") from None
+    except BotoCoreError as e:
+        raise StorageError(f"storage: can't reach S3{where}: {_describe(e, bucket, label)} (check storage.endpoint_url "
+                           "and the network)") from None
+    if not storage.create_bucket:
+        raise StorageError(f"storage: bucket {label}{where} does not exist: create it, or set "
+                           "storage.create_bucket=true")
+    region = storage.region or client.meta.region_name
+    extra = {"CreateBucketConfiguration": {"LocationConstraint": region}} if region and region != "us-east-1" else {}
+    client.create_bucket(Bucket=bucket, **extra)
+    print(f"summrl: created bucket {label}{where}", flush=True)

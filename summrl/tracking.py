@@ -1,0 +1,116 @@
+"""Experiment tracking: ``logger=none`` logs nothing beyond the run folder, ``logger=wandb`` one W&B run per job.
+
+The W&B run mirrors ART's ``history.jsonl`` line by line (so W&B shows exactly what ART computed,
+with ``training_step`` as the x-axis), plus a table of val samples at every eval. ART's own W&B
+run stays off (``report_metrics=[]``): one run per job, not two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from summrl.config import Config
+from summrl.job import JobInfo
+from summrl.secrets import redact
+
+TAG_GROUPS = ("reward", "judge", "model", "backend")
+
+
+class Tracker:
+    """logger=none: the run folder (history.jsonl, result.json) is the record."""
+
+    def log_history(self) -> None: ...
+
+    def log_samples(self, step: int, groups: Sequence[Any]) -> None: ...
+
+    def finish(self, failed: bool) -> None: ...
+
+
+def flat_config(config: Config, job: JobInfo) -> dict[str, Any]:
+    """The resolved config as dotted keys, each group's choice as a top-level key, secrets masked."""
+    from dataclasses import asdict
+
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = value
+
+    walk("", asdict(config))
+    flat.update({group: choice for group, choice in job.choices.items() if choice is not None})
+    flat["overrides"] = " ".join(job.overrides)
+    return redact(flat)
+
+
+class WandbTracker(Tracker):
+    def __init__(self, config: Config, job: JobInfo, history_path: Path) -> None:
+        import wandb
+
+        self.wandb = wandb
+        self.history_path = history_path
+        self.offset = 0
+        logger = config.logger
+        mode = logger.mode if logger.mode != "auto" else ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        self.run = wandb.init(
+            project=logger.project,
+            entity=logger.entity,
+            # The run name is unique per job (ART's model name); rerunning it resumes the same W&B run.
+            id=_wandb_id(config.run.name),
+            resume="allow",
+            group=job.sweep,
+            name=job.name,
+            tags=[f"{g}={job.choices[g]}" for g in TAG_GROUPS if job.choices.get(g)],
+            config=flat_config(config, job),
+            dir=config.run.dir,
+            mode=mode,
+            reinit="create_new",
+            settings=wandb.Settings(console="off", x_disable_stats=True),
+        )
+        self.run.define_metric("training_step")
+        self.run.define_metric("*", step_metric="training_step")
+        self.samples = logger.log_samples
+
+    def log_history(self) -> None:
+        """Send the lines ART appended to history.jsonl since the last call."""
+        if not self.history_path.is_file():
+            return
+        with self.history_path.open() as f:
+            f.seek(self.offset)
+            lines = f.readlines()
+            self.offset = f.tell()
+        for line in lines:
+            record = json.loads(line)
+            record.pop("recorded_at", None)
+            record.pop("step", None)  # ART's copy of training_step; W&B's own step stays monotonic
+            self.run.log(record)
+
+    def log_samples(self, step: int, groups: Sequence[Any]) -> None:
+        if not self.samples:
+            return
+        table = self.wandb.Table(columns=["training_step", "document_id", "summary", "reward", "correct"])
+        for group in groups:
+            for t in group.trajectories:
+                summary = t.messages_and_choices[-1]
+                text = summary.message.content if hasattr(summary, "message") else summary.get("content")
+                table.add_data(step, str(t.metadata.get("document_id")), text or "", t.reward,
+                               str(t.metadata.get("correct", "")))
+        self.run.log({"val/samples": table, "training_step": step})
+
+    def finish(self, failed: bool) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
+
+
+def _wandb_id(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:128]
+
+
+def open_tracker(config: Config, job: Optional[JobInfo], history_path: Path) -> Tracker:
+    if config.logger.kind == "wandb":
+        return WandbTracker(config, job or JobInfo(), history_path)
+    return Tracker()

@@ -1,0 +1,340 @@
+"""backend=skypilot: the SkyPilot task, its secrets, the preflight and the cluster lifecycle.
+
+The task is built and validated by SkyPilot itself, offline, against a two-line RunPod catalog
+(tests/fixtures/sky_catalog). Only SkyPilot's network calls (launch and its request stream, tail_logs,
+cancel, down) are replaced, by a recorder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, compose_config
+
+# SkyPilot fixes its runtime dir (catalogs, state) at import: point it at a private copy of the fixture catalog.
+SKY_RUNTIME = Path(tempfile.mkdtemp(prefix="summrl-sky-"))
+shutil.copytree(ROOT / "tests" / "fixtures" / "sky_catalog", SKY_RUNTIME / ".sky" / "catalogs" / "v8")
+assert "sky" not in sys.modules, "tests/test_cloud.py must import skypilot first (its runtime dir is set at import)"
+_previous = os.environ.get("SKY_RUNTIME_DIR")
+os.environ["SKY_RUNTIME_DIR"] = str(SKY_RUNTIME)
+import sky  # noqa: E402
+from sky.data import storage_utils  # noqa: E402
+
+if _previous is None:
+    del os.environ["SKY_RUNTIME_DIR"]
+else:
+    os.environ["SKY_RUNTIME_DIR"] = _previous
+
+from summrl.cloud import launch  # noqa: E402
+from tests.test_storage import s3, s3_endpoint  # noqa: E402,F401  (a real S3 endpoint on loopback)
+from summrl.cloud.launch import PreflightError, RemoteJobFailed, build_task, run_on_cluster  # noqa: E402
+
+PLANTED = {
+    "GEMINI_API_KEY": "planted-gemini-7Qx2",
+    "AWS_ACCESS_KEY_ID": "planted-akid-9Lm4",
+    "AWS_SECRET_ACCESS_KEY": "planted-aws-secret-3Zt8",
+    "WANDB_API_KEY": "planted-wandb-5Rv1",
+    "OPENPIPE_API_KEY": "planted-openpipe-2Kp6",
+    "BACKUP_BUCKET": "planted-bucket-8Hn3",
+}
+RUNPOD_KEY = "planted-runpod-4Wd9"
+
+
+@pytest.fixture
+def cloud_env(tmp_path, monkeypatch):
+    """A home with RunPod credentials, and every key set (to planted values)."""
+    home = tmp_path / "home"
+    (home / ".runpod").mkdir(parents=True)
+    (home / ".runpod" / "config.toml").write_text(f'[default]\napi_key = "{RUNPOD_KEY}"\n')
+    monkeypatch.setenv("HOME", str(home))
+    for name, value in PLANTED.items():
+        monkeypatch.setenv(name, value)
+    return home
+
+
+class FakeSky:
+    """Records SkyPilot's network calls; the job ends with ``exit_code`` (or Ctrl-C with ``interrupt``)."""
+
+    def __init__(self, monkeypatch, exit_code=0, interrupt=False, interrupt_provisioning=False):
+        self.calls, self.exit_code, self.interrupt = [], exit_code, interrupt
+        self.interrupt_provisioning = interrupt_provisioning
+        for name in ("launch", "stream_and_get", "tail_logs", "cancel", "down", "get", "api_cancel"):
+            monkeypatch.setattr(sky, name, getattr(self, name))
+
+    def launch(self, task, **kwargs):
+        self.calls.append(("launch", task, kwargs))
+        return "launch-request"
+
+    def stream_and_get(self, request):
+        self.calls.append(("stream_and_get", request))
+        if self.interrupt_provisioning:
+            raise KeyboardInterrupt
+        return (7, "handle") if request == "launch-request" else None
+
+    def tail_logs(self, cluster, job_id, follow):
+        self.calls.append(("tail_logs", cluster, job_id, follow))
+        if self.interrupt:
+            raise KeyboardInterrupt
+        return self.exit_code
+
+    def cancel(self, cluster, job_ids):
+        self.calls.append(("cancel", cluster, job_ids))
+        return "cancel-request"
+
+    def api_cancel(self, request, silent=False):
+        self.calls.append(("api_cancel", request))
+        return "api-cancel-request"
+
+    def down(self, cluster):
+        self.calls.append(("down", cluster))
+        return "down-request"
+
+    def get(self, request):
+        self.calls.append(("get", request))
+
+    def names(self):
+        return [c[0] for c in self.calls]
+
+
+def default_config(*overrides):
+    return compose_config(["run.name=summary-rl", *overrides])
+
+
+def launcher_config(*overrides):
+    """The defaults with backups off, so that the launcher reads nothing back from S3 after the job."""
+    return default_config("storage.enabled=false", *overrides)
+
+
+def test_default_task_targets_one_h100_on_runpod_and_validates_offline(cloud_env):
+    task = build_task(default_config(), ["model.lr=1e-05"], "summrl")
+    task.validate()
+    (resources,) = task.resources
+    assert str(resources.cloud) == "RunPod" and resources.accelerators == {"H100": 1}
+    assert resources.disk_size == 100
+    assert task.workdir == str(ROOT)
+    assert "uv pip install --python .venv/bin/python -e '.[gpu]'" in task.setup
+    assert "ensure_vllm_runtime()" in task.setup.splitlines()[-1]
+    assert task.run.splitlines()[-1] == (
+        "python -m summrl.train model.lr=1e-05 dataset.train_size=3500 dataset.val_size=91 run.name=summary-rl "
+        "backend=local_gpu backend.gpu_memory_utilization=0.8 backend.enforce_eager=false backend.load_in_4bit=true "
+        "backend.max_seq_length=32768")
+
+
+def test_task_resources_and_remote_engine_args_follow_config(cloud_env):
+    overrides = ["backend.accelerators=A100-80GB:1", "backend.local_gpu.gpu_memory_utilization=0.6",
+                 "backend.local_gpu.max_model_len=8192", "+backend.local_gpu.engine_args.max_num_seqs=64",
+                 "run.name=summary-rl", "seed=3"]
+    config = default_config(*overrides)
+    task = build_task(config, overrides, "summrl")
+    task.validate()
+    assert next(iter(task.resources)).accelerators == {"A100-80GB": 1}
+    command = task.run.splitlines()[-1]
+    # The launcher's own settings stay here; the remote job gets backend=local_gpu with the nested engine args.
+    assert "backend.accelerators" not in command and command.count("run.name=") == 1
+    assert "seed=3" in command and "backend.gpu_memory_utilization=0.6" in command
+    assert "backend.max_model_len=8192" in command
+    # The remote command composes, as it will on the cluster, into this job with backend=local_gpu.
+    remote = compose_config(shlex.split(command)[3:])
+    assert remote.backend.kind == "local_gpu" and remote.run.name == "summary-rl" and remote.seed == 3
+    assert (remote.backend.gpu_memory_utilization, remote.backend.max_model_len) == (0.6, 8192)
+    assert remote.backend.engine_args == {"max_num_seqs": 64}
+
+
+def test_an_unknown_accelerator_fails_validation_before_launch(cloud_env, monkeypatch):
+    fake = FakeSky(monkeypatch)
+    with pytest.raises(PreflightError, match="backend.accelerators=H200-TYPO:1 is not offered on runpod"):
+        run_on_cluster(launcher_config("backend.accelerators=H200-TYPO:1"), [], None)
+    assert "launch" not in fake.names()
+
+
+def test_planted_secrets_are_only_in_the_secrets_mapping(cloud_env, monkeypatch, caplog, capfd, s3_endpoint):
+    fake = FakeSky(monkeypatch)
+    caplog.set_level(logging.DEBUG)
+    # The launcher reads the run's result back from the (loopback) bucket named by BACKUP_BUCKET.
+    run_on_cluster(default_config(f"storage.endpoint_url={s3_endpoint}"), ["seed=3"], None)
+    task = fake.calls[0][1]
+    assert {k: v.get_secret_value() for k, v in task.secrets.items()} == PLANTED
+    assert not task.envs
+    out, err = capfd.readouterr()
+    task_text = "\n".join([task.setup, task.run, launch.describe(task)])
+    ours = "\n".join(line for line in (out + err).splitlines() if line.startswith("summrl"))
+    for value in [*PLANTED.values(), RUNPOD_KEY]:
+        assert value not in task_text + ours
+        # Every log line too (the loopback S3 server's access log and urllib3 name the bucket in request URLs).
+        if value != PLANTED["BACKUP_BUCKET"]:
+            assert value not in out + err + caplog.text
+    assert "<redacted>" in launch.describe(task)
+
+
+def test_dry_run_prints_a_redacted_task_writes_no_secret_and_launches_nothing(cloud_env, tmp_path):
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "SKY_RUNTIME_DIR": str(SKY_RUNTIME), "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "summrl.train", "backend.dry_run=true", "run.name=dry", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "summrl: dry run: the task is valid; nothing was launched" in result.stdout
+    assert "GEMINI_API_KEY: <redacted>" in result.stdout and "backend=local_gpu" in result.stdout
+    written = [p for root in (run_dir, cloud_env) for p in root.rglob("*") if p.is_file()]
+    assert written, "the run folder holds the resolved config"
+    for value in PLANTED.values():
+        assert value not in result.stdout + result.stderr
+        for path in written:
+            if path.name != "config.toml":  # the RunPod credentials file the test wrote
+                assert value.encode() not in path.read_bytes(), path
+
+
+def test_dry_run_multirun_names_a_cluster_per_job(cloud_env, tmp_path):
+    import subprocess
+
+    env = {**os.environ, "SKY_RUNTIME_DIR": str(SKY_RUNTIME)}
+    result = subprocess.run(
+        [sys.executable, "-m", "summrl.train", "-m", "backend.dry_run=true", "run.name=sweep", "seed=1,2",
+         f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job, seed in ((0, 1), (1, 2)):
+        assert f"summrl: dry run: cluster summrl-{job}, H100:1 on runpod" in result.stdout
+        assert f"seed={seed} dataset.train_size=3500 dataset.val_size=91 run.name=sweep-{job} " in result.stdout
+
+
+def test_cluster_is_reused_and_kept_with_autostop_down(cloud_env, monkeypatch, capsys):
+    fake = FakeSky(monkeypatch)
+    for _ in range(2):
+        run_on_cluster(launcher_config(), [], None)
+    launches = [c for c in fake.calls if c[0] == "launch"]
+    assert [c[2] for c in launches] == [{"cluster_name": "summrl", "idle_minutes_to_autostop": 10, "down": True}] * 2
+    assert ("tail_logs", "summrl", 7, True) in fake.calls
+    assert "down" not in fake.names()
+    assert "python -m summrl.cluster down summrl" in capsys.readouterr().out
+
+
+def test_a_finished_job_returns_its_val_score_from_the_s3_backup(cloud_env, monkeypatch, s3_endpoint):
+    """Sweepers get the remote run's score: the run backs up its result.json, the launcher reads it back."""
+    fake = FakeSky(monkeypatch)
+    result = {"status": "completed", "steps": 40, "final_val_score": 0.71}
+
+    def remote_job(cluster, job_id, follow):  # what the job on the cluster leaves in the bucket
+        fake.calls.append(("tail_logs", cluster, job_id, follow))
+        s3(s3_endpoint).put_object(Bucket="results", Key="summrl/summrl/summary-rl/result.json",
+                                   Body=json.dumps(result).encode())
+        return 0
+
+    monkeypatch.setattr(sky, "tail_logs", remote_job)
+    config = default_config("storage.bucket=results", f"storage.endpoint_url={s3_endpoint}")
+    config.run.dir = str(cloud_env.parent / "launcher-run")
+    s3(s3_endpoint).create_bucket(Bucket="results")
+    assert run_on_cluster(config, [], None) == 0.71
+    assert json.loads((cloud_env.parent / "launcher-run" / "result.json").read_text()) == result
+
+
+def test_down_after_run_takes_the_cluster_down_even_when_the_job_fails(cloud_env, monkeypatch):
+    fake = FakeSky(monkeypatch, exit_code=100)
+    with pytest.raises(RemoteJobFailed) as e:
+        run_on_cluster(launcher_config("backend.down_after_run=true"), [], None)
+    assert e.value.exit_code == 100 and e.value.cluster == "summrl"
+    assert fake.names()[-2:] == ["down", "stream_and_get"] and ("down", "summrl") in fake.calls
+
+
+def test_remote_exit_code_is_propagated(cloud_env, monkeypatch):
+    FakeSky(monkeypatch, exit_code=103)
+    with pytest.raises(RemoteJobFailed) as e:
+        run_on_cluster(launcher_config(), [], None)
+    assert e.value.exit_code == 103
+    # A single run (python -m summrl.train) exits with it.
+    with pytest.raises(SystemExit) as exit_:
+        launch.run_from_hydra(launcher_config())
+    assert exit_.value.code == 103
+
+
+def test_multirun_jobs_drive_their_own_clusters(cloud_env, monkeypatch):
+    fake = FakeSky(monkeypatch)
+    config = launcher_config()
+    config.run.name = "sweep-1"  # as load_config names a multirun's job
+    run_on_cluster(config, ["seed=2"], 1)
+    assert fake.calls[0][2]["cluster_name"] == "summrl-1"
+    assert "run.name=sweep-1" in fake.calls[0][1].run
+
+
+def test_ctrl_c_cancels_the_job_and_says_how_to_take_the_cluster_down(cloud_env, monkeypatch, capsys):
+    fake = FakeSky(monkeypatch, interrupt=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_on_cluster(launcher_config("backend.down_after_run=true"), [], None)
+    assert ("cancel", "summrl", [7]) in fake.calls and "down" not in fake.names()
+    err = capsys.readouterr().err
+    assert "cancelled job 7 on summrl" in err and "python -m summrl.cluster down summrl" in err
+
+
+def test_ctrl_c_while_provisioning_cancels_the_launch(cloud_env, monkeypatch, capsys):
+    fake = FakeSky(monkeypatch, interrupt_provisioning=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_on_cluster(launcher_config(), [], None)
+    assert ("api_cancel", "launch-request") in fake.calls and "tail_logs" not in fake.names()
+    assert "python -m summrl.cluster down summrl" in capsys.readouterr().err
+
+
+def test_preflight_lists_every_missing_item_before_provisioning(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in [*PLANTED, "AWS_SESSION_TOKEN"]:
+        monkeypatch.delenv(name, raising=False)
+    fake = FakeSky(monkeypatch)
+    with pytest.raises(PreflightError) as e:
+        run_on_cluster(default_config(), [], None)
+    message = str(e.value)
+    for item in (".runpod/config.toml does not exist", "runpod config", "sky check runpod", "GEMINI_API_KEY",
+                 "BACKUP_BUCKET", "storage.enabled=false", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert item in message
+    assert fake.calls == []
+
+
+def test_preflight_reads_runpod_key_from_its_config_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".runpod").mkdir()
+    (tmp_path / ".runpod" / "config.toml").write_text("[default]\n")
+    assert "no api_key" in launch.runpod_credentials_problem()
+    (tmp_path / ".runpod" / "config.toml").write_text('[default]\napi_key = "k"\n')
+    assert launch.runpod_credentials_problem() is None
+
+
+def test_skyignore_keeps_keys_outputs_and_environments_off_the_cluster(tmp_path):
+    shutil.copy(ROOT / ".skyignore", tmp_path / ".skyignore")
+    for rel in (".env", "runs/r1/art/x.safetensors", "multirun/2026-01-01/0/result.json", ".venv/bin/python",
+                "outputs/o.txt", "summrl/train.py", "conf/train.yaml"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    excluded = set(storage_utils.get_excluded_files(str(tmp_path)))
+    assert {".env", "runs", ".venv", "outputs"} <= excluded
+    assert any(p.startswith("multirun/") for p in excluded)
+    assert not {"summrl/train.py", "conf/train.yaml", "summrl", "conf"} & excluded
+
+
+def test_cluster_command_takes_down_and_tails_the_named_cluster(monkeypatch, capsys):
+    from summrl import cluster
+
+    fake = FakeSky(monkeypatch, exit_code=100)
+    assert cluster.main(["down", "summrl-1"]) == 0
+    assert ("down", "summrl-1") in fake.calls and "cluster summrl-1 is down" in capsys.readouterr().out
+    assert cluster.main(["logs"]) == 100  # the job's exit code, like `sky logs`
+    assert ("tail_logs", "summrl", None, True) in fake.calls
+
+    from sky.schemas.api.responses import StatusResponse
+    from sky.utils.status_lib import ClusterStatus
+
+    record = StatusResponse(name="summrl", launched_at=0, status=ClusterStatus.UP, autostop=10, to_down=True,
+                            cluster_hash="h", cluster_ever_up=True, user_hash="u", user_name="me", workspace="default",
+                            is_managed=False, nodes=1)
+    monkeypatch.setattr(sky, "status", lambda cluster_names=None: ("status", cluster_names))
+    monkeypatch.setattr(sky, "get", lambda request: [record] if request == ("status", None) else [])
+    assert cluster.main(["status"]) == 0
+    assert "summrl\tUP\t\tautostop 10 min (down)" in capsys.readouterr().out

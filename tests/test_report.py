@@ -1,0 +1,91 @@
+"""summrl.report on sweep folders laid out as jobs leave them (result.json + ART's history.jsonl)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from summrl.job import write_result
+from tests.conftest import ROOT
+
+# configuration -> seed -> (val QA accuracy per step)
+CURVES = {
+    "reward=qa": {"80": [0.2, 0.4, 0.5], "81": [0.3, 0.3, 0.7]},
+    "reward=ruler": {"80": [0.1, 0.2, 0.3], "81": [0.1, 0.4, 0.2]},
+}
+
+
+def write_job(job_dir: Path, overrides: list[str], seed: str, curve: list[float], status: str = "completed") -> None:
+    history = job_dir / "art" / "summrl" / "models" / f"run-{job_dir.name}" / "history.jsonl"
+    history.parent.mkdir(parents=True)
+    with history.open("w") as f:
+        for step, acc in enumerate(curve):
+            f.write(json.dumps({"training_step": step, "val/reward": acc / 2, "val/qa_accuracy": acc}) + "\n")
+            f.write(json.dumps({"training_step": step + 1, "train/reward": 0.5}) + "\n")
+    result = {"status": status, "overrides": [*overrides, f"seed={seed}"], "seed": int(seed), "wall_s": 90.0,
+              "judge_cost_usd": 0.25}
+    if status == "completed":
+        result.update(steps=len(curve) - 1, best_val_score=max(curve) / 2, final_val_score=curve[-1] / 2,
+                      best_val_qa_accuracy=max(curve), final_val_qa_accuracy=curve[-1])
+    else:
+        result["error"] = "MissingRewardsError: judge down"
+    write_result(job_dir, result)
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    sweep = tmp_path / "multirun" / "2026-11-22" / "05-10-00"
+    num = 0
+    for configuration, seeds in CURVES.items():
+        for seed, curve in seeds.items():
+            write_job(sweep / str(num), ["experiment=local", configuration], seed, curve)
+            num += 1
+    write_job(sweep / str(num), ["experiment=local", "reward=length_penalized"], "80", [0.1], status="failed")
+    return sweep
+
+
+def test_report_table_stats_and_plots(sweep, tmp_path):
+    out = tmp_path / "report"
+    result = subprocess.run([sys.executable, "-m", "summrl.report", str(sweep), "--out", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    table = pd.read_csv(out / "summary.csv")
+    assert list(table.job) == [0, 1, 2, 3, 4]
+    assert list(table.status) == ["completed"] * 4 + ["failed"]
+    assert table.configuration.tolist()[:2] == ["reward=qa", "reward=qa"]  # seed and shared overrides left out
+    assert table.loc[1, "best_val_qa_accuracy"] == 0.7 and table.loc[1, "final_val_qa_accuracy"] == 0.7
+    assert table.loc[4, "error"] == "MissingRewardsError: judge down"
+    assert table.minutes.tolist()[0] == 1.5 and table.judge_cost_usd.tolist()[0] == 0.25
+
+    report = (out / "report.md").read_text()
+    assert "5 jobs: 4 completed, 1 failed." in report
+    assert "`experiment=local`" in report  # the overrides every job shares, stated once
+    # qa: best 0.5 and 0.7 -> mean 0.6, sample std 0.141; ruler: 0.3 and 0.4 -> 0.35, 0.071
+    assert "| reward=qa       |  0.600 | 0.141 |       2 |" in report
+    assert "| reward=ruler    |  0.350 | 0.071 |       2 |" in report
+
+    import matplotlib.image as mpimg
+
+    for name in ("val_curves.png", "best_val.png"):
+        image = mpimg.imread(out / name)
+        assert image.shape[0] > 200 and image.shape[1] > 400
+        assert image[..., :3].std() > 0.05, f"{name} is blank"
+
+
+def test_report_on_a_single_run_folder(sweep, tmp_path):
+    from summrl.report import write_report
+
+    table = write_report(sweep / "0", tmp_path / "one")
+    assert len(table) == 1 and table.loc[0, "best_val_qa_accuracy"] == 0.5
+    assert (tmp_path / "one" / "val_curves.png").stat().st_size > 10_000
+
+
+def test_report_names_a_folder_with_no_jobs(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "summrl.report", str(tmp_path)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode != 0 and str(tmp_path) in result.stderr + result.stdout

@@ -27,7 +27,7 @@ from summrl.judges import Judge, build_judge
 from summrl.rewards import Missing, Reward, build_reward, build_val_reward
 from summrl.rollout import rollout, summary_of
 from summrl.secrets import redact_text
-from summrl.storage import CheckpointBackup
+from summrl.storage import CheckpointBackup, model_dir
 from summrl.tracking import Tracker, open_tracker
 
 
@@ -91,7 +91,7 @@ class Scored:
 
 def history_path(config: Config) -> Path:
     """ART's metrics log for this run (``model.log`` appends one line per call)."""
-    return Path(config.run.dir) / "art" / config.project / "models" / config.run.name / "history.jsonl"
+    return model_dir(config) / "history.jsonl"
 
 
 async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Session:

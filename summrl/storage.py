@@ -188,14 +188,7 @@ class CheckpointBackup:
         print(f"summrl: step {step} backed up to {self.url}", flush=True)
 
     def _upload(self, path: Path, key: str) -> dict:
-        """Upload one file and check what landed: its size, and its ETag where that is the md5 (single part)."""
-        size, md5 = path.stat().st_size, _md5(path)
-        self.client.upload_file(str(path), self.bucket, key)
-        head = self.client.head_object(Bucket=self.bucket, Key=key)
-        etag = head["ETag"].strip('"')
-        if head["ContentLength"] != size or ("-" not in etag and etag != md5):
-            raise StorageError(f"s3://{self.label}/{key}: uploaded object does not match {path} (size or ETag)")
-        return {"size": size, "md5": md5}
+        return upload_verified(self.client, self.bucket, self.label, path, key)
 
     def _get(self, rel: str, missing_ok: bool = False) -> Optional[bytes]:
         try:
@@ -231,6 +224,32 @@ def fetch_result(config: Any) -> Optional[dict]:
         return json.loads(client.get_object(Bucket=bucket, Key=f"{root}/result.json")["Body"].read())
     except client.exceptions.NoSuchKey:
         return None
+
+
+def upload_verified(client: Any, bucket: str, label: str, path: Path, key: str) -> dict:
+    """Upload one file and check what landed: its size, and its ETag where that is the md5 (single part)."""
+    size, md5 = path.stat().st_size, _md5(path)
+    client.upload_file(str(path), bucket, key)
+    head = client.head_object(Bucket=bucket, Key=key)
+    etag = head["ETag"].strip('"')
+    if head["ContentLength"] != size or ("-" not in etag and etag != md5):
+        raise StorageError(f"s3://{label}/{key}: uploaded object does not match {path} (size or ETag)")
+    return {"size": size, "md5": md5}
+
+
+def publish_folder(storage: Any, key_root: str, folder: Path, skip: tuple[str, ...] = ()) -> Optional[str]:
+    """Upload every file of ``folder`` (but its top-level ``skip`` folders) under
+    ``s3://<bucket>/<prefix>/<key_root>/``, verified. Returns the URL (the bucket as ``bucket_label`` names it),
+    or None when no bucket is configured."""
+    bucket = resolve_bucket(storage)
+    if not storage.enabled or not bucket:
+        return None
+    client, label = _s3_client(storage), bucket_label(storage)
+    _ensure_bucket(client, bucket, label, storage)
+    root = "/".join(p for p in (storage.prefix, key_root) if p)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).parts[0] not in skip):
+        upload_verified(client, bucket, label, path, f"{root}/{path.relative_to(folder).as_posix()}")
+    return f"s3://{label}/{root}"
 
 
 def _ensure_bucket(client: Any, bucket: str, label: str, storage: Any) -> None:

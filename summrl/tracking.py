@@ -56,19 +56,18 @@ class WandbTracker(Tracker):
         self.history_path = history_path
         self.offset = 0
         logger = config.logger
-        mode = logger.mode if logger.mode != "auto" else ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         self.run = wandb.init(
             project=logger.project,
             entity=logger.entity,
             # The run name is unique per job (ART's model name); rerunning it resumes the same W&B run.
-            id=_wandb_id(config.run.name),
+            id=wandb_id(config.run.name),
             resume="allow",
             group=job.sweep,
             name=job.name,
             tags=[f"{g}={job.choices[g]}" for g in TAG_GROUPS if job.choices.get(g)],
             config=flat_config(config, job),
             dir=config.run.dir,
-            mode=mode,
+            mode=wandb_mode(logger),
             reinit="create_new",
             settings=wandb.Settings(console="off", x_disable_stats=True),
         )
@@ -106,7 +105,12 @@ class WandbTracker(Tracker):
         self.run.finish(exit_code=1 if failed else 0)
 
 
-def _wandb_id(name: str) -> str:
+def wandb_mode(logger) -> str:
+    """auto: online when WANDB_API_KEY is set, offline otherwise (``wandb sync`` later)."""
+    return logger.mode if logger.mode != "auto" else ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+
+
+def wandb_id(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:128]
 
 

@@ -25,7 +25,7 @@ from summrl.config import ConfigError
 from summrl.data import load_splits
 from summrl.judges.fake_server import FakeLLM, Reply
 from summrl.judges.lexical import LexicalJudge
-from tests.conftest import CONF, ROOT
+from tests.conftest import CONF, ROOT, keys, wandb_records
 
 T_975 = {1: 12.7062, 2: 4.3027, 3: 3.1824}  # Student-t quantiles from a printed table, for the hand computation
 
@@ -197,6 +197,35 @@ def test_a_failed_model_call_leaves_its_row_undone_for_the_rerun_and_never_shows
     assert "could not be made or scored" in printed.err and "rerun the same command" in printed.err
     assert "sk-secret-77" not in printed.out + printed.err
     assert "sk-secret-77" not in "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.suffix != ".png")
+
+
+def test_results_go_to_s3_and_to_wandb_when_configured(tmp_path, s3_endpoint, aws_env, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "")  # offline: the records are read back below
+    monkeypatch.setenv("OPENROUTER_API_KEY", "planted-openrouter-5d6e")
+    out = tmp_path / "out"
+    docs = val_documents(2)
+    with FakeLLM() as fake:
+        fake.script = scripted_summaries(docs, 2)
+        config = compose_benchmark(["experiment=local", "judge=lexical", "dataset.val_size=2",
+                                    "benchmark.rollouts_per_doc=1", "benchmark.name=pub", "logger=wandb",
+                                    "storage.enabled=true", "storage.bucket=bench-results",
+                                    f"storage.endpoint_url={s3_endpoint}", f"benchmark.models=[{fake_model(fake)}]"],
+                                   out)
+        assert asyncio.run(run(config, stdin=io.StringIO("y\n"))) == 0
+    uploaded = keys(s3_endpoint, "bench-results", "summrl/summrl/benchmarks/pub/")
+    names = {k.rsplit("/", 1)[1] for k in uploaded}
+    assert {"rows.csv", "summary.csv", "summary.md", "models.png", "benchmark.json"} <= names
+    assert not any("/wandb/" in k for k in uploaded)  # W&B keeps its own copy
+
+    run_record = wandb_records(out)
+    assert run_record["project"] == "summrl" and run_record["job_type"] == "benchmark"
+    assert run_record["name"] == "benchmark pub" and "judge=lexical" in run_record["tags"]
+    logged = {key.split("/")[1] for row in run_record["history"] for key in row if key.startswith("benchmark/")}
+    assert {"summary", "rows", "models"} <= logged
+    assert run_record["exit_code"] == 0
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert b"planted-openrouter-5d6e" not in path.read_bytes(), path
 
 
 def test_cost_guard_estimates_and_refusal_calls_nothing(tmp_path):

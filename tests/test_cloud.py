@@ -35,7 +35,7 @@ else:
     os.environ["SKY_RUNTIME_DIR"] = _previous
 
 from summrl.cloud import launch  # noqa: E402
-from tests.test_storage import s3, s3_endpoint  # noqa: E402,F401  (a real S3 endpoint on loopback)
+from tests.conftest import s3  # noqa: E402  (s3_endpoint, a real S3 endpoint on loopback, is a conftest fixture)
 from summrl.cloud.launch import PreflightError, RemoteJobFailed, build_task, run_on_cluster  # noqa: E402
 
 PLANTED = {

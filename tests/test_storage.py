@@ -6,43 +6,13 @@ import asyncio
 import json
 import shutil
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from summrl.storage import COMPLETE, CheckpointBackup, StorageError
-from tests.conftest import ROOT, compose_config, run_cli
+from tests.conftest import CREDENTIALS, ROOT, compose_config, keys, run_cli, s3
 
 TINY = ["experiment=local", "trainer.eval_every=1", "trainer.max_summary_tokens=8",
         "dataset.val_size=1", "dataset.train_size=2"]
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret",
-               "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def aws_env(monkeypatch):
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("BACKUP_BUCKET", raising=False)
-
-
-def s3(endpoint):
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
-
-
-def keys(endpoint, bucket, prefix=""):
-    listing = s3(endpoint).list_objects_v2(Bucket=bucket, Prefix=prefix)
-    return sorted(o["Key"] for o in listing.get("Contents", []))
 
 
 def storage_config(tmp_path, endpoint, bucket, *extra):

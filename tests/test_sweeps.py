@@ -9,38 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, wandb_records
 
 pytestmark = pytest.mark.slow
 
 TINY = ["experiment=local", "trainer.max_steps=1", "trainer.eval_every=1", "trainer.max_summary_tokens=8",
         "dataset.val_size=1"]
 PLANTED = {"GEMINI_API_KEY": "planted-gemini-7c1d2f", "AWS_SECRET_ACCESS_KEY": "planted-aws-9e8f7a"}
-
-
-def wandb_records(run_dir: Path) -> dict:
-    """The offline run's records, parsed with wandb's own reader: run header, history rows, exit code."""
-    from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
-
-    (path,) = run_dir.glob("wandb/offline-run-*/*.wandb")
-    store = datastore.DataStore()
-    store.open_for_scan(str(path))
-    out: dict = {"history": [], "exit_code": None}
-    while (data := store.scan_data()) is not None:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            run = record.run
-            out.update(project=run.project, group=run.run_group, name=run.display_name, tags=list(run.tags),
-                       config={u.key: json.loads(u.value_json) for u in run.config.update})
-        elif kind == "history":
-            out["history"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                                   for i in record.history.item})
-        elif kind == "exit":
-            out["exit_code"] = record.exit.exit_code
-    return out
 
 
 def test_wandb_sweep_isolates_a_failing_job_and_reports(tmp_path):

@@ -24,6 +24,7 @@ from summrl.config import (
     ConfigError,
     DatasetConfig,
     ModelConfig,
+    StorageConfig,
     TrainerConfig,
     _typed_section,
 )
@@ -84,10 +85,13 @@ class BenchmarkConfig:
     judge: Any
     backend: Any
     benchmark: BenchmarkSettings
+    project: str = "summrl"
+    storage: StorageConfig = field(default_factory=StorageConfig)  # results to S3 when a bucket is configured
+    logger: Any = None  # logger=wandb: the table, the rows and the charts as one W&B run
     choices: dict[str, Optional[str]] = field(default_factory=dict)
 
 
-TOP_LEVEL = {"model", "dataset", "reward", "judge", "backend", "trainer", "benchmark"}
+TOP_LEVEL = {"project", "model", "dataset", "reward", "judge", "backend", "logger", "storage", "trainer", "benchmark"}
 BENCHMARK_KEYS = {"name", "output_dir", "models", "run_dir", "steps", "every", "rollouts_per_doc", "max_concurrency",
                   "timeout_s", "max_retries", "confirm"}
 SERVING_BACKENDS = ("embedded", "local_gpu")
@@ -103,16 +107,16 @@ def validate_benchmark(cfg: DictConfig, choices: Optional[dict[str, Optional[str
     if extra:
         raise ConfigError(f"{extra[0]} is not a benchmark setting. Top-level keys: {', '.join(sorted(TOP_LEVEL))}.")
     sections: dict[str, Any] = {}
-    for group in ("model", "dataset", "trainer"):
+    for group in ("model", "dataset", "trainer", "storage"):
         sections[group] = _typed_section(group, cfg[group], FIXED_SCHEMAS[group])
-    for group in ("reward", "judge", "backend"):
+    for group in ("reward", "judge", "backend", "logger"):
         node = cfg[group]
         kind = node.get("kind") if isinstance(node, DictConfig) else None
         if kind not in KIND_SCHEMAS[group]:
             raise ConfigError(f"{group}.kind: must be one of {', '.join(KIND_SCHEMAS[group])}, got {kind!r}")
         sections[group] = _typed_section(group, node, KIND_SCHEMAS[group][kind])
     settings = _settings(cfg.benchmark)
-    config = BenchmarkConfig(**sections, benchmark=settings, choices=choices)
+    config = BenchmarkConfig(**sections, benchmark=settings, project=str(cfg.project), choices=choices)
     _check_cross(config, cfg.benchmark)
     return config
 

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence, Union
 
 from summrl.benchmark.config import EMBEDDED_JUDGES, BenchmarkConfig, BestOfNEntry, ModelEntry
 from summrl.benchmark.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
+from summrl.benchmark.publish import publish
 from summrl.benchmark.rows import Row, RowStore, correctness, read_rows, row_key
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
 from summrl.config import ConfigError, LexicalJudgeConfig, RulerRewardConfig
@@ -265,6 +266,7 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
     failures = await run_jobs(config, todo, val, store) if todo else []
     write_outputs(config, jobs, out_dir)
     print(f"summrl: benchmark output in {out_dir}", flush=True)
+    publish(config, out_dir)
     if failures:
         print(f"summrl: {len(failures)} summaries could not be made or scored (first: {failures[0]}); rerun the same "
               "command to retry only those", file=sys.stderr)

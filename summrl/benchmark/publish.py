@@ -1,0 +1,51 @@
+"""Where a finished benchmark's folder goes besides the disk: S3 when a bucket is configured, W&B with logger=wandb."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from summrl.secrets import redact
+
+
+def publish(config, out_dir: Path) -> None:
+    """Upload ``out_dir`` (rows, tables, charts) to S3, and log it as one W&B run. A failure here warns and keeps
+    the local folder: the results are already on disk, and a rerun publishes them again."""
+    from summrl.storage import publish_folder
+
+    try:
+        url = publish_folder(config.storage, f"{config.project}/benchmarks/{config.benchmark.name}", out_dir,
+                             skip=("wandb",))
+        if url:
+            print(f"summrl: benchmark results uploaded to {url}", flush=True)
+    except Exception as e:
+        print(f"summrl: warning: benchmark results not uploaded ({type(e).__name__}: {redact(str(e))}); "
+              f"they are in {out_dir}", flush=True)
+    if config.logger.kind == "wandb":
+        log_to_wandb(config, out_dir)
+
+
+def log_to_wandb(config, out_dir: Path) -> None:
+    import pandas as pd
+    import wandb
+
+    from summrl.tracking import wandb_id, wandb_mode
+
+    name = config.benchmark.name
+    settings = {k: v for k, v in asdict(config).items() if k != "choices"}
+    run = wandb.init(
+        project=config.logger.project, entity=config.logger.entity, id=wandb_id(f"benchmark-{name}"),
+        resume="allow", name=f"benchmark {name}", group="benchmark", job_type="benchmark",
+        tags=[f"{g}={config.choices[g]}" for g in ("reward", "judge", "model") if config.choices.get(g)],
+        config=redact({**settings, **{g: c for g, c in config.choices.items() if c}}), dir=str(out_dir),
+        mode=wandb_mode(config.logger), reinit="create_new", settings=wandb.Settings(console="off", x_disable_stats=True),
+    )
+    logged = {}
+    for table in ("summary", "rows"):
+        path = out_dir / f"{table}.csv"
+        if path.is_file():
+            logged[f"benchmark/{table}"] = wandb.Table(dataframe=pd.read_csv(path))
+    for chart in sorted(out_dir.glob("*.png")):
+        logged[f"benchmark/{chart.stem}"] = wandb.Image(str(chart))
+    run.log(logged)
+    run.finish()

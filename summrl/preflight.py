@@ -17,9 +17,11 @@ class PreflightError(ConfigError):
 
 def problems(config: Any) -> list[str]:
     from summrl.backends import BackendUnavailable, check_local_gpu
+    from summrl.judges import missing_keys
     from summrl.storage import resolve_bucket
 
-    found = []
+    found = [f"judge.api_key_env={name}: the judge's key is not set: export {name} or put it in .env"
+             for name in missing_keys(config.judge)]
     if config.backend.kind == "local_gpu":
         try:
             check_local_gpu()

@@ -23,17 +23,13 @@ from summrl.job import JobInfo, write_result
 
 
 def load_config(cfg: DictConfig) -> Config:
-    """Validate the composed config and the environment it needs; in a multirun, name each job apart."""
+    """Validate the composed config and load .env; in a multirun, name each job apart.
+    What the run needs from the machine and the environment (keys, GPU, bucket) is the preflight's."""
     from dotenv import load_dotenv
 
-    from summrl.judges import missing_keys
-
     hydra_cfg = HydraConfig.get()
-    choices = dict(hydra_cfg.runtime.choices)
     config = validate(cfg)
     load_dotenv()  # keys may live in .env; they are read from the environment, never from config
-    for name in missing_keys(config.judge):
-        raise ConfigError(f"judge={choices.get('judge')} needs {name}: export it or put it in .env")
     if hydra_cfg.mode == RunMode.MULTIRUN:
         config.run.name = f"{config.run.name}-{hydra_cfg.job.num}"
     return config

@@ -52,6 +52,7 @@ def test_serverless_needs_wandb_key_and_no_local_backup(tmp_path, monkeypatch):
     with pytest.raises(PreflightError, match="backend=serverless needs WANDB_API_KEY"):
         check(config)
     monkeypatch.setenv("WANDB_API_KEY", "planted-wandb")
+    monkeypatch.setenv("GEMINI_API_KEY", "planted-gemini")  # the default judge's key
     check(config)
     from art.serverless import ServerlessBackend
 

@@ -199,9 +199,13 @@ def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial
 
 
 def earlier_val_history(run_dir: str, step: int) -> list[dict]:
-    """A resumed run keeps the val scores its earlier invocations recorded (before the resumed step, which is scored again)."""
+    """A resumed run keeps the val scores its earlier invocations recorded, up to the step it resumes at."""
     earlier = (read_result(run_dir) or {}).get("val_history", [])
-    return [h for h in earlier if h["step"] < step]
+    return [h for h in earlier if h["step"] <= step]
+
+
+def scored_at(history: list[dict], step: int) -> bool:
+    return any(h["step"] == step for h in history)
 
 
 async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float]:
@@ -228,8 +232,9 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         for batch in training_batches(train_docs, t, config.seed, initial_step=step):
             if batch.step >= t.max_steps:
                 break
-            if batch.step % t.eval_every == 0:
+            if batch.step % t.eval_every == 0 and not scored_at(history, batch.step):
                 history.append(await evaluate(session, val, batch.step))
+                write_result(config.run.dir, {**result, "val_history": history})  # survives a crash
             scored, trained = await train_step(session, batch.items)
             await session.model.log(scored.groups, split="train", step=trained.step,
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
@@ -238,7 +243,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
             await backup.after_step(step)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
             print(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}", flush=True)
-        if not history or history[-1]["step"] != step:
+        if not scored_at(history, step):
             history.append(await evaluate(session, val, step))
         await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
         result.update(

@@ -167,7 +167,9 @@ class Engine:
                 if not isinstance(schema, dict):
                     raise ValueError("response_format json_schema needs json_schema.schema")
                 bounded = bound_strings(schema, self.max_string_chars)
-                compiled = self._grammar_compiler.compile_json_schema(_json.dumps(bounded))
+                # At most 2 whitespace characters in a row: with free whitespace a small model can emit newlines
+                # until max_tokens (seen with SmolLM2 as RULER judge: 630 blank lines, then a cut-off reply).
+                compiled = self._grammar_compiler.compile_json_schema(_json.dumps(bounded), max_whitespace_cnt=2)
             else:
                 raise ValueError(f"unsupported response_format type {kind!r}; use json_object or json_schema")
             self._grammars[response_format] = compiled

@@ -212,6 +212,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
     """Run (or resume) one training job and write its ``result.json``. Returns the final val score."""
     job = job or JobInfo()
     started = time.time()
+    earlier_wall_s = (read_result(config.run.dir) or {}).get("wall_s", 0.0)  # a resumed run's time so far
     history: list[dict] = []
     result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir, "seed": config.seed,
                     **job.record()}
@@ -234,7 +235,8 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
                 break
             if batch.step % t.eval_every == 0 and not scored_at(history, batch.step):
                 history.append(await evaluate(session, val, batch.step))
-                write_result(config.run.dir, {**result, "val_history": history})  # survives a crash
+                write_result(config.run.dir, {**result, "val_history": history,  # survives a crash
+                                              "wall_s": round(earlier_wall_s + time.time() - started, 1)})
             scored, trained = await train_step(session, batch.items)
             await session.model.log(scored.groups, split="train", step=trained.step,
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
@@ -263,7 +265,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
                       traceback=redact_text(traceback.format_exc()))
         raise
     finally:
-        result["wall_s"] = round(time.time() - started, 1)
+        result["wall_s"] = round(earlier_wall_s + time.time() - started, 1)
         if session is not None:
             result["judge_calls"] = session.judge_totals.get("judge/calls", 0.0)
             result["judge_cost_usd"] = session.judge_totals.get("judge/cost_usd", 0.0)

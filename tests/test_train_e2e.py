@@ -60,10 +60,14 @@ def test_local_run_trains_checkpoints_logs_val_and_resumes(tmp_path):
     assert changed == (step3["data/step_num_groups_trainable"] > 0)
 
 
-def test_ruler_with_the_embedded_judge_runs_offline(tmp_path):
-    """reward=ruler judged by the embedded base model (experiment=local's judge=local), no key, no network."""
+@pytest.mark.parametrize("judge", ["local", "embedded"])
+def test_ruler_with_the_embedded_judge_runs_offline(tmp_path, judge):
+    """reward=ruler judged by the embedded base model, no key, no network: experiment=local's judge=local (lexical QA
+    grading beside it) and judge=embedded (the embedded model grades val QA accuracy too)."""
     run_dir = tmp_path / "ruler"
-    result = run_cli(["experiment=local", "reward=ruler", "model.lr=1e-5", "trainer.max_steps=1", "dataset.val_size=1",
+    # Short JSON strings (answers, RULER explanations): the 135M judge writes a few tokens a second on 2 cores.
+    result = run_cli(["experiment=local", "reward=ruler", f"judge={judge}", "model.lr=1e-5", "trainer.max_steps=1",
+                      "dataset.val_size=1", "backend.json_max_string_chars=40",
                       "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=1", "trainer.max_summary_tokens=48",
                       f"judge.cache_dir={tmp_path / 'cache'}", "run.name=ruler", f"hydra.run.dir={run_dir}"], cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -198,10 +198,9 @@ def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial
     return iterate_dataset(docs, trainer.groups_per_step, trainer.num_epochs, initial_step=initial_step, use_tqdm=False)
 
 
-def earlier_val_history(run_dir: str, step: int) -> list[dict]:
+def earlier_val_history(earlier: dict, step: int) -> list[dict]:
     """A resumed run keeps the val scores its earlier invocations recorded, up to the step it resumes at."""
-    earlier = (read_result(run_dir) or {}).get("val_history", [])
-    return [h for h in earlier if h["step"] <= step]
+    return [h for h in earlier.get("val_history", []) if h["step"] <= step]
 
 
 def scored_at(history: list[dict], step: int) -> bool:
@@ -212,7 +211,8 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
     """Run (or resume) one training job and write its ``result.json``. Returns the final val score."""
     job = job or JobInfo()
     started = time.time()
-    earlier_wall_s = (read_result(config.run.dir) or {}).get("wall_s", 0.0)  # a resumed run's time so far
+    earlier = read_result(config.run.dir) or {}  # what this run's earlier invocations recorded, if any
+    earlier_wall_s = earlier.get("wall_s", 0.0)
     history: list[dict] = []
     result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir, "seed": config.seed,
                     **job.record()}
@@ -227,7 +227,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
         session = await open_session(config, tracker)
         step = await session.model.get_step()
-        history = earlier_val_history(config.run.dir, step)
+        history = earlier_val_history(earlier, step)
         print(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
               f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}", flush=True)
         for batch in training_batches(train_docs, t, config.seed, initial_step=step):

@@ -34,11 +34,8 @@ def build_judge(config: Any, endpoint: Any = None) -> Judge:
     if config.kind == "litellm":
         from summrl.judges.llm import JudgeClient, LLMJudge
 
-        return LLMJudge(JudgeClient(
-            model=config.model, api_key_env=config.api_key_env, api_base=config.api_base,
-            max_concurrency=config.max_concurrency, timeout_s=config.timeout_s, max_retries=config.max_retries,
-            retry_base_s=config.retry_base_s, retry_max_s=config.retry_max_s, cache_dir=config.cache_dir,
-        ))
+        return LLMJudge(JudgeClient(model=config.model, api_key_env=config.api_key_env, api_base=config.api_base,
+                                    **_call_settings(config)))
     if config.kind == "embedded":
         from summrl.judges.llm import LLMJudge
 
@@ -56,11 +53,14 @@ def _embedded_client(config: Any, endpoint: Any):
     if endpoint is None:
         raise ValueError(f"judge={config.kind} needs the embedded backend's endpoint")
     name, base_url, key = endpoint
-    return JudgeClient(
-        model=f"openai/{name}", api_base=base_url, api_key=key, structured=True,
-        max_concurrency=config.max_concurrency, timeout_s=config.timeout_s, max_retries=config.max_retries,
-        retry_base_s=config.retry_base_s, retry_max_s=config.retry_max_s, cache_dir=config.cache_dir,
-    )
+    return JudgeClient(model=f"openai/{name}", api_base=base_url, api_key=key, structured=True,
+                       **_call_settings(config))
+
+
+def _call_settings(config: Any) -> dict[str, Any]:
+    """How every LLM judge calls: concurrency, timeout, retries with backoff, reply cache."""
+    return {key: getattr(config, key) for key in
+            ("max_concurrency", "timeout_s", "max_retries", "retry_base_s", "retry_max_s", "cache_dir")}
 
 
 class LocalJudge:

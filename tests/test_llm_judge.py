@@ -97,8 +97,18 @@ def test_malformed_json_is_retried_then_fails_clearly(fake, secret_env):
     fake.script = [Reply("still not json")] * 4
     with pytest.raises(JudgeError, match="failed after 4 attempt"):
         grade(LLMJudge(client(fake)))
-    fake.script = [Reply(json.dumps({"answers": ["only one"]}))]
-    with pytest.raises(JudgeError, match="expected 3 answers"):
+
+
+def test_replies_of_the_wrong_shape_are_retried_then_fail_clearly(fake, secret_env):
+    good = Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]}))
+    for bad in ({"answers": ["only one"]}, {"answers": "Ruth Okafor"}, {"replies": []}, ["Ruth Okafor"],
+                {"answers": [None, None, None]}):
+        fake.script = [Reply(json.dumps(bad)), good]
+        judge = LLMJudge(client(fake))
+        assert grade(judge) == [True, True, True], bad
+        assert judge.client.usage.retries == 1
+    fake.script = [Reply(json.dumps({"answers": ["only one"]}))] * 4
+    with pytest.raises(JudgeError, match=r"failed after 4 attempt.*expected \{\"answers\": \[3 items\]\}"):
         grade(LLMJudge(client(fake)))
 
 

@@ -23,13 +23,17 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from summrl.data import UNANSWERABLE, Question
 
 
 class JudgeError(RuntimeError):
     """A judge call that failed after its retries. The message never contains the API key."""
+
+
+class ReplyShapeError(ValueError):
+    """A reply that parses as JSON but has the wrong shape (item count, types, keys): retried like malformed JSON."""
 
 
 @dataclass
@@ -157,6 +161,20 @@ class JudgeClient:
             raise JudgeError(f"judge {self.model}: the environment variable {self.api_key_env} is not set")
         return key
 
+    def litellm_params(self) -> dict[str, Any]:
+        """Model endpoint, key, timeout and retries for a caller that calls litellm itself (ART's RULER)."""
+        params: dict[str, Any] = {"temperature": 0, "timeout": self.timeout_s, "num_retries": self.max_retries}
+        key = self._api_key()
+        if key or self.api_base:
+            params["api_key"] = key or "none"
+        if self.api_base:
+            params["api_base"] = self.api_base
+        return params
+
+    def slot(self) -> asyncio.Semaphore:
+        """The concurrency limit, for callers that call litellm themselves: ``async with client.slot(): ...``."""
+        return self._semaphore
+
     def _redact(self, text: str) -> str:
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         return text.replace(key, "***") if key else text
@@ -165,26 +183,36 @@ class JudgeClient:
         blob = json.dumps([self.model, self.api_base, messages, params], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
-    async def complete_json(self, messages: list[dict], schema: Optional[dict] = None, max_tokens: int = 1024) -> Any:
-        """One chat call whose reply must be a JSON object. Raises JudgeError after the retries."""
+    async def complete_json(self, messages: list[dict], schema: Optional[dict] = None, max_tokens: int = 1024,
+                            check: Optional[Callable[[Any], Any]] = None) -> Any:
+        """One chat call whose reply must be a JSON object. Raises JudgeError after the retries.
+
+        ``check`` turns the parsed reply into the caller's typed value, or raises ReplyShapeError: a reply of the
+        wrong shape is retried (and counted) like malformed JSON, and never cached."""
+        check = check or (lambda reply: reply)
         response_format: dict = {"type": "json_object"}
         if self.structured and schema is not None:
             response_format = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
         params = {"temperature": 0, "max_tokens": max_tokens, "response_format": response_format}
         key = self._cache_key(messages, params)
         if self._cache is not None and key in self._cache:
-            self.usage.cached_calls += 1
-            return json.loads(self._cache[key])
+            try:
+                value = check(json.loads(self._cache[key]))
+                self.usage.cached_calls += 1
+                return value
+            except ReplyShapeError:  # cached before this check existed: ask again
+                pass
         last: Optional[BaseException] = None
         for attempt in range(self.max_retries + 1):
             try:
                 async with self._semaphore:
                     text = await self._call(messages, params)
                 parsed = json.loads(_strip_fences(text))
+                value = check(parsed)
                 if self._cache is not None:
                     self._cache[key] = json.dumps(parsed)
-                return parsed
-            except json.JSONDecodeError as e:  # a malformed reply is worth one more try, like a 5xx
+                return value
+            except (json.JSONDecodeError, ReplyShapeError) as e:  # a bad reply is worth one more try, like a 5xx
                 last = e
             except JudgeError:
                 raise
@@ -252,6 +280,14 @@ GRADE_PROMPT = """For each numbered candidate, say whether it means the same as 
 Reply in JSON: {{"correct": [true or false per candidate, in number order]}}"""
 
 
+def list_of(reply: Any, key: str, n: int, types: Union[type, tuple[type, ...]]) -> list:
+    """``reply[key]`` when it is a list of exactly ``n`` items of ``types``; otherwise ReplyShapeError (retried)."""
+    items = reply.get(key) if isinstance(reply, dict) else None
+    if not isinstance(items, list) or len(items) != n or not all(isinstance(i, types) for i in items):
+        raise ReplyShapeError(f"expected {{\"{key}\": [{n} items]}}, got {json.dumps(reply)[:200]}")
+    return items
+
+
 def list_schema(key: str, items: dict, n: int) -> dict:
     """{key: [exactly n items]}."""
     return {"type": "object", "required": [key], "additionalProperties": False,
@@ -267,14 +303,11 @@ class LLMJudge:
 
     async def answer(self, summary: str, questions: Sequence[Question]) -> list[str]:
         listing = "\n".join(f"{i + 1}. {q.question}" for i, q in enumerate(questions))
-        reply = await self.client.complete_json(
+        return await self.client.complete_json(
             [{"role": "user", "content": ANSWER_PROMPT.format(summary=summary, questions=listing, unanswerable=UNANSWERABLE)}],
             schema=list_schema("answers", {"type": "string", "maxLength": 80}, len(questions)),
+            check=lambda reply: [str(a) for a in list_of(reply, "answers", len(questions), (str, int, float))],
         )
-        answers = reply.get("answers") if isinstance(reply, dict) else None
-        if not isinstance(answers, list) or len(answers) != len(questions):
-            raise JudgeError(f"judge {self.client.model}: expected {len(questions)} answers, got {json.dumps(reply)[:200]}")
-        return [str(a) for a in answers]
 
     async def grade_group(self, texts: Sequence[str], questions: Sequence[Question]) -> list[Union[list[bool], JudgeError]]:
         """Grade several texts (a group's summaries) on the same questions: one answering call per text,
@@ -309,13 +342,11 @@ class LLMJudge:
                 blocks.append("\n".join(lines))
             items = "\n\n".join(blocks)
             try:
-                reply = await self.client.complete_json(
+                correct = await self.client.complete_json(
                     [{"role": "user", "content": GRADE_PROMPT.format(items=items, unanswerable=UNANSWERABLE)}],
                     schema=list_schema("correct", {"type": "boolean"}, len(pending)),
+                    check=lambda reply: list_of(reply, "correct", len(pending), bool),
                 )
-                correct = reply.get("correct") if isinstance(reply, dict) else None
-                if not isinstance(correct, list) or len(correct) != len(pending) or not all(isinstance(c, bool) for c in correct):
-                    raise JudgeError(f"judge {self.client.model}: expected {len(pending)} booleans, got {json.dumps(reply)[:200]}")
             except JudgeError as e:
                 return [v if isinstance(v, JudgeError) else e for v in verdicts]
             for (t, q), value in zip(pending, correct):

@@ -34,17 +34,12 @@ class RulerReward:
         self.client, self.rubric, self.max_words = client, rubric, max_words
 
     def _litellm_params(self, n_scores: int) -> dict:
-        params: dict = {"temperature": 0, "timeout": self.client.timeout_s, "num_retries": self.client.max_retries}
+        params = self.client.litellm_params()
         if self.client.structured:
             # A grammar-constrained judge needs the exact count: ART's Response schema sets none, and a small
             # model then emits extra entries. extra_body overrides the request's response_format over HTTP.
             params["extra_body"] = {"response_format": {"type": "json_schema", "json_schema": {
                 "name": "Response", "schema": ruler_schema(n_scores)}}}
-        key = self.client._api_key()
-        if key or self.client.api_base:
-            params["api_key"] = key or "none"
-        if self.client.api_base:
-            params["api_base"] = self.client.api_base
         return params
 
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
@@ -58,7 +53,7 @@ class RulerReward:
         )
         self.client.usage.calls += 1
         n_scores = 1 if len(set(summaries)) == 1 else len(summaries)  # RULER sends identical trajectories once
-        async with self.client._semaphore:
+        async with self.client.slot():
             scored = await ruler_score_group(group, self.client.model, self._litellm_params(n_scores), self.rubric,
                                              swallow_exceptions=True)
         if scored is None:

@@ -3,8 +3,9 @@
 Heavy libraries (torch, ART, litellm) are imported only after the config is validated, so a bad
 value fails in about a second. Returns the final validation score for Hydra sweepers.
 
-In a multirun a failing job (even a config error) is recorded in its ``result.json`` as failed and
-raises an ordinary exception: Hydra runs the sweep's other jobs, then exits non-zero.
+An expected failure (summrl.errors) ends the run with one line and its exit code; tracebacks only
+with HYDRA_FULL_ERROR=1. Every failed job, even one that never started, records why in its ``result.json``.
+In a multirun a failing job raises an ordinary exception: Hydra runs the sweep's other jobs, then exits non-zero.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from summrl.config import Config, ConfigError, validate
-from summrl.job import JobInfo, write_result
+from summrl.config import Config, validate
+from summrl.errors import KINDS, Failure, classify
+from summrl.job import JobInfo, read_result, write_result
 
 
 def load_config(cfg: DictConfig) -> Config:
@@ -38,6 +40,8 @@ def load_config(cfg: DictConfig) -> Config:
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     job = JobInfo.from_hydra()
+    config: Config | None = None
+    started = False  # the loop keeps its own result.json from here on
     try:
         config = load_config(cfg)
         if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
@@ -47,19 +51,35 @@ def main(cfg: DictConfig) -> float | None:
         from summrl.preflight import check
 
         check(config)  # the backend's packages, GPU and keys, and the backup bucket: all listed, before loading
-    except ConfigError as e:
-        print(f"summrl: config error: {e}", file=sys.stderr)
-        if job.sweep is None:
-            sys.exit(2)
-        # SystemExit would end the whole sweep; an exception fails this job only.
-        write_result(HydraConfig.get().runtime.output_dir, {"status": "failed", "error": f"config error: {e}",
-                                                            **job.record()})
-        raise
-    # ART's gather draws a progress bar per batch; the loop prints one line per step instead.
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    from summrl.loop import train  # heavy imports only now
+        # ART's gather draws a progress bar per batch; the loop prints one line per step instead.
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        from summrl.loop import train  # heavy imports only now
 
-    return asyncio.run(train(config, job))
+        started = True
+        return asyncio.run(train(config, job))
+    except Exception as e:
+        failure = classify(e)
+        if failure is None:
+            raise  # a bug: Hydra prints the traceback
+        record_failure(config.run.dir if config else HydraConfig.get().runtime.output_dir, failure, job, started)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(failure.line, file=sys.stderr, flush=True)
+        if job.sweep is None:
+            sys.exit(failure.exit_code)
+        raise  # SystemExit would end the whole sweep; an exception fails this job only
+
+
+def record_failure(run_dir: str, failure: Failure, job: JobInfo, started: bool) -> None:
+    """The run folder keeps why it failed: the loop's own record gains the kind; a run that never
+    started gets one (so no run folder is left without its result.json), unless the folder holds an
+    earlier invocation's record, which a config typo must not overwrite."""
+    result = read_result(run_dir)
+    if not started:
+        if result is not None:
+            return
+        result = {"status": "failed", "error": f"{KINDS[failure.kind][1]}: {failure.message}", **job.record()}
+    write_result(run_dir, {**(result or {}), "error_kind": failure.kind, "exit_code": failure.exit_code})
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ logs and dashboards), never as envs, never in a YAML on disk.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -21,6 +22,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional
 
+from summrl.errors import NetworkError, is_network, network_message
 from summrl.judges import missing_keys
 from summrl.preflight import PreflightError
 from summrl.storage import resolve_bucket
@@ -169,19 +171,32 @@ def run_script(config: Any, overrides: list[str]) -> str:
     ])
 
 
-def build_task(config: Any, overrides: list[str], cluster: str) -> Any:
-    """The SkyPilot task for this job. Secrets go in the task's secrets mapping only."""
+def build_task(config: Any, overrides: list[str], cluster: str, resources: bool = True) -> Any:
+    """The SkyPilot task for this job. Secrets go in the task's secrets mapping only.
+    Its resources need SkyPilot's catalog (fetched online once): ``resources=False`` leaves them out."""
     import sky
 
     b = config.backend
     task = sky.Task(name=cluster, setup=setup_script(config), run=run_script(config, overrides), workdir=str(ROOT))
     task.update_secrets(secrets(config))
-    task.set_resources(sky.Resources(infra=b.infra, accelerators=b.accelerators, disk_size=b.disk_size))
+    if resources:
+        task.set_resources(sky.Resources(infra=b.infra, accelerators=b.accelerators, disk_size=b.disk_size))
     return task
 
 
-def describe(task: Any) -> str:
-    """The task as YAML with every secret's value replaced by <redacted> (never SkyPilot's clear-text dump)."""
+@contextlib.contextmanager
+def quiet_sky():
+    """SkyPilot's status spinners (``<sky-payload>`` lines outside its CLI) and its catalog logs: our own
+    messages say what failed."""
+    from sky import sky_logging
+
+    with sky_logging.silent(), sky_logging.set_sky_logging_levels(logging.CRITICAL):
+        yield
+
+
+def describe(task: Any, resources: Optional[dict] = None) -> str:
+    """The task as YAML with every secret's value replaced by <redacted> (never SkyPilot's clear-text dump).
+    ``resources``: as asked for, when the task could not hold them (no catalog)."""
     import yaml
 
     class Dumper(yaml.SafeDumper):
@@ -192,7 +207,10 @@ def describe(task: Any) -> str:
 
     Dumper.add_representer(str, text)
     # use_user_specified_yaml on a task built in Python: SkyPilot's own redacted rendering.
-    return yaml.dump(task.to_yaml_config(use_user_specified_yaml=True), Dumper=Dumper, sort_keys=False, width=10**6)
+    spec = task.to_yaml_config(use_user_specified_yaml=True)
+    if resources:
+        spec["resources"] = resources
+    return yaml.dump(spec, Dumper=Dumper, sort_keys=False, width=10**6)
 
 
 # --------------------------------------------------------------------------- the lifecycle
@@ -227,11 +245,35 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
     problems = preflight(config)
     if importlib.util.find_spec("sky") is None:  # nothing more can be checked without it
         raise PreflightError(_listing(b, problems))
-    task = build_task(config, overrides, cluster)
+    unreachable = None  # SkyPilot's catalog, when there is no network
+    with quiet_sky():
+        try:
+            task = build_task(config, overrides, cluster)
+        except Exception as e:
+            if not is_network(e):
+                raise
+            unreachable, task = e, build_task(config, overrides, cluster, resources=False)
+    asked = {"infra": b.infra, "accelerators": b.accelerators, "disk_size": b.disk_size} if unreachable else None
     if b.dry_run:
-        print(f"summrl: dry run: cluster {cluster}, {b.accelerators} on {b.infra}\n{describe(task)}", flush=True)
-    task.validate()  # workdir, resources, run: before any money is spent
-    problems += offered_problems(task, b)
+        print(f"summrl: dry run: cluster {cluster}, {b.accelerators} on {b.infra}\n{describe(task, asked)}", flush=True)
+    with quiet_sky():
+        try:
+            task.validate()  # workdir, resources, run: before any money is spent
+            if unreachable is None:
+                problems += offered_problems(task, b)
+        except Exception as e:
+            if not is_network(e):
+                raise
+            unreachable = e
+    if unreachable is not None:
+        note = (f"SkyPilot's catalog could not be reached ({network_message(unreachable)}), "
+                f"so backend.accelerators={b.accelerators} on {b.infra} was not checked")
+        if problems:
+            raise PreflightError(_listing(b, [*problems, note]))
+        if b.dry_run:
+            print(f"summrl: dry run: {note}; nothing was launched", flush=True)
+            return None
+        raise NetworkError(note)
     if problems:
         raise PreflightError(_listing(b, problems))
     if b.dry_run:

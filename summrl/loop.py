@@ -156,7 +156,7 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
     if total and missing / total > session.trainer.max_missing_reward_rate:
         raise MissingRewardsError(
             f"{missing} of {total} rollouts have no reward (limit trainer.max_missing_reward_rate="
-            f"{session.trainer.max_missing_reward_rate}). Judge {judge_name(session.config)}: {last_error}"
+            f"{session.trainer.max_missing_reward_rate}). The last error: {last_error}"
         )
     scored = time.perf_counter()
     return Scored(kept, dropped, missing, {"generate_s": generated - started, "score_s": scored - generated})

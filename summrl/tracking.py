@@ -106,8 +106,11 @@ class WandbTracker(Tracker):
 
 
 def wandb_mode(logger) -> str:
-    """auto: online when WANDB_API_KEY is set, offline otherwise (``wandb sync`` later)."""
-    return logger.mode if logger.mode != "auto" else ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    """An explicit logger.mode wins; auto: $WANDB_MODE when set (W&B's own switch), else online when
+    WANDB_API_KEY is set, offline otherwise (``wandb sync`` later)."""
+    if logger.mode != "auto":
+        return logger.mode
+    return os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
 
 
 def wandb_id(name: str) -> str:

@@ -74,6 +74,7 @@ class BenchmarkSettings:
     timeout_s: float
     max_retries: int
     confirm: bool
+    split: str = "val"  # val: training's val split; all: every document of the dataset (train_size/val_size unused)
 
 
 @dataclass
@@ -93,7 +94,8 @@ class BenchmarkConfig:
 
 TOP_LEVEL = {"project", "model", "dataset", "reward", "judge", "backend", "logger", "storage", "trainer", "benchmark"}
 BENCHMARK_KEYS = {"name", "output_dir", "models", "run_dir", "steps", "every", "rollouts_per_doc", "max_concurrency",
-                  "timeout_s", "max_retries", "confirm"}
+                  "timeout_s", "max_retries", "confirm", "split"}
+SPLITS = ("val", "all")
 SERVING_BACKENDS = ("embedded", "local_gpu")
 # Judges whose LLM is the embedded model (judge=local grades QA lexically and asks it only for RULER).
 EMBEDDED_JUDGES = ("embedded", "local")
@@ -138,6 +140,9 @@ def _settings(node: Any) -> BenchmarkSettings:
         raise ConfigError(f"benchmark.timeout_s: must be > 0, got {plain.get('timeout_s')!r}")
     if not isinstance(plain.get("confirm"), bool):
         raise ConfigError(f"benchmark.confirm: must be true or false, got {plain.get('confirm')!r}")
+    if plain.get("split", "val") not in SPLITS:
+        raise ConfigError(f"benchmark.split: must be one of {', '.join(SPLITS)} (all: every document of the dataset), "
+                          f"got {plain.get('split')!r}")
     models = [_entry(i, e) for i, e in enumerate(plain.get("models") or [])]
     labels = [m.label for m in models]
     duplicate = next((label for label in labels if labels.count(label) > 1), None)
@@ -150,6 +155,7 @@ def _settings(node: Any) -> BenchmarkSettings:
         name=str(plain["name"]), output_dir=str(plain["output_dir"]), models=models, run=run,
         rollouts_per_doc=plain["rollouts_per_doc"], max_concurrency=plain["max_concurrency"],
         timeout_s=float(plain["timeout_s"]), max_retries=plain["max_retries"], confirm=plain["confirm"],
+        split=plain.get("split", "val"),
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from summrl.benchmark.publish import publish
 from summrl.benchmark.rows import Row, RowStore, correctness, read_rows, row_key
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
 from summrl.config import ConfigError, LexicalJudgeConfig, RulerRewardConfig
-from summrl.data import Document, Question, load_splits
+from summrl.data import Document, Question, all_documents, load_splits
 from summrl.rollout import word_count
 
 
@@ -196,8 +197,11 @@ def identity(config: BenchmarkConfig) -> dict:
     """What makes rows comparable: the same documents, prompt, sampling, judge and reward."""
     operational = {"max_concurrency", "timeout_s", "max_retries", "retry_base_s", "retry_max_s", "cache_dir"}
     t = config.trainer
+    dataset = asdict(config.dataset)
+    if config.benchmark.split == "all":  # every document: the split sizes play no part
+        dataset = {k: v for k, v in dataset.items() if k not in ("train_size", "val_size")} | {"split": "all"}
     return {
-        "dataset": asdict(config.dataset),
+        "dataset": dataset,
         "prompt": {"max_words": t.max_words, "max_summary_tokens": t.max_summary_tokens, "temperature": t.temperature},
         "judge": {k: v for k, v in asdict(config.judge).items() if k not in operational},
         "reward": asdict(config.reward),
@@ -252,7 +256,7 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
     """The whole benchmark. Returns the exit status: 0, 1 (some rows failed; rerun to retry), 3 (not confirmed)."""
     out_dir = Path(config.benchmark.output_dir)
     check_identity(out_dir, config)
-    val, _ = load_splits(config.dataset)
+    val = all_documents(config.dataset) if config.benchmark.split == "all" else load_splits(config.dataset)[0]
     store = RowStore(out_dir / "rows.csv")
     jobs = plan(config, val, store)
     total = len(jobs) * len(val) * config.benchmark.rollouts_per_doc
@@ -272,6 +276,14 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
               "command to retry only those", file=sys.stderr)
         return 1
     return 0
+
+
+def progress_bar(total: int) -> Any:
+    """The summaries made and scored, over every model and step (tqdm; off when stderr is no terminal, or in CI)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="summary", desc="summrl: benchmark", dynamic_ncols=True,
+                disable=True if os.environ.get("CI") else None)
 
 
 async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[Document],
@@ -295,6 +307,7 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
         ruler_judge = build_judge(judge_config, endpoint) if any(isinstance(j.entry, BestOfNEntry) for j in jobs) else None
         by_id = {d.id: d for d in documents}
         failures: list[str] = []
+        progress = progress_bar(sum(len(r) for j in jobs for r in j.pending.values()))
         for job in jobs:
             source = await source_for(config, job, server, ruler_judge)
             if isinstance(job.entry, BestOfNEntry) and not judge_local(config):
@@ -310,14 +323,17 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
                     except SummaryError as e:
                         failures.append(str(e))
                         return 0
+                    finally:
+                        progress.update(len(job.pending[doc_id]))
                     store.append(rows)  # as soon as the document is scored: a crash loses only what is in flight
                     failures.extend(errors)
                     return len(rows)
 
             written = sum(await asyncio.gather(*(one(d) for d in job.pending)))
             where = "" if job.step is None else f" step {job.step}"
-            print(f"summrl: {job.label}{where}: {written} of {sum(len(r) for r in job.pending.values())} summaries "
-                  "scored", flush=True)
+            progress.write(f"summrl: {job.label}{where}: {written} of {sum(len(r) for r in job.pending.values())} "
+                           "summaries scored")
+        progress.close()
         return failures
     finally:
         if server is not None:

@@ -7,6 +7,7 @@ from summrl.data.repliqa import (
     Document,
     Question,
     group_documents,
+    all_documents,
     load_splits,
     resolve_path,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "Document",
     "Question",
     "group_documents",
+    "all_documents",
     "load_splits",
     "resolve_path",
 ]

@@ -137,6 +137,12 @@ def _load_rows(files: list[str] | None, hf_path: str, hf_split: str) -> tuple[li
     return list(dataset), f"{hf_path}/{hf_split}"
 
 
+def all_documents(dataset: "DatasetConfig") -> list[Document]:
+    """Every document of the dataset, in its files' order (``benchmark.split=all``: no split sizes)."""
+    rows, source = _load_rows(dataset.files, dataset.hf_path, dataset.hf_split)
+    return group_documents(rows, source)
+
+
 def load_splits(dataset: "DatasetConfig") -> tuple[list[Document], list[Document]]:
     """Return (val, train) documents for ``cfg.dataset``."""
     train_size, val_size = dataset.train_size, dataset.val_size

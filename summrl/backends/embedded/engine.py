@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -20,6 +21,10 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from summrl.data import resolve_path
+
+# peft looks the base model up again at every save_pretrained to see whether the vocabulary changed; offline, or
+# with a local model, it warns at each checkpoint. LoRA here never changes the vocabulary: noise to a user.
+warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning, module="peft")
 
 if TYPE_CHECKING:
     from summrl.config import LoraConfig

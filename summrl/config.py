@@ -351,7 +351,7 @@ class WandbLoggerConfig:
     kind: str = "wandb"
     project: str = "summrl"
     entity: Optional[str] = None
-    mode: str = "auto"  # auto: online when WANDB_API_KEY is set, offline otherwise (`wandb sync` later)
+    mode: str = "auto"  # auto: $WANDB_MODE if set, else online when WANDB_API_KEY is set, offline otherwise
     log_samples: bool = True  # a table of val summaries with per-question correctness at every eval
 
     def __post_init__(self) -> None:

@@ -253,7 +253,8 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
             if not is_network(e):
                 raise
             unreachable, task = e, build_task(config, overrides, cluster, resources=False)
-    asked = {"infra": b.infra, "accelerators": b.accelerators, "disk_size": b.disk_size} if unreachable else None
+    name, _, count = b.accelerators.partition(":")
+    asked = {"infra": b.infra, "accelerators": {name: int(count or 1)}, "disk_size": b.disk_size} if unreachable else None
     if b.dry_run:
         print(f"summrl: dry run: cluster {cluster}, {b.accelerators} on {b.infra}\n{describe(task, asked)}", flush=True)
     with quiet_sky():

@@ -127,7 +127,7 @@ def test_cli_fails_with_a_clear_message(args, message, tmp_path):
 def test_a_missing_judge_key_fails_before_anything_loads(tmp_path):
     result = run_cli(["experiment=local", "judge=gemini_flash", "storage.enabled=true", f"hydra.run.dir={tmp_path}/run"],
                      cwd=ROOT, timeout=60, env={"GEMINI_API_KEY": "", "BACKUP_BUCKET": ""})
-    assert result.returncode == 2
+    assert result.returncode == 3  # a preflight error (README: "When a run fails")
     # every missing item at once, each with its fix
     assert "the judge's key is not set: export GEMINI_API_KEY or put it in .env" in result.stderr
     assert "storage.enabled=true needs a bucket: set BACKUP_BUCKET" in result.stderr

@@ -64,6 +64,7 @@ def test_cli_lists_what_a_local_gpu_run_lacks_in_a_second(tmp_path, monkeypatch)
     monkeypatch.delenv("BACKUP_BUCKET", raising=False)
     result = run_cli(["backend=local_gpu", "judge=lexical", f"hydra.run.dir={tmp_path}"], cwd=ROOT, timeout=60,
                      env={"BACKUP_BUCKET": ""})
-    assert result.returncode == 2
+    assert result.returncode == 3  # a preflight error
+    assert result.stderr.startswith("summrl: preflight error: this run can't start yet:")
     assert "pip install -e '.[gpu]'" in result.stderr and "BACKUP_BUCKET" in result.stderr
     assert not (tmp_path / "art").exists()

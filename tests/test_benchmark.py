@@ -351,3 +351,40 @@ def test_checkpoint_scored_by_the_embedded_judge(trained_run, tmp_path):
     assert len(verdicts) == 5 and set(verdicts) <= {0, 1} and row.score == pytest.approx(sum(verdicts) / 5)
     assert row.judge_calls >= 1 and row.judge_cost_usd == 0  # the embedded judge answered, locally
     assert_png(out / "steps.png")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_split_all_scores_every_document_with_a_progress_bar_on_a_terminal(tmp_path, monkeypatch):
+    from summrl.data import all_documents
+
+    monkeypatch.delenv("CI", raising=False)
+    with FakeLLM() as fake:  # with no script it answers every call with the same short summary
+        overrides = ["experiment=local", "judge=lexical", "benchmark.split=all", "benchmark.rollouts_per_doc=1",
+                     "benchmark.confirm=false", f"benchmark.models=[{fake_model(fake)}]"]
+        config = compose_benchmark(overrides, tmp_path / "out")
+        documents = all_documents(config.dataset)
+        assert len(documents) > config.dataset.val_size  # more than the val split: the train documents too
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert asyncio.run(run(config)) == 0
+        assert len(fake.requests) == len(documents)
+        assert "summrl: benchmark: 100%" in terminal.getvalue() and f"{len(documents)}/{len(documents)}" in terminal.getvalue()
+
+        monkeypatch.setenv("CI", "true")  # in CI, no bar even on a terminal
+        quiet = Terminal()
+        monkeypatch.setattr(sys, "stderr", quiet)
+        assert asyncio.run(run(compose_benchmark(overrides, tmp_path / "ci"))) == 0
+        assert "summrl: benchmark:" not in quiet.getvalue()
+    monkeypatch.undo()
+    rows = read_rows(tmp_path / "out" / "rows.csv")
+    assert set(rows.document_id) == {d.id for d in documents}
+    assert json.loads((tmp_path / "out" / "benchmark.json").read_text())["dataset"]["split"] == "all"
+
+
+def test_benchmark_split_must_be_val_or_all(tmp_path):
+    with pytest.raises(ConfigError, match="benchmark.split: must be one of val, all"):
+        compose_benchmark(["experiment=local", "benchmark.split=train"], tmp_path)

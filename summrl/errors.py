@@ -99,6 +99,8 @@ def classify(e: BaseException) -> Optional[Failure]:
             kind = "preflight"
         elif "summrl.config.ConfigError" in names:
             kind = "config"
+        elif "summrl.data.repliqa.DataError" in names:  # sizes the data can't meet; or the hub out of reach
+            kind = "network" if is_network(x) else "config"
         elif names & {"summrl.loop.MissingRewardsError", "summrl.judges.llm.JudgeError"}:
             kind = "judge"
         elif "summrl.storage.StorageError" in names or any(n.startswith("botocore.exceptions.") for n in names):
@@ -108,6 +110,8 @@ def classify(e: BaseException) -> Optional[Failure]:
             kind = "wandb"
         elif any(n.startswith("sky.") for n in names) and not _is_network(x):
             kind = "skypilot"
+        if kind == "network":
+            return Failure(kind, redact_text(_one_line(str(x))))
         if kind is not None:
             text = str(x) if kind == "preflight" else _one_line(str(x))  # the preflight lists one item a line
             return Failure(kind, redact_text(text or type(x).__name__))

@@ -16,6 +16,7 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
@@ -67,7 +68,13 @@ def main(cfg: DictConfig) -> float | None:
         print(failure.line, file=sys.stderr, flush=True)
         if job.sweep is None:
             sys.exit(failure.exit_code)
-        raise  # SystemExit would end the whole sweep; an exception fails this job only
+        # SystemExit would end the whole sweep; an exception fails this job only. Hydra prints a compact one
+        # as its message alone when the sweep ends, not as a traceback.
+        raise JobFailed(failure.line) from e
+
+
+class JobFailed(CompactHydraException):
+    """A sweep's job that ended with an expected failure (its one line)."""
 
 
 def record_failure(run_dir: str, failure: Failure, job: JobInfo, started: bool) -> None:

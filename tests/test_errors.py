@@ -88,6 +88,18 @@ def test_a_config_error_is_one_line_and_a_traceback_only_with_hydra_full_error(t
     assert full.returncode != 0 and "Traceback" in full.stderr and "trainer.max_steps" in full.stderr
 
 
+def test_a_sweep_records_each_failed_job_goes_on_and_ends_without_a_traceback(tmp_path):
+    sweep = tmp_path / "multirun"
+    result = run_cli(["-m", "experiment=local", "trainer.max_steps=-1,-2", f"hydra.sweep.dir={sweep}"], cwd=ROOT,
+                     timeout=60, env={"HYDRA_FULL_ERROR": ""})
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    for job, steps in (("0", -1), ("1", -2)):  # the second job ran after the first failed
+        record = json.loads((sweep / job / "result.json").read_text())
+        assert record["error_kind"] == "config" and f"got {steps}" in record["error"] and record["job_num"] == int(job)
+        assert f"summrl: config error: trainer.max_steps: must be > 0, got {steps}" in result.stderr
+
+
 def test_a_failed_config_does_not_overwrite_an_earlier_record(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -24,6 +24,9 @@ KINDS = {
 }
 
 
+NETWORK_FIX = "check the network connection (or HTTPS_PROXY)"
+
+
 class NetworkError(ConnectionError):
     """A service this run needs could not be reached; the message names it and what was not checked."""
 
@@ -69,7 +72,7 @@ def is_network(e: BaseException) -> bool:
 
 
 def network_message(e: BaseException) -> str:
-    """``e`` as one line: the host that could not be reached and why."""
+    """``e`` as one line: the host that could not be reached and why (``can't reach HOST: REASON``)."""
     return _network_message(e)
 
 
@@ -83,7 +86,7 @@ def _network_message(e: BaseException) -> str:
     errors = list(chain(e))
     hosts = [m.group(1) for x in errors for m in [re.search(r"host='([^']+)'", str(x))] if m]
     where = f"can't reach {hosts[0]}" if hosts else "a connection failed"
-    return f"{where} ({_one_line(str(errors[-1])) or type(errors[-1]).__name__}): check the network (or HTTPS_PROXY)"
+    return f"{where}: {_one_line(str(errors[-1])) or type(errors[-1]).__name__}"
 
 
 def classify(e: BaseException) -> Optional[Failure]:
@@ -116,5 +119,5 @@ def classify(e: BaseException) -> Optional[Failure]:
             text = str(x) if kind == "preflight" else _one_line(str(x))  # the preflight lists one item a line
             return Failure(kind, redact_text(text or type(x).__name__))
     if is_network(e):
-        return Failure("network", redact_text(_network_message(e)))
+        return Failure("network", redact_text(f"{_network_message(e)}; {NETWORK_FIX}"))
     return None

@@ -22,7 +22,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional
 
-from summrl.errors import NetworkError, is_network, network_message
+from summrl.errors import NETWORK_FIX, NetworkError, is_network, network_message
 from summrl.judges import missing_keys
 from summrl.preflight import PreflightError
 from summrl.storage import resolve_bucket
@@ -267,8 +267,8 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
                 raise
             unreachable = e
     if unreachable is not None:
-        note = (f"SkyPilot's catalog could not be reached ({network_message(unreachable)}), "
-                f"so backend.accelerators={b.accelerators} on {b.infra} was not checked")
+        note = (f"SkyPilot's catalog could not be reached, so backend.accelerators={b.accelerators} on {b.infra} "
+                f"was not checked ({network_message(unreachable)}; {NETWORK_FIX})")
         if problems:
             raise PreflightError(_listing(b, [*problems, note]))
         if b.dry_run:

@@ -71,18 +71,12 @@ def is_network(e: BaseException) -> bool:
     return any(_is_network(x) for x in chain(e))
 
 
-def network_message(e: BaseException) -> str:
-    """``e`` as one line: the host that could not be reached and why (``can't reach HOST: REASON``)."""
-    return _network_message(e)
-
-
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _network_message(e: BaseException) -> str:
-    if isinstance(e, NetworkError):
-        return str(e)
+def network_message(e: BaseException) -> str:
+    """``e`` as one line: the host that could not be reached and why (``can't reach HOST: REASON``)."""
     errors = list(chain(e))
     hosts = [m.group(1) for x in errors for m in [re.search(r"host='([^']+)'", str(x))] if m]
     where = f"can't reach {hosts[0]}" if hosts else "a connection failed"
@@ -102,6 +96,8 @@ def classify(e: BaseException) -> Optional[Failure]:
             kind = "preflight"
         elif "summrl.config.ConfigError" in names:
             kind = "config"
+        elif "summrl.errors.NetworkError" in names:  # ours: it already says what and how to fix it
+            kind = "network"
         elif "summrl.data.repliqa.DataError" in names:  # sizes the data can't meet; or the hub out of reach
             kind = "network" if is_network(x) else "config"
         elif names & {"summrl.loop.MissingRewardsError", "summrl.judges.llm.JudgeError"}:
@@ -113,11 +109,9 @@ def classify(e: BaseException) -> Optional[Failure]:
             kind = "wandb"
         elif any(n.startswith("sky.") for n in names) and not _is_network(x):
             kind = "skypilot"
-        if kind == "network":
-            return Failure(kind, redact_text(_one_line(str(x))))
         if kind is not None:
             text = str(x) if kind == "preflight" else _one_line(str(x))  # the preflight lists one item a line
             return Failure(kind, redact_text(text or type(x).__name__))
     if is_network(e):
-        return Failure("network", redact_text(f"{_network_message(e)}; {NETWORK_FIX}"))
+        return Failure("network", redact_text(f"{network_message(e)}; {NETWORK_FIX}"))
     return None

@@ -59,7 +59,7 @@ class RulerReward:
         if scored is None:
             self.client.usage.failures += 1
             error = f"RULER could not score the group of document {document.id} with judge {self.client.model}"
-            return [Missing(error) for _ in summaries]
+            return [Missing(error, "RulerFailed") for _ in summaries]
         return [
             Score(t.reward, {"ruler_score": t.reward, "word_count": float(len(s.split()))})
             for t, s in zip(scored.trajectories, summaries)

@@ -18,6 +18,7 @@ from summrl.loop import MissingRewardsError, Session, sample_and_score
 from summrl.tracking import Tracker
 from summrl.rewards import Missing
 from summrl.rewards.qa import QAReward
+from summrl.rewards.ruler import RulerReward
 from tests.conftest import compose_config
 from summrl.judges.fake_server import FakeLLM, Reply
 
@@ -287,7 +288,16 @@ def test_ruler_parse_failure_leaves_the_group_missing(fake, secret_env):
     reward = ruler_reward(fake)
     scores = asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
     assert all(isinstance(s, Missing) for s in scores)
-    assert reward.client.usage.failures == 1
+    assert reward.client.usage.failures == 1 and scores[0].kind == "ValueError" and "3 scores" in scores[0].error
+
+
+def test_ruler_replies_of_the_wrong_shape_are_retried(fake, secret_env):
+    one_score = json.dumps({"scores": [{"trajectory_id": "1", "explanation": "", "score": 0.5}]})
+    fake.script = [Reply(one_score), Reply("Sure, here you go")]  # then the server answers like a judge
+    reward = RulerReward(client(fake, max_retries=2), rubric="r", max_words=350)
+    scores = asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
+    assert [type(s).__name__ for s in scores] == ["Score"] * 3 and len(fake.requests) == 3
+    assert (reward.client.usage.retries, reward.client.usage.failures) == (2, 0)
 
 
 def test_full_document_baseline_is_computed_once_per_document(fake, secret_env):

@@ -182,7 +182,11 @@ class JudgeClient:
         """The concurrency limit, for callers that call litellm themselves: ``async with client.slot(): ...``."""
         return self._semaphore
 
-    def _redact(self, text: str) -> str:
+    def backoff_s(self, attempt: int) -> float:
+        """Exponential backoff with jitter before retry number ``attempt + 1``."""
+        return min(self.retry_max_s, self.retry_base_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+    def redact(self, text: str) -> str:
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         return text.replace(key, "***") if key else text
 
@@ -229,10 +233,9 @@ class JudgeClient:
                     break
             if attempt < self.max_retries:
                 self.usage.retries += 1
-                delay = min(self.retry_max_s, self.retry_base_s * 2**attempt) * random.uniform(0.5, 1.0)
-                await asyncio.sleep(max(delay, _retry_after(last) or 0.0))
+                await asyncio.sleep(max(self.backoff_s(attempt), _retry_after(last) or 0.0))
         self.usage.failures += 1
-        message = self._redact(f"{type(last).__name__}: {last}")[:500]
+        message = self.redact(f"{type(last).__name__}: {last}")[:500]
         self.usage.last_error = message
         raise JudgeError(f"judge {self.model} failed after {self.max_retries + 1} attempt(s): {message}",
                          kind=type(last).__name__)

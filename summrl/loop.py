@@ -285,6 +285,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
     finally:
         result["wall_s"] = round(earlier_wall_s + time.time() - started, 1)
         if session is not None:
+            session.judge_usage()  # the calls since the last log (a failed step's too) join the totals
             result["judge_calls"] = session.judge_totals.get("judge/calls", 0.0)
             result["judge_cost_usd"] = session.judge_totals.get("judge/cost_usd", 0.0)
             result["judge_retries"] = session.judge_totals.get("judge/retries", 0.0)

@@ -97,13 +97,15 @@ class TrainerConfig:
     temperature: float = 1.0
     max_words: int = 350  # the prompt asks for it and the rewards read it
     num_epochs: int = 100  # passes over the train split; max_steps normally ends the run first
-    # A rollout whose reward is missing (a judge call failed after its retries) drops its group.
-    # Past this share of a step's rollouts the run stops, naming the judge and its last error.
+    # A rollout whose reward is missing (a judge call failed after its retries) is left out of training.
+    # When more than this share of a window of the last `missing_reward_window` rollouts (train and val)
+    # have no reward, the run stops, naming the judge, the errors by kind and what to do.
     max_missing_reward_rate: float = 0.2
+    missing_reward_window: int = 64
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "groups_per_step", "rollouts_per_group", "eval_every",
-                    "val_rollouts_per_doc", "max_summary_tokens", "max_words", "num_epochs"):
+                    "val_rollouts_per_doc", "max_summary_tokens", "max_words", "num_epochs", "missing_reward_window"):
             value = getattr(self, key)
             _require(value > 0, f"trainer.{key}", f"must be > 0, got {value}")
         _require(self.rollouts_per_group >= 2, "trainer.rollouts_per_group",

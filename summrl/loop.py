@@ -12,7 +12,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import art
 import numpy as np
@@ -24,7 +24,8 @@ from summrl.config import Config
 from summrl.data import Document, load_splits
 from summrl.job import JobInfo, read_result, write_result
 from summrl.judges import Judge, build_judge
-from summrl.rewards import Missing, Reward, build_reward, build_val_reward
+from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
+from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward
 from summrl.rollout import rollout, summary_of
 from summrl.secrets import redact_text
 from summrl.storage import CheckpointBackup, model_dir
@@ -49,6 +50,11 @@ class Session:
     val_reward: Reward  # the reward, plus QA metrics when it is not QA-based: ablations share one axis
     tracker: Tracker
     judge_totals: dict[str, float] = field(default_factory=dict)  # the run's judge calls, tokens and cost
+    missing: Optional[MissingRewards] = None  # the run's missing rewards and their limit
+
+    def __post_init__(self) -> None:
+        if self.missing is None:
+            self.missing = MissingRewards(self.trainer.missing_reward_window, self.trainer.max_missing_reward_rate)
 
     @property
     def trainer(self):
@@ -60,10 +66,6 @@ class Session:
         for key, value in usage.items():
             self.judge_totals[key] = self.judge_totals.get(key, 0.0) + value
         return usage
-
-
-class MissingRewardsError(RuntimeError):
-    """Too many rollouts of a step have no reward: the judge is failing, and training on the rest would mislead."""
 
 
 @dataclass
@@ -118,9 +120,42 @@ async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Ses
                    tracker=tracker or Tracker())
 
 
+def scored_groups(groups: Sequence[art.TrajectoryGroup], all_scores: Sequence[Sequence[Union[Score, Missing]]],
+                  min_scored: int) -> tuple[list[art.TrajectoryGroup], int, int]:
+    """Each group's scored rollouts, as a group of their own: (groups kept, groups dropped, rollouts missing).
+
+    A missing reward is not a zero: its rollout is left out, never scored. The rest of its group keeps
+    its scores. GRPO's advantage is a rollout's reward against its group's mean, and the rollouts of a
+    group are independent samples for the same document, so the scored rest of a group is still a fair
+    (smaller) group: a judge fault does not depend on the summary. Training needs ``min_scored=2`` of them
+    to compare (one alone has no advantage); a rest whose rewards are all equal is kept like any such group
+    (ART gives it no gradient). Val passes ``min_scored=1``: every scored summary counts in its mean.
+    """
+    kept, dropped, missing = [], 0, 0
+    for group, scores in zip(groups, all_scores):
+        trajectories = []
+        for trajectory, score in zip(group.trajectories, scores):
+            if isinstance(score, Missing):
+                missing += 1
+                continue
+            trajectory.reward = score.reward
+            trajectory.metrics.update(score.metrics)
+            trajectory.metadata.update(score.metadata)
+            trajectories.append(trajectory)
+        if len(trajectories) < min_scored:
+            dropped += 1
+        elif len(trajectories) == len(group.trajectories):
+            kept.append(group)
+        else:
+            kept.append(art.TrajectoryGroup(trajectories, exceptions=[]))
+    return kept, dropped, missing
+
+
 async def sample_and_score(session: Session, documents: Sequence[Document], rollouts_per_doc: int,
-                           reward: Reward) -> Scored:
-    """Sample ``rollouts_per_doc`` summaries per document and score each group with ``reward``."""
+                           reward: Reward, min_scored: int = 2) -> Scored:
+    """Sample ``rollouts_per_doc`` summaries per document and score each group with ``reward``.
+
+    Raises MissingRewardsError when the run's recent rollouts have too many missing rewards."""
     t = session.trainer
     started = time.perf_counter()
     groups = await art.gather_trajectory_groups(
@@ -140,35 +175,18 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
         reward.score_group(by_id[str(g.trajectories[0].metadata["document_id"])], [summary_of(tr) for tr in g.trajectories])
         for g in groups
     ))
-    kept, dropped, missing, last_error = [], 0, 0, ""
-    for group, scores in zip(groups, all_scores):
-        failed = [s for s in scores if isinstance(s, Missing)]
-        if failed:
-            # A missing reward is not a zero: the group carries no trustworthy signal.
-            dropped, missing, last_error = dropped + 1, missing + len(failed), failed[-1].error
-            continue
-        for trajectory, score in zip(group.trajectories, scores):
-            trajectory.reward = score.reward
-            trajectory.metrics.update(score.metrics)
-            trajectory.metadata.update(score.metadata)
-        kept.append(group)
-    total = sum(len(g.trajectories) for g in groups)
-    if total and missing / total > session.trainer.max_missing_reward_rate:
-        raise MissingRewardsError(
-            f"{missing} of {total} rollouts have no reward (limit trainer.max_missing_reward_rate="
-            f"{session.trainer.max_missing_reward_rate}). The last error: {last_error}"
-        )
+    for scores in all_scores:
+        session.missing.add(scores)  # type: ignore[union-attr]
+    session.missing.check(session.config.judge)  # type: ignore[union-attr]
+    kept, dropped, missing = scored_groups(groups, all_scores, min_scored)
     scored = time.perf_counter()
     return Scored(kept, dropped, missing, {"generate_s": generated - started, "score_s": scored - generated})
 
 
-def judge_name(config: Config) -> str:
-    return getattr(config.judge, "model", config.judge.kind)
-
-
 async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict:
     """Score the val split; returns ``{"step", "val_reward", "val_qa_accuracy"}`` (the last None without QA)."""
-    result = await sample_and_score(session, val, session.trainer.val_rollouts_per_doc, session.val_reward)
+    result = await sample_and_score(session, val, session.trainer.val_rollouts_per_doc, session.val_reward,
+                                    min_scored=1)
     await session.model.log(result.groups, split="val", step=step,
                             metrics={**result.metrics(), **session.judge_usage()})
     session.tracker.log_history()
@@ -267,8 +285,11 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
     finally:
         result["wall_s"] = round(earlier_wall_s + time.time() - started, 1)
         if session is not None:
+            session.judge_usage()  # the calls since the last log (a failed step's too) join the totals
             result["judge_calls"] = session.judge_totals.get("judge/calls", 0.0)
             result["judge_cost_usd"] = session.judge_totals.get("judge/cost_usd", 0.0)
+            result["judge_retries"] = session.judge_totals.get("judge/retries", 0.0)
+            result["rollouts"] = session.missing.record()  # type: ignore[union-attr]
         write_result(config.run.dir, result)
         if backup is not None:
             backup.save_result(config.run.dir)

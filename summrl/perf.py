@@ -1,9 +1,14 @@
-"""Benchmarks that print JSON. `python -m summrl.perf step [--steps N]`, `python -m summrl.perf judge`.
+"""Benchmarks that print JSON. `python -m summrl.perf step [--steps N]`, `python -m summrl.perf judge`,
+`python -m summrl.perf faults [--rate 0.3]`.
 
 step: the embedded GRPO step of `experiment=local` (2 sample documents x 4 rollouts, 128 new tokens),
 timed with the loop's own ``train_step``; generation throughput of 8 concurrent vs the same 8
 sequential requests through the loopback endpoint; and the start-up time of
 ``python -m summrl.train --cfg job``. Medians over repeats, since these machines are noisy.
+
+faults: `python -m summrl.train experiment=local judge=openai_compatible` (2 steps of 2 documents x 4 rollouts,
+16 new tokens, 2 val documents x 2) against the loopback judge, fault-free and then with faults at ``--rate``:
+rollouts scored and missing, judge retries, the judge's calls by outcome, and wall time.
 """
 
 from __future__ import annotations
@@ -200,6 +205,54 @@ async def bench_judge(documents: int, group_size: int, delay_s: float) -> dict:
     }
 
 
+# The fault runs' scale and judge settings: small timeouts and backoff, so that a fault costs little time.
+FAULT_RUN_OVERRIDES = [
+    "experiment=local", "judge=openai_compatible", "judge.model=openai/fake-judge", "judge.cache_dir=null",
+    "judge.timeout_s=1.5", "judge.max_retries=5", "judge.retry_base_s=0.05", "judge.retry_max_s=0.2",
+    "trainer.max_steps=2", "trainer.groups_per_step=2", "trainer.rollouts_per_group=4", "trainer.eval_every=2",
+    "trainer.max_summary_tokens=16", "trainer.val_rollouts_per_doc=2", "dataset.val_size=2",
+]
+
+
+def fault_run(rate: float, seed: int, run_dir: Path, overrides: list[str] = ()) -> dict:
+    """One training run against a judge that fails at ``rate``: its exit code, output, result.json, wall time
+    and the judge's calls by outcome."""
+    from summrl.judges.fake_server import Faults, FakeLLM
+
+    started = time.perf_counter()
+    with FakeLLM(faults=Faults(rate=rate, seed=seed, hang_s=3.0)) as judge:
+        process = subprocess.run(
+            [sys.executable, "-m", "summrl.train", *FAULT_RUN_OVERRIDES, f"judge.api_base={judge.base_url}",
+             f"hydra.run.dir={run_dir}", "run.name=faults", *overrides],
+            cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        outcomes = dict(judge.outcomes)
+    result_path = Path(run_dir) / "result.json"
+    return {"returncode": process.returncode, "stdout": process.stdout, "stderr": process.stderr,
+            "result": json.loads(result_path.read_text()) if result_path.exists() else None,
+            "wall_s": round(time.perf_counter() - started, 1), "judge_outcomes": outcomes}
+
+
+def bench_faults(rate: float, seed: int) -> dict:
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, r in (("fault_free", 0.0), (f"faults_{rate}", rate)):
+            run = fault_run(r, seed, Path(tmp) / name)
+            result = run["result"] or {}
+            rollouts = result.get("rollouts", {})
+            total = rollouts.get("scored", 0) + rollouts.get("missing", 0)
+            figures[name] = {
+                "status": result.get("status"), "error": result.get("error"),
+                "rollouts_scored": rollouts.get("scored"), "rollouts_missing": rollouts.get("missing"),
+                "scored_share": round(rollouts.get("scored", 0) / total, 3) if total else None,
+                "missing_by_error": rollouts.get("missing_by_error"),
+                "judge_calls_answered": result.get("judge_calls"), "judge_retries": result.get("judge_retries"),
+                "judge_calls_by_outcome": run["judge_outcomes"],
+                "wall_s": run["wall_s"],
+            }
+    return figures
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m summrl.perf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,9 +264,15 @@ def main(argv: list[str] | None = None) -> None:
     judge.add_argument("--documents", type=int, default=8, help="sample documents, one group each")
     judge.add_argument("--group-size", type=int, default=8, help="rollouts per group")
     judge.add_argument("--delay", type=float, default=0.2, help="seconds the judge takes per call, for group_wall_s")
+    faults = sub.add_parser("faults", help="a training run against a faulty judge vs a fault-free one")
+    faults.add_argument("--rate", type=float, default=0.3, help="the share of judge calls that fail")
+    faults.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    if args.benchmark == "faults":
+        print(json.dumps(bench_faults(args.rate, args.seed), indent=2))
+        return
     if args.benchmark == "judge":
         print(json.dumps(asyncio.run(bench_judge(args.documents, args.group_size, args.delay)), indent=2))
         return

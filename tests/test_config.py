@@ -89,6 +89,7 @@ def test_cli_overrides_reach_typed_config():
         ("model.lr=0", "model.lr: must be > 0"),
         ("trainer.rollouts_per_group=1", "at least 2"),
         ("backend.dtype=float8", "backend.dtype"),
+        ("trainer.missing_reward_window=0", "trainer.missing_reward_window: must be > 0"),
     ],
 )
 def test_bad_values_name_the_key(override, message):

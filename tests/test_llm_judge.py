@@ -18,6 +18,7 @@ from summrl.loop import MissingRewardsError, Session, sample_and_score
 from summrl.tracking import Tracker
 from summrl.rewards import Missing
 from summrl.rewards.qa import QAReward
+from summrl.rewards.ruler import RulerReward
 from tests.conftest import compose_config
 from summrl.judges.fake_server import FakeLLM, Reply
 
@@ -165,9 +166,11 @@ def test_missing_key_is_reported_by_name(fake, monkeypatch):
         grade(LLMJudge(client(fake)))
 
 
-def policy_session(fake: FakeLLM, max_missing: float) -> Session:
+def policy_session(fake: FakeLLM, max_missing: float, window: int = 64) -> Session:
     """The loop's scoring stage with a fake policy and a fake judge on the same loopback server."""
-    config = compose_config(["experiment=local", f"trainer.max_missing_reward_rate={max_missing}"])
+    config = compose_config(["experiment=local", f"trainer.max_missing_reward_rate={max_missing}",
+                             f"trainer.missing_reward_window={window}", "judge=openai_compatible",
+                             "judge.model=openai/gpt-4o-mini"])
     model = art.Model(name="fake-policy", project="tests", inference_base_url=fake.base_url, inference_api_key="x")
     judge = LLMJudge(client(fake, max_retries=0))
     reward = QAReward(judge, max_chars=3000, forbid_han=True, include_unanswerable=True)
@@ -187,11 +190,54 @@ def test_groups_with_a_missing_reward_are_dropped_and_counted(fake, secret_env):
 
 
 def test_too_many_missing_rewards_stop_the_run_naming_the_judge(fake, secret_env):
-    session = policy_session(fake, max_missing=0.2)
+    session = policy_session(fake, max_missing=0.2, window=5)  # past 1 missing of the last 5
     fake.script = [Reply("summary")] * 2 + [Reply(status=503)] * 2
     with pytest.raises(MissingRewardsError) as e:
         asyncio.run(sample_and_score(session, [DOC], rollouts_per_doc=2, reward=session.reward))
     assert "openai/gpt-4o-mini" in str(e.value) and "503" in str(e.value) and SECRET not in str(e.value)
+    assert "ServiceUnavailableError x2" in str(e.value)
+
+
+def test_one_step_of_failures_does_not_stop_a_run_with_a_long_window(fake, secret_env):
+    session = policy_session(fake, max_missing=0.2, window=64)  # past 12 missing of the last 64
+    fake.script = [Reply("summary")] * 2 + [Reply(status=503)] * 2
+    scored = asyncio.run(sample_and_score(session, [DOC], rollouts_per_doc=2, reward=session.reward))
+    assert scored.missing_rewards == 2 and scored.groups == []
+    assert session.missing.record() == {"scored": 0, "missing": 2, "missing_by_error": {"ServiceUnavailableError": 2}}
+
+
+def test_a_failed_grading_call_fails_only_the_summaries_it_grades(fake, secret_env):
+    exact = json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]})  # needs no grading call
+    fake.script = [Reply(exact), Reply(json.dumps({"answers": ["Ruth", "March 14, 2024", "UNANSWERABLE"]})),
+                   Reply(status=500)]
+    results = asyncio.run(LLMJudge(client(fake, max_retries=0)).grade_group(["a", "b"], DOC.questions))
+    assert results[0] == [True, True, True]
+    assert isinstance(results[1], JudgeError) and results[1].kind == "InternalServerError"
+
+
+def test_fault_mode_is_seeded_counts_every_outcome_and_is_survived_with_retries(secret_env):
+    from collections import Counter
+
+    from summrl.judges.fake_server import FAULT_KINDS, Faults
+
+    def run(seed: int) -> tuple[Counter, list]:
+        with FakeLLM(faults=Faults(rate=0.3, seed=seed, hang_s=3.0, retry_after_s="0")) as server:
+            judge = LLMJudge(client(server, max_retries=4, timeout_s=2.0))
+            results = asyncio.run(judge.grade_group([f"summary {i}" for i in range(80)], DOC.questions))
+            stats = litellm.module_level_client.get(server.base_url.removesuffix("/v1") + "/stats").json()
+            assert stats == {"requests": len(server.requests), "outcomes": dict(server.outcomes)}
+            # every fault was retried, or was a failed call's last attempt (a slow answer on this shared
+            # machine may also time out and be retried)
+            usage = judge.client.usage
+            assert usage.retries + usage.failures >= sum(n for k, n in server.outcomes.items() if k != "ok")
+            return server.outcomes, results
+
+    outcomes, results = run(seed=1)
+    assert set(outcomes) == {"ok", *FAULT_KINDS}  # every kind of fault, at about the rate asked
+    assert 0.2 < sum(n for k, n in outcomes.items() if k != "ok") / sum(outcomes.values()) < 0.4
+    assert sum(isinstance(r, list) for r in results) >= 76  # 5 attempts: a call fails with p = 0.3^5
+    assert run(seed=1)[0] == outcomes  # the same faults, whatever order the concurrent calls came in
+    assert run(seed=2)[0] != outcomes
 
 
 @pytest.mark.slow
@@ -242,7 +288,16 @@ def test_ruler_parse_failure_leaves_the_group_missing(fake, secret_env):
     reward = ruler_reward(fake)
     scores = asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
     assert all(isinstance(s, Missing) for s in scores)
-    assert reward.client.usage.failures == 1
+    assert reward.client.usage.failures == 1 and scores[0].kind == "ValueError" and "3 scores" in scores[0].error
+
+
+def test_ruler_replies_of_the_wrong_shape_are_retried(fake, secret_env):
+    one_score = json.dumps({"scores": [{"trajectory_id": "1", "explanation": "", "score": 0.5}]})
+    fake.script = [Reply(one_score), Reply("Sure, here you go")]  # then the server answers like a judge
+    reward = RulerReward(client(fake, max_retries=2), rubric="r", max_words=350)
+    scores = asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
+    assert [type(s).__name__ for s in scores] == ["Score"] * 3 and len(fake.requests) == 3
+    assert (reward.client.usage.retries, reward.client.usage.failures) == (2, 0)
 
 
 def test_full_document_baseline_is_computed_once_per_document(fake, secret_env):

@@ -46,3 +46,57 @@ def test_json_schema_strings_get_a_length_bound():
     props = bounded["$defs"]["S"]["properties"]
     assert props["explanation"]["maxLength"] == 300 and props["id"]["maxLength"] == 5 and "maxLength" not in props["kind"]
     assert "maxLength" not in schema["$defs"]["S"]["properties"]["explanation"]  # the caller's schema is untouched
+
+
+def group_of(n: int) -> "art.TrajectoryGroup":
+    import art
+
+    return art.TrajectoryGroup(art.Trajectory(messages_and_choices=[{"role": "assistant", "content": f"s{i}"}], reward=0.0)
+                               for i in range(n))
+
+
+def test_a_group_keeps_its_scored_rollouts_and_leaves_out_the_missing():
+    from summrl.loop import scored_groups
+    from summrl.rewards import Missing, Score
+
+    groups = [group_of(4), group_of(4), group_of(4), group_of(4)]
+    scores = [
+        [Score(0.1), Score(0.5), Score(0.9), Score(0.3)],  # complete: kept as it is
+        [Score(0.2), Missing("judge down", "Timeout"), Score(0.8), Missing("judge down", "Timeout")],  # 2 scored: kept
+        [Score(0.7), Missing("x", "RateLimitError"), Missing("x", "RateLimitError"), Missing("x", "RateLimitError")],
+        [Missing("x", "ReplyShapeError")] * 4,
+    ]
+    kept, dropped, missing = scored_groups(groups, scores, min_scored=2)
+    assert (dropped, missing) == (2, 9)
+    assert [[t.reward for t in g.trajectories] for g in kept] == [[0.1, 0.5, 0.9, 0.3], [0.2, 0.8]]
+    assert [t.messages_and_choices[0]["content"] for t in kept[1].trajectories] == ["s0", "s2"]  # the graded ones
+    # val counts every scored summary: the lone survivor of the third group too
+    kept, dropped, missing = scored_groups([group_of(4), group_of(4)], scores[2:], min_scored=1)
+    assert (dropped, missing, [t.reward for g in kept for t in g.trajectories]) == (1, 7, [0.7])
+
+
+def test_missing_reward_limit_is_judged_over_a_window_and_says_what_failed():
+    import pytest
+
+    from summrl.missing_rewards import MissingRewards, MissingRewardsError
+    from summrl.rewards import Missing, Score
+    from tests.conftest import compose_config
+
+    judge = compose_config(["judge=openai_compatible", "judge.api_base=http://127.0.0.1:9/v1"]).judge
+    window = MissingRewards(window=16, max_rate=0.25)  # stops past 4 missing of the last 16
+    window.add([Missing("e", "Timeout"), Missing("e", "Timeout"), Score(1.0), Score(0.0)])
+    window.check(judge)  # 2 of 4 is 50% of one step, but not past the window's limit
+    window.add([Score(1.0)] * 14)  # the two failures slide out of the window
+    window.add([Missing("e", "RateLimitError")] * 3 + [Missing("e", "ReplyShapeError")])
+    window.check(judge)  # 4 of the last 16: at the limit, not past it
+    window.add([Missing("bad reply\nsecond line", "ReplyShapeError")])
+    with pytest.raises(MissingRewardsError) as e:
+        window.check(judge)
+    message = str(e.value)
+    assert "5 of the last 16 rollouts have no reward" in message and "\n" not in message
+    assert "RateLimitError x3, ReplyShapeError x2" in message and "Timeout" not in message
+    assert "last error: bad reply second line" in message
+    assert "judge.max_retries (now 5)" in message and "http://127.0.0.1:9/v1" in message
+    assert "trainer.max_missing_reward_rate" in message
+    assert window.record() == {"scored": 16, "missing": 7,
+                               "missing_by_error": {"Timeout": 2, "RateLimitError": 3, "ReplyShapeError": 2}}

@@ -4,15 +4,25 @@ Real HTTP, so the real litellm client path runs. Each request pops the next scri
 reply, an HTTP status with headers, a delay, raw text); when the script is empty it answers like a
 judge, after ``default_delay_s``: as many answers, verdicts or RULER scores as the prompt asks.
 Usage counts prompt tokens with litellm's tokenizer, as a hosted judge would bill them.
+
+Fault mode (``faults=Faults(rate, seed)``): an unscripted request fails at ``rate`` with one of the five
+ways a hosted judge misbehaves (FAULT_KINDS), drawn from a hash of (seed, prompt, how often that prompt was
+asked): the same run meets the same faults whatever order its concurrent calls arrive in, and a retry of a
+failed call draws again. ``outcomes`` counts the calls by outcome. For a subprocess run:
+``python -m summrl.judges.fake_server --fault-rate 0.3 --seed 1`` prints its base URL; GET /stats returns
+the counts.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import hashlib
 import json
 import re
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -28,6 +38,44 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+
+
+FAULT_KINDS = ("rate_limited", "server_error", "hang", "not_json", "wrong_count")
+
+
+@dataclass
+class Faults:
+    rate: float = 0.0
+    seed: int = 0
+    hang_s: float = 5.0  # past the client's timeout: set judge.timeout_s below it
+    retry_after_s: str = "1"  # the Retry-After header of a 429
+
+    def draw(self, key: str) -> Optional[str]:
+        """The fault for this request (None: answer), a pure function of the seed and ``key``."""
+        digest = hashlib.sha256(f"{self.seed}:{key}".encode()).digest()
+        u = int.from_bytes(digest[:8], "big") / 2**64
+        return FAULT_KINDS[digest[8] % len(FAULT_KINDS)] if u < self.rate else None
+
+    def reply(self, kind: str, prompt: str) -> Reply:
+        if kind == "rate_limited":
+            return Reply(status=429, headers={"Retry-After": self.retry_after_s})
+        if kind == "server_error":
+            return Reply(status=500)
+        if kind == "hang":
+            return Reply(delay_s=self.hang_s)
+        if kind == "not_json":
+            return Reply("Sure! Here are the answers you asked for.")
+        return Reply(wrong_count(judge_like(prompt)))
+
+
+def wrong_count(content: str) -> str:
+    """A judge reply with one item too many (or a policy reply, unchanged)."""
+    try:
+        reply = json.loads(content)
+    except json.JSONDecodeError:
+        return content
+    key, items = next(iter(reply.items()))
+    return json.dumps({key: items + items[:1] if items else [None]})
 
 
 def token_count(messages: list[dict]) -> int:
@@ -51,8 +99,11 @@ def judge_like(prompt: str) -> str:
 
 
 class FakeLLM:
-    def __init__(self, default_delay_s: float = 0.0) -> None:
+    def __init__(self, default_delay_s: float = 0.0, faults: Optional[Faults] = None, port: Optional[int] = None) -> None:
         self.default_delay_s = default_delay_s
+        self.faults = faults
+        self.outcomes: Counter[str] = Counter()  # unscripted calls by outcome: "ok" or a FAULT_KINDS entry
+        self.asked: Counter[str] = Counter()  # how often each prompt was asked (a retry draws a new fault)
         self.script: list[Reply] = []
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -67,7 +118,7 @@ class FakeLLM:
             with self.lock:
                 self.requests.append(body)
                 self.headers.append(dict(request.headers))
-                reply = self.script.pop(0) if self.script else Reply(delay_s=self.default_delay_s)
+                reply = self.script.pop(0) if self.script else self.unscripted(body)
             if reply.delay_s:
                 await asyncio.sleep(reply.delay_s)
             if reply.status != 200:
@@ -87,7 +138,24 @@ class FakeLLM:
                           "total_tokens": prompt_tokens + len(content.split())},
             }
 
-        self.server = InferenceServer(app)
+        @app.get("/stats")
+        async def stats():
+            with self.lock:
+                return {"requests": len(self.requests), "outcomes": dict(self.outcomes)}
+
+        self.server = InferenceServer(app, port=port)
+
+    def unscripted(self, body: dict) -> Reply:
+        """Under the lock: a judge-like reply, or the fault the fault mode draws for this request."""
+        kind = None
+        if self.faults is not None and self.faults.rate > 0:
+            key = json.dumps(body["messages"], sort_keys=True)
+            self.asked[key] += 1
+            kind = self.faults.draw(f"{key}:{self.asked[key]}")
+        self.outcomes[kind or "ok"] += 1
+        if kind is None:
+            return Reply(delay_s=self.default_delay_s)
+        return self.faults.reply(kind, body["messages"][-1]["content"])  # type: ignore[union-attr]
 
     @property
     def base_url(self) -> str:
@@ -99,3 +167,24 @@ class FakeLLM:
 
     def __exit__(self, *exc) -> None:
         self.server.stop()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description="A loopback OpenAI-compatible judge, optionally faulty.")
+    parser.add_argument("--port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--fault-rate", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hang-s", type=float, default=5.0)
+    parser.add_argument("--retry-after-s", default="1")
+    args = parser.parse_args(argv)
+    faults = Faults(args.fault_rate, args.seed, args.hang_s, args.retry_after_s)
+    with FakeLLM(faults=faults, port=args.port or None) as server:
+        print(server.base_url, flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -29,7 +29,14 @@ from summrl.data import UNANSWERABLE, Question
 
 
 class JudgeError(RuntimeError):
-    """A judge call that failed after its retries. The message never contains the API key."""
+    """A judge call that failed after its retries. The message never contains the API key.
+
+    ``kind`` names the last attempt's error (e.g. ``RateLimitError``, ``Timeout``, ``ReplyShapeError``), so that a
+    run can count its failures by kind."""
+
+    def __init__(self, message: str, kind: str = "JudgeError") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class ReplyShapeError(ValueError):
@@ -175,7 +182,11 @@ class JudgeClient:
         """The concurrency limit, for callers that call litellm themselves: ``async with client.slot(): ...``."""
         return self._semaphore
 
-    def _redact(self, text: str) -> str:
+    def backoff_s(self, attempt: int) -> float:
+        """Exponential backoff with jitter before retry number ``attempt + 1``."""
+        return min(self.retry_max_s, self.retry_base_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+    def redact(self, text: str) -> str:
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         return text.replace(key, "***") if key else text
 
@@ -222,12 +233,12 @@ class JudgeClient:
                     break
             if attempt < self.max_retries:
                 self.usage.retries += 1
-                delay = min(self.retry_max_s, self.retry_base_s * 2**attempt) * random.uniform(0.5, 1.0)
-                await asyncio.sleep(max(delay, _retry_after(last) or 0.0))
+                await asyncio.sleep(max(self.backoff_s(attempt), _retry_after(last) or 0.0))
         self.usage.failures += 1
-        message = self._redact(f"{type(last).__name__}: {last}")[:500]
+        message = self.redact(f"{type(last).__name__}: {last}")[:500]
         self.usage.last_error = message
-        raise JudgeError(f"judge {self.model} failed after {self.max_retries + 1} attempt(s): {message}")
+        raise JudgeError(f"judge {self.model} failed after {self.max_retries + 1} attempt(s): {message}",
+                         kind=type(last).__name__)
 
     async def _call(self, messages: list[dict], params: dict) -> str:
         import litellm
@@ -347,8 +358,10 @@ class LLMJudge:
                     schema=list_schema("correct", {"type": "boolean"}, len(pending)),
                     check=lambda reply: list_of(reply, "correct", len(pending), bool),
                 )
-            except JudgeError as e:
-                return [v if isinstance(v, JudgeError) else e for v in verdicts]
+            except JudgeError as e:  # only the texts that had answers to grade lose their verdicts
+                failed = {t for t, _ in pending}
+                return [e if t in failed else v if isinstance(v, JudgeError) else [bool(x) for x in v]
+                        for t, v in enumerate(verdicts)]
             for (t, q), value in zip(pending, correct):
                 verdicts[t][q] = value  # type: ignore[index]
         return [v if isinstance(v, JudgeError) else [bool(x) for x in v] for v in verdicts]

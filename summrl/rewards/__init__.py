@@ -22,6 +22,7 @@ class Score:
 @dataclass
 class Missing:
     error: str  # why; never contains an API key
+    kind: str = "error"  # the error's kind, counted by the run's missing-reward limit (JudgeError.kind)
 
 
 class Reward(Protocol):

@@ -52,7 +52,7 @@ class QAReward:
         for rejected in rejections:
             verdicts = [False] * len(questions) if rejected else next(judged)
             if isinstance(verdicts, Exception):
-                scores.append(Missing(str(verdicts)))
+                scores.append(Missing(str(verdicts), getattr(verdicts, "kind", type(verdicts).__name__)))
                 continue
             scores.append(self._score(document, verdicts, rejected, baseline))
         return scores

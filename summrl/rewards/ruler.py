@@ -1,12 +1,13 @@
 """RULER: ART's ``ruler_score_group`` ranks a group's summaries against each other with a rubric.
 
 One judge call per group, through the configured LLM judge's model, endpoint and key. GRPO only
-needs scores that are consistent within a group. A group RULER cannot score (a failed call, or a
-reply with the wrong number of scores) comes back missing: the loop drops it and counts it.
+needs scores that are consistent within a group. A reply with the wrong shape is asked again; a group
+RULER still cannot score comes back missing: the loop leaves it out and counts it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Sequence, Union
 
 import art
@@ -51,15 +52,29 @@ class RulerReward:
             art.Trajectory(messages_and_choices=[*prompt, {"role": "assistant", "content": s}], reward=0.0)
             for s in summaries
         )
-        self.client.usage.calls += 1
         n_scores = 1 if len(set(summaries)) == 1 else len(summaries)  # RULER sends identical trajectories once
-        async with self.client.slot():
-            scored = await ruler_score_group(group, self.client.model, self._litellm_params(n_scores), self.rubric,
-                                             swallow_exceptions=True)
+        client, scored, last = self.client, None, None
+        # litellm retries HTTP errors itself (num_retries); a reply of the wrong shape (not JSON, the wrong
+        # number of scores: ART raises ValueError) is asked again here, and counted, like the QA judge's.
+        for attempt in range(client.max_retries + 1):
+            client.usage.calls += 1
+            try:
+                async with client.slot():
+                    scored = await ruler_score_group(group, client.model, self._litellm_params(n_scores), self.rubric)
+                break
+            except ValueError as e:
+                last = e
+            except Exception as e:  # litellm's error after its own retries
+                last = e
+                break
+            if attempt < client.max_retries:
+                client.usage.retries += 1
+                await asyncio.sleep(client.backoff_s(attempt))
         if scored is None:
-            self.client.usage.failures += 1
-            error = f"RULER could not score the group of document {document.id} with judge {self.client.model}"
-            return [Missing(error) for _ in summaries]
+            client.usage.failures += 1
+            error = client.redact(" ".join(f"RULER could not score the group of document {document.id} with judge "
+                                            f"{client.model}: {type(last).__name__}: {last}".split()))[:500]
+            return [Missing(error, type(last).__name__) for _ in summaries]
         return [
             Score(t.reward, {"ruler_score": t.reward, "word_count": float(len(s.split()))})
             for t, s in zip(scored.trajectories, summaries)

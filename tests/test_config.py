@@ -89,6 +89,7 @@ def test_cli_overrides_reach_typed_config():
         ("model.lr=0", "model.lr: must be > 0"),
         ("trainer.rollouts_per_group=1", "at least 2"),
         ("backend.dtype=float8", "backend.dtype"),
+        ("trainer.val_temperature=-0.5", r"trainer.val_temperature: must be in \[0, 2\] or null"),
     ],
 )
 def test_bad_values_name_the_key(override, message):

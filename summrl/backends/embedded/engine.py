@@ -105,18 +105,19 @@ class SamplingParams:
 class RowSeededSampling:
     """A logits processor that makes greedy decoding sample, each row from its own ``torch.Generator``.
 
-    Gumbel-max: argmax(scores + Gumbel noise) is a draw from softmax(scores). Each row's noise comes
-    from its own generator, so a seeded request gets the same tokens whatever else shares its batch
-    (the OpenAI ``seed`` parameter, as vLLM honours it).
+    Each row draws its token from softmax(scores) with its own generator and leaves only that token
+    finite, so greedy decoding picks it: a seeded request gets the same tokens whatever else shares its
+    batch (the OpenAI ``seed`` parameter, as vLLM honours it).
     """
 
     def __init__(self, seeds: list[int]) -> None:
         self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        uniform = torch.stack([torch.rand(scores.shape[-1], generator=g) for g in self.generators])
-        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
-        return scores + gumbel.to(device=scores.device, dtype=scores.dtype)
+        probs = torch.softmax(scores.float(), dim=-1).cpu()
+        picked = torch.cat([torch.multinomial(row, 1, generator=g) for row, g in zip(probs, self.generators)])
+        out = torch.full_like(scores, -math.inf)
+        return out.scatter_(1, picked.to(scores.device).unsqueeze(1), 0.0)
 
 
 @dataclass

@@ -95,6 +95,9 @@ class TrainerConfig:
     val_rollouts_per_doc: int = 2
     max_summary_tokens: int = 1000
     temperature: float = 1.0
+    # Val sampling temperature; null = temperature. 0 = greedy val: one deterministic summary per document
+    # (then val_rollouts_per_doc > 1 only repeats it). Val samples are seeded either way (loop.evaluate).
+    val_temperature: Optional[float] = None
     max_words: int = 350  # the prompt asks for it and the rewards read it
     num_epochs: int = 100  # passes over the train split; max_steps normally ends the run first
     # A rollout whose reward is missing (a judge call failed after its retries) is left out of training.
@@ -111,6 +114,8 @@ class TrainerConfig:
         _require(self.rollouts_per_group >= 2, "trainer.rollouts_per_group",
                  f"GRPO compares rollouts within a group, so it needs at least 2, got {self.rollouts_per_group}")
         _require(0.0 <= self.temperature <= 2.0, "trainer.temperature", f"must be in [0, 2], got {self.temperature}")
+        _require(self.val_temperature is None or 0.0 <= self.val_temperature <= 2.0, "trainer.val_temperature",
+                 f"must be in [0, 2] or null (= trainer.temperature), got {self.val_temperature}")
         _require(0.0 <= self.max_missing_reward_rate <= 1.0, "trainer.max_missing_reward_rate",
                  f"must be in [0, 1], got {self.max_missing_reward_rate}")
 

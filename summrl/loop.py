@@ -26,7 +26,7 @@ from summrl.job import JobInfo, read_result, write_result
 from summrl.judges import Judge, build_judge
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward
-from summrl.rollout import rollout, summary_of
+from summrl.rollout import rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
 from summrl.storage import CheckpointBackup, model_dir
 from summrl.tracking import Tracker, open_tracker
@@ -90,6 +90,17 @@ class Scored:
         values = [t.metrics[name] for g in self.groups for t in g.trajectories if name in t.metrics]
         return float(np.mean(values)) if values else None
 
+    def per_doc(self) -> dict[str, dict[str, Optional[float]]]:
+        """Each scored document's mean reward and QA accuracy (None without QA) over its summaries."""
+        out = {}
+        for group in self.groups:
+            qa = [t.metrics["qa_accuracy"] for t in group.trajectories if "qa_accuracy" in t.metrics]
+            out[str(group.trajectories[0].metadata["document_id"])] = {
+                "reward": float(np.mean([t.reward for t in group.trajectories])),
+                "qa_accuracy": float(np.mean(qa)) if qa else None,
+            }
+        return out
+
 
 def history_path(config: Config) -> Path:
     """ART's metrics log for this run (``model.log`` appends one line per call)."""
@@ -152,18 +163,25 @@ def scored_groups(groups: Sequence[art.TrajectoryGroup], all_scores: Sequence[Se
 
 
 async def sample_and_score(session: Session, documents: Sequence[Document], rollouts_per_doc: int,
-                           reward: Reward, min_scored: int = 2) -> Scored:
+                           reward: Reward, min_scored: int = 2, temperature: Optional[float] = None,
+                           seed_key: Optional[tuple] = None) -> Scored:
     """Sample ``rollouts_per_doc`` summaries per document and score each group with ``reward``.
 
-    Raises MissingRewardsError when the run's recent rollouts have too many missing rewards."""
+    ``min_scored``: a group needs this many scored rollouts to be kept (see ``scored_groups``).
+    ``seed_key``: summary i of a document is sampled with seed ``sample_seed(*seed_key, document id, i)``,
+    so the same weights give the same summaries whatever else is batched. None: unseeded.
+    ``temperature``: None = trainer.temperature.
+    Raises MissingRewardsError when the run's recent rollouts have too many missing rewards.
+    """
     t = session.trainer
+    temperature = t.temperature if temperature is None else temperature
     started = time.perf_counter()
     groups = await art.gather_trajectory_groups(
         (
             art.TrajectoryGroup(
                 rollout(session.model, doc, max_words=t.max_words, max_tokens=t.max_summary_tokens,
-                        temperature=t.temperature)
-                for _ in range(rollouts_per_doc)
+                        temperature=temperature, seed=None if seed_key is None else sample_seed(*seed_key, doc.id, i))
+                for i in range(rollouts_per_doc)
             )
             for doc in documents
         ),
@@ -184,21 +202,34 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
 
 
 async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict:
-    """Score the val split; returns ``{"step", "val_reward", "val_qa_accuracy"}`` (the last None without QA)."""
-    result = await sample_and_score(session, val, session.trainer.val_rollouts_per_doc, session.val_reward,
-                                    min_scored=1)
+    """Score the val split, each summary sampled with a seed of its own (see ``sample_and_score``).
+
+    Returns ``{"step", "val_reward", "val_qa_accuracy", "per_doc"}``: val_qa_accuracy is None without QA;
+    per_doc maps each document id to its mean ``reward`` and ``qa_accuracy`` (paired comparisons read it).
+    """
+    t = session.trainer
+    # Seeded by (run seed, document, sample index) only: every arm of a sweep and every step sample the same
+    # way, so that differences between them come from the weights, not from the draw.
+    result = await sample_and_score(session, val, t.val_rollouts_per_doc, session.val_reward, min_scored=1,
+                                    temperature=t.val_temperature, seed_key=(session.config.seed,))
+    per_doc = result.per_doc()
+    doc_metrics = {f"doc/{doc}/{key}": value for doc, scores in per_doc.items()
+                   for key, value in scores.items() if value is not None}
     await session.model.log(result.groups, split="val", step=step,
-                            metrics={**result.metrics(), **session.judge_usage()})
+                            metrics={**result.metrics(), **session.judge_usage(), **doc_metrics})
     session.tracker.log_history()
     session.tracker.log_samples(step, result.groups)
-    scores = {"step": step, "val_reward": result.mean_reward(), "val_qa_accuracy": result.mean_metric("qa_accuracy")}
+    scores = {"step": step, "val_reward": result.mean_reward(), "val_qa_accuracy": result.mean_metric("qa_accuracy"),
+              "per_doc": per_doc}
     accuracy = "" if scores["val_qa_accuracy"] is None else f" | val qa accuracy {scores['val_qa_accuracy']:.3f}"
     print(f"summrl: step {step} | val reward {scores['val_reward']:.3f}{accuracy}", flush=True)
     return scores
 
 
-async def train_step(session: Session, documents: Sequence[Document]) -> tuple[Scored, art.TrainResult]:
-    scored = await sample_and_score(session, documents, session.trainer.rollouts_per_group, session.reward)
+async def train_step(session: Session, documents: Sequence[Document], step: int) -> tuple[Scored, art.TrainResult]:
+    # Seeded per step (a fresh draw each step, distinct within a group): a repeated or resumed run trains the same way.
+    scored = await sample_and_score(session, documents, session.trainer.rollouts_per_group, session.reward,
+                                    seed_key=(session.config.seed, "train", step))
     started = time.perf_counter()
     result = await session.backend.train(session.model, scored.groups, learning_rate=session.config.model.lr)
     scored.timings["train_s"] = time.perf_counter() - started
@@ -255,7 +286,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
                 history.append(await evaluate(session, val, batch.step))
                 write_result(config.run.dir, {**result, "val_history": history,  # survives a crash
                                               "wall_s": round(earlier_wall_s + time.time() - started, 1)})
-            scored, trained = await train_step(session, batch.items)
+            scored, trained = await train_step(session, batch.items, batch.step)
             await session.model.log(scored.groups, split="train", step=trained.step,
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
             session.tracker.log_history()

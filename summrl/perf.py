@@ -98,7 +98,7 @@ async def bench_step(steps: int, repeats: int) -> dict:
             for i in range(steps):
                 documents = train_docs[2 * i : 2 * i + 2]
                 start = time.perf_counter()
-                scored, _ = await train_step(session, documents)
+                scored, _ = await train_step(session, documents, i)
                 timings.append({"step_s": time.perf_counter() - start, **scored.timings})
         finally:
             await session.backend.close()

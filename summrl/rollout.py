@@ -5,6 +5,9 @@ The same code runs on every backend: it only talks to ``model.openai_client()``.
 
 from __future__ import annotations
 
+import hashlib
+from typing import Optional
+
 import art
 
 from summrl.data import Document
@@ -20,6 +23,15 @@ def summary_prompt(document: Document, max_words: int) -> str:
     )
 
 
+def sample_seed(*key: object) -> int:
+    """A summary's sampling seed from its key, e.g. (run seed, document id, sample index) for val.
+
+    A stable hash (not Python's salted ``hash``), below 2**31 so that every server's seed type takes it.
+    """
+    digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1
+
+
 def word_count(text: str) -> int:
     return len(text.split())
 
@@ -31,7 +43,9 @@ async def rollout(
     max_words: int,
     max_tokens: int,
     temperature: float,
+    seed: Optional[int] = None,
 ) -> art.Trajectory:
+    """``seed``: the OpenAI ``seed`` parameter (the embedded server and vLLM honour it); None samples freely."""
     messages = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": summary_prompt(document, max_words)},
@@ -42,6 +56,7 @@ async def rollout(
         max_tokens=max_tokens,
         temperature=temperature,
         logprobs=True,
+        **({} if seed is None else {"seed": seed}),
     )
     choice = completion.choices[0]
     summary = choice.message.content or ""

@@ -90,6 +90,7 @@ def test_cli_overrides_reach_typed_config():
         ("trainer.rollouts_per_group=1", "at least 2"),
         ("backend.dtype=float8", "backend.dtype"),
         ("trainer.missing_reward_window=0", "trainer.missing_reward_window: must be > 0"),
+        ("trainer.val_temperature=-0.5", r"trainer.val_temperature: must be in \[0, 2\] or null"),
     ],
 )
 def test_bad_values_name_the_key(override, message):

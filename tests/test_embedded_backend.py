@@ -89,6 +89,30 @@ def test_sampling_parameters_are_honoured(loop, session):
     assert len(several.choices) == 3
 
 
+def test_a_seeded_request_gets_the_same_reply_whatever_shares_its_batch(loop, session):
+    backend, model, docs, _ = session
+    client = model.openai_client()
+
+    async def ask(content, seed=None):
+        reply = await client.chat.completions.create(
+            model=model.get_inference_name(), messages=[{"role": "user", "content": content}], temperature=1.0,
+            max_tokens=12, **({} if seed is None else {"seed": seed}))
+        return reply.choices[0].message.content
+
+    async def crowded(seed):  # batched with unseeded requests and other prompts
+        replies = await asyncio.gather(ask("Name a fruit."), ask("List three colors.", seed), ask("Say hi."),
+                                       ask("List three colors."))
+        return replies[1]
+
+    before = len(backend._batcher.batch_sizes)
+    alone = loop.run_until_complete(ask("List three colors.", seed=1234))
+    crowd = loop.run_until_complete(crowded(1234))
+    assert max(backend._batcher.batch_sizes[before:]) > 1  # the seeded request did share a batch
+    assert crowd == alone
+    others = {loop.run_until_complete(ask("List three colors.", seed=s)) for s in (1, 2, 3, 4)}
+    assert len(others) > 1  # the seed, not the prompt, fixes the reply
+
+
 def test_endpoint_checks_key_and_model_name(session):
     backend, model, _, _ = session
     url = f"{model.inference_base_url}/chat/completions"

@@ -107,6 +107,24 @@ class SamplingParams:
         return (self.temperature, self.top_p, self.response_format)
 
 
+class RowSeededSampling:
+    """A logits processor that makes greedy decoding sample, each row from its own ``torch.Generator``.
+
+    Each row draws its token from softmax(scores) with its own generator and leaves only that token
+    finite, so greedy decoding picks it: a seeded request gets the same tokens whatever else shares its
+    batch (the OpenAI ``seed`` parameter, as vLLM honours it).
+    """
+
+    def __init__(self, seeds: list[int]) -> None:
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(scores.float(), dim=-1).cpu()
+        picked = torch.cat([torch.multinomial(row, 1, generator=g) for row, g in zip(probs, self.generators)])
+        out = torch.full_like(scores, -math.inf)
+        return out.scatter_(1, picked.to(scores.device).unsqueeze(1), 0.0)
+
+
 @dataclass
 class Completion:
     token_ids: list[int]
@@ -202,17 +220,24 @@ class Engine:
         return list(out)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], params: SamplingParams, use_lora: bool = True) -> list[Completion]:
-        """Sample one completion per prompt. Identical prompts share a single prefill."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams, use_lora: bool = True,
+                 seeds: Optional[list[Optional[int]]] = None) -> list[Completion]:
+        """Sample one completion per prompt. Identical prompts share a single prefill.
+
+        ``seeds[i]`` fixes row i's sampling (None: drawn from torch's global generator).
+        """
+        seeds = seeds or [None] * len(prompts)
+        # Unseeded rows still get their own generator, seeded from the global one: one sampling path.
+        seeds = [int(torch.randint(2**62, ())) if seed is None else seed for seed in seeds]
         with self.lock:
             self._set_merged(use_lora)
             if use_lora:
-                return self._generate(prompts, params)
+                return self._generate(prompts, params, seeds)
             with self.model.disable_adapter():
-                return self._generate(prompts, params)
+                return self._generate(prompts, params, seeds)
 
-    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        from transformers import DynamicCache
+    def _generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[Completion]:
+        from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
         unique: list[tuple[int, ...]] = list(dict.fromkeys(tuple(p) for p in prompts))
         row_of = [unique.index(tuple(p)) for p in prompts]
@@ -228,22 +253,26 @@ class Engine:
         # ... then copy each prompt's cache to every request that shares it.
         index = torch.tensor(row_of, device=self.device)
         cache.batch_select_indices(index)
-        do_sample = params.temperature > 0
-        processors = None
+        processors = LogitsProcessorList()
         if params.response_format:
-            from transformers import LogitsProcessorList
             from xgrammar.contrib.hf import LogitsProcessor as GrammarProcessor
 
-            processors = LogitsProcessorList([GrammarProcessor(self.grammar(params.response_format))])
+            processors.append(GrammarProcessor(self.grammar(params.response_format)))
+        if params.temperature > 0:  # else greedy
+            processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_p < 1.0:
+                processors.append(TopPLogitsWarper(params.top_p))
+            processors.append(RowSeededSampling(seeds))
+        # Decoding is "greedy" over the processed scores: RowSeededSampling's noise makes it a per-row sample.
         out = self.model.generate(
             logits_processor=processors,
             input_ids=ids[index],
             attention_mask=mask[index],
             past_key_values=cache,
             max_new_tokens=params.max_tokens,
-            do_sample=do_sample,
-            temperature=params.temperature if do_sample else None,
-            top_p=params.top_p if do_sample else None,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
             top_k=None,
             eos_token_id=self.eos_ids,
             pad_token_id=pad,

@@ -47,6 +47,7 @@ class _Pending:
     prompt: list[int]
     params: SamplingParams
     use_lora: bool
+    seed: Optional[int]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
 
@@ -63,10 +64,11 @@ class Batcher:
         self.thread = threading.Thread(target=self._run, name="summrl-batcher", daemon=True)
         self.thread.start()
 
-    async def submit(self, prompt: list[int], params: SamplingParams, use_lora: bool) -> Completion:
+    async def submit(self, prompt: list[int], params: SamplingParams, use_lora: bool,
+                     seed: Optional[int] = None) -> Completion:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.queue.put(_Pending(prompt, params, use_lora, loop, future))
+        self.queue.put(_Pending(prompt, params, use_lora, seed, loop, future))
         return await future
 
     def close(self) -> None:
@@ -106,7 +108,8 @@ class Batcher:
                 )
                 self.batch_sizes.append(len(items))
                 try:
-                    results = self.engine.generate([i.prompt for i in items], params, use_lora=items[0].use_lora)
+                    results = self.engine.generate([i.prompt for i in items], params, use_lora=items[0].use_lora,
+                                                   seeds=[i.seed for i in items])
                 except Exception as e:  # report to every waiting request; keep serving
                     for item in items:
                         item.loop.call_soon_threadsafe(_set_exception, item.future, e)
@@ -176,9 +179,11 @@ def build_app(
             top_p=1.0 if request.top_p is None else request.top_p,
             response_format=response_format,
         )
-        results = await asyncio.gather(
-            *(batcher.submit(prompt, params, names[request.model]) for _ in range(request.n))
-        )
+        # A seed fixes the reply whatever else is batched with it; the n choices get seed, seed+1, ...
+        results = await asyncio.gather(*(
+            batcher.submit(prompt, params, names[request.model], None if request.seed is None else request.seed + i)
+            for i in range(request.n)
+        ))
         return _chat_response(engine, request, prompt, results)
 
     return app

@@ -35,7 +35,7 @@ def test_default_algorithm_is_arts_defaults_and_passes_nothing():
         assert getattr(config.algorithm, name) == serverless[name].default, name
     for backend in algorithm.UNSUPPORTED:
         assert algorithm.train_kwargs(config.algorithm, backend) == {}
-    assert algorithm.learning_rate(config.algorithm, 5e-5, 0, 40) == algorithm.learning_rate(config.algorithm, 5e-5, 39, 40)
+    assert {algorithm.learning_rate(config.algorithm, 5e-5, step, 40) for step in (0, 20, 39)} == {5e-5}
 
 
 @pytest.mark.parametrize("preset,kwargs", [

@@ -120,6 +120,60 @@ class TrainerConfig:
                  f"must be in [0, 1], got {self.max_missing_reward_rate}")
 
 
+# --------------------------------------------------------------------------- algorithm
+
+
+@dataclass
+class AlgorithmConfig:
+    """The GRPO update: what ART 0.5.18's ``backend.train`` accepts, plus the learning-rate schedule.
+
+    Every default is ART's own (LocalBackend.train, art/loss.py), and summrl.algorithm passes only the
+    values that differ from it, so ``algorithm=grpo`` trains exactly as ART does by default.
+    """
+
+    name: str = "grpo"  # the preset's name, shown in run names and reports
+    loss_fn: str = "cispo"  # cispo (clipped IS weight x log-prob) | ppo (clipped surrogate)
+    epsilon: Optional[float] = None  # lower clip of the importance ratio; null = ART's: 1.0 (cispo), 0.2 (ppo)
+    epsilon_high: Optional[float] = None  # upper clip; null = ART's: 4.0 (cispo), epsilon (ppo)
+    kl_penalty_coef: float = 0.0  # KL-penalized advantages against the reference; 0 = no reference pass
+    kl_penalty_reference_step: Optional[int] = None  # null = the base model (LoRA disabled); N = checkpoint N
+    advantage_balance: float = 0.0  # in [-1, 1]: > 0 shrinks negative advantages, < 0 positive ones
+    scale_rewards: bool = True  # divide advantages by the group's reward std (false: Dr. GRPO)
+    normalize_advantages: bool = True  # LocalBackend's alias: false also turns scale_rewards off
+    importance_sampling_level: str = "token"  # token | sequence | average | geometric_average
+    max_negative_advantage_importance_sampling_weight: Optional[float] = None
+    # Learning rate per step, from model.lr: constant | linear | cosine decay to min_lr_ratio x model.lr at the
+    # last step, after warmup_steps of linear warmup from 0.
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.loss_fn in ("cispo", "ppo"), "algorithm.loss_fn",
+                 f"must be cispo or ppo (ART 0.5.18's losses), got {self.loss_fn!r}")
+        _require(self.epsilon is None or self.epsilon > 0, "algorithm.epsilon",
+                 f"must be > 0 or null (ART's default), got {self.epsilon}")
+        _require(self.epsilon_high is None or self.epsilon_high > 0, "algorithm.epsilon_high",
+                 f"must be > 0 or null (ART's default), got {self.epsilon_high}")
+        _require(self.kl_penalty_coef >= 0, "algorithm.kl_penalty_coef",
+                 f"must be >= 0 (0 disables the KL penalty), got {self.kl_penalty_coef}")
+        _require(self.kl_penalty_reference_step is None or self.kl_penalty_reference_step >= 0,
+                 "algorithm.kl_penalty_reference_step", f"must be >= 0 or null, got {self.kl_penalty_reference_step}")
+        _require(-1.0 <= self.advantage_balance <= 1.0, "algorithm.advantage_balance",
+                 f"must be in [-1, 1], got {self.advantage_balance}")
+        _require(self.importance_sampling_level in ("token", "sequence", "average", "geometric_average"),
+                 "algorithm.importance_sampling_level",
+                 f"must be token, sequence, average or geometric_average, got {self.importance_sampling_level!r}")
+        w = self.max_negative_advantage_importance_sampling_weight
+        _require(w is None or w > 0, "algorithm.max_negative_advantage_importance_sampling_weight",
+                 f"must be > 0 or null, got {w}")
+        _require(self.lr_schedule in ("constant", "linear", "cosine"), "algorithm.lr_schedule",
+                 f"must be constant, linear or cosine, got {self.lr_schedule!r}")
+        _require(self.warmup_steps >= 0, "algorithm.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        _require(0.0 <= self.min_lr_ratio <= 1.0, "algorithm.min_lr_ratio",
+                 f"must be in [0, 1], got {self.min_lr_ratio}")
+
+
 # --------------------------------------------------------------------------- judge
 
 
@@ -384,6 +438,7 @@ class Config:
     model: ModelConfig
     dataset: DatasetConfig
     trainer: TrainerConfig
+    algorithm: AlgorithmConfig
     reward: QARewardConfig | RulerRewardConfig | LengthPenalizedRewardConfig
     judge: LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig | LocalJudgeConfig
     backend: EmbeddedBackendConfig | SkyPilotBackendConfig | LocalGPUBackendConfig | ServerlessBackendConfig
@@ -409,11 +464,12 @@ FIXED_SCHEMAS: dict[str, type] = {
     "model": ModelConfig,
     "dataset": DatasetConfig,
     "trainer": TrainerConfig,
+    "algorithm": AlgorithmConfig,
     "storage": StorageConfig,
 }
 
-TOP_LEVEL_KEYS = {"project", "seed", "run", "model", "dataset", "trainer", "reward", "judge", "backend", "logger",
-                  "storage"}
+TOP_LEVEL_KEYS = {"project", "seed", "run", "model", "dataset", "trainer", "algorithm", "reward", "judge", "backend",
+                  "logger", "storage"}
 
 
 def _typed_section(group: str, node: Any, schema: type) -> Any:
@@ -480,5 +536,10 @@ def validate(cfg: DictConfig) -> Config:
     if config.backend.kind == "serverless" and config.storage.enabled:
         raise ConfigError("backend=serverless keeps its checkpoints on W&B, so there is nothing local to back up: "
                           "add storage.enabled=false")
+    _require(config.algorithm.warmup_steps <= config.trainer.max_steps, "algorithm.warmup_steps",
+             f"must be <= trainer.max_steps ({config.trainer.max_steps}), got {config.algorithm.warmup_steps}")
+    from summrl.algorithm import check_backend_support
+
+    check_backend_support(config.algorithm, config.backend.kind)
     return config
 

@@ -10,7 +10,7 @@ import asyncio
 import random
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from art.utils.iterate_dataset import iterate_dataset
 
+from summrl import algorithm
 from summrl.backends import build_backend, internal_config
 from summrl.config import Config
 from summrl.data import Document, load_splits
@@ -227,11 +228,16 @@ async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict
 
 
 async def train_step(session: Session, documents: Sequence[Document], step: int) -> tuple[Scored, art.TrainResult]:
+    """Sample, score and train step ``step`` (0-based), with the algorithm's settings and scheduled learning rate."""
     # Seeded per step (a fresh draw each step, distinct within a group): a repeated or resumed run trains the same way.
     scored = await sample_and_score(session, documents, session.trainer.rollouts_per_group, session.reward,
                                     seed_key=(session.config.seed, "train", step))
     started = time.perf_counter()
-    result = await session.backend.train(session.model, scored.groups, learning_rate=session.config.model.lr)
+    config = session.config
+    lr = algorithm.learning_rate(config.algorithm, config.model.lr, step, config.trainer.max_steps)
+    result = await session.backend.train(session.model, scored.groups, learning_rate=lr,
+                                         **algorithm.train_kwargs(config.algorithm, config.backend.kind))
+    result.metrics["algorithm/learning_rate"] = lr
     scored.timings["train_s"] = time.perf_counter() - started
     return scored, result
 
@@ -264,7 +270,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
     earlier_wall_s = earlier.get("wall_s", 0.0)
     history: list[dict] = []
     result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir, "seed": config.seed,
-                    **job.record()}
+                    "algorithm": asdict(config.algorithm), **job.record()}
     session: Optional[Session] = None
     tracker = open_tracker(config, job, history_path(config))  # first, so that any failure shows on the W&B run
     backup: Optional[CheckpointBackup] = None

@@ -2,7 +2,8 @@
 `python -m summrl.perf faults [--rate 0.3]`.
 
 step: the embedded GRPO step of `experiment=local` (2 sample documents x 4 rollouts, 128 new tokens),
-timed with the loop's own ``train_step``; generation throughput of 8 concurrent vs the same 8
+timed with the loop's own ``train_step``, with algorithm=grpo and, alternating on the same documents,
+algorithm=grpo_kl (``step_median_s_kl``, ``kl_step_ratio``); generation throughput of 8 concurrent vs the same 8
 sequential requests through the loopback endpoint; and the start-up time of
 ``python -m summrl.train --cfg job``. Medians over repeats, since these machines are noisy.
 
@@ -94,15 +95,20 @@ async def bench_step(steps: int, repeats: int) -> dict:
         load_s = time.perf_counter() - load_start
         try:
             batched, sequential = await throughput(session, train_docs, config.trainer.max_summary_tokens, repeats)
-            timings = []
+            # algorithm=grpo and algorithm=grpo_kl (one extra forward pass without the adapter) alternate,
+            # on the same documents, so that the machine's noise hits both alike.
+            grpo, grpo_kl = config.algorithm, compose_local(run_dir, [*STEP_OVERRIDES, "algorithm=grpo_kl"]).algorithm
+            timings, kl_timings = [], []
             for i in range(steps):
                 documents = train_docs[2 * i : 2 * i + 2]
-                start = time.perf_counter()
-                scored, _ = await train_step(session, documents, i)
-                timings.append({"step_s": time.perf_counter() - start, **scored.timings})
+                for algorithm, times in ((grpo, timings), (grpo_kl, kl_timings)):
+                    session.config.algorithm = algorithm
+                    start = time.perf_counter()
+                    scored, _ = await train_step(session, documents, i)
+                    times.append({"step_s": time.perf_counter() - start, **scored.timings})
         finally:
             await session.backend.close()
-    median = lambda key: round(statistics.median(t[key] for t in timings), 2)  # noqa: E731
+    median = lambda key, ts=timings: round(statistics.median(t[key] for t in ts), 2)  # noqa: E731
     return {
         "step_median_s": median("step_s"),
         "generate_s": median("generate_s"),
@@ -110,6 +116,11 @@ async def bench_step(steps: int, repeats: int) -> dict:
         "train_s": median("train_s"),
         "steps": steps,
         "step_times_s": [round(t["step_s"], 2) for t in timings],
+        "step_median_s_kl": median("step_s", kl_timings),
+        "train_s_kl": median("train_s", kl_timings),
+        "step_times_s_kl": [round(t["step_s"], 2) for t in kl_timings],
+        "kl_step_ratio": round(median("step_s", kl_timings) / median("step_s"), 2),
+        "kl_train_ratio": round(median("train_s", kl_timings) / median("train_s"), 2),
         "batched_tok_s": round(statistics.median(batched), 1),
         "sequential_tok_s": round(statistics.median(sequential), 1),
         "batched_speedup": round(statistics.median(batched) / statistics.median(sequential), 2),

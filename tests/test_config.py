@@ -10,7 +10,7 @@ import pytest
 from summrl.config import ConfigError
 from tests.conftest import ROOT, compose_config, compose_raw, group_options, run_cli
 
-GROUPS = ["model", "dataset", "reward", "judge", "backend", "logger"]
+GROUPS = ["model", "dataset", "reward", "judge", "backend", "logger", "algorithm"]
 # An offline base so that the group under test is the only choice that varies.
 LOCAL = ["experiment=local"]
 

@@ -129,20 +129,26 @@ class EmbeddedBackend(Backend):
         *,
         learning_rate: float = 5e-6,
         loss_fn: str = "cispo",
-        scale_rewards: bool = True,
-        advantage_balance: float = 0.0,
-        importance_sampling_level: str = "token",
+        normalize_advantages: bool = True,
+        kl_penalty_coef: float = 0.0,
         epsilon: float | None = None,
         epsilon_high: float | None = None,
+        advantage_balance: float = 0.0,
+        scale_rewards: bool = True,
+        importance_sampling_level: str = "token",
+        max_negative_advantage_importance_sampling_weight: float | None = None,
         save_checkpoint: bool = True,
         **unsupported: Any,
     ) -> TrainResult:
-        """One GRPO step: ART tokenizes and packs, ART's loss, AdamW on the LoRA weights, then a checkpoint."""
+        """One GRPO step as LocalBackend.train defines it: ART tokenizes, packs and computes the loss; AdamW
+        on the LoRA weights; then a checkpoint. With kl_penalty_coef > 0 the reference is the base model."""
         if loss_fn not in ("cispo", "ppo"):
             raise ValueError(f"the embedded backend supports loss_fn='cispo' or 'ppo', got {loss_fn!r}")
         ignored = {k: v for k, v in unsupported.items() if v not in (None, False, 0, 0.0)}
         if ignored:
             raise ValueError(f"the embedded backend does not support {', '.join(sorted(ignored))}")
+        if not normalize_advantages:  # LocalBackend's alias
+            scale_rewards = False
         started = time.monotonic()
         groups = list(trajectory_groups)
         trainable = [g for g in groups if has_reward_variance(g)]  # zero variance: no signal
@@ -154,9 +160,11 @@ class EmbeddedBackend(Backend):
             ppo=loss_fn == "ppo",
             epsilon=epsilon,
             epsilon_high=epsilon_high,
+            max_negative_advantage_importance_sampling_weight=max_negative_advantage_importance_sampling_weight,
+            kl_penalty_coef=kl_penalty_coef,
         )
         step_metrics: list[dict[str, float]] = []
-        packed = await asyncio.to_thread(self._pack, trainable)
+        packed = await asyncio.to_thread(self._pack, trainable, scale_rewards, advantage_balance)
         if packed is not None:
             step_metrics = await asyncio.to_thread(self.engine.train_packed, packed, config, dev_config)
         step = get_step_from_dir(self.model_dir(model)) + 1
@@ -171,13 +179,17 @@ class EmbeddedBackend(Backend):
         metrics["train/packed_sequences"] = float(0 if packed is None else packed["tokens"].shape[0])
         return TrainResult(step=step, metrics=metrics)
 
-    def _pack(self, groups: list[TrajectoryGroup]) -> Optional[dict]:
+    def tokenize(self, groups: list[TrajectoryGroup], scale_rewards: bool = True) -> list:
+        """ART's tokenization, which also computes each trajectory's GRPO advantage."""
+        return list(tokenize_trajectory_groups(self.engine.tokenizer, groups, allow_training_without_logprobs=False,
+                                               scale_rewards=scale_rewards))
+
+    def _pack(self, groups: list[TrajectoryGroup], scale_rewards: bool = True,
+              advantage_balance: float = 0.0) -> Optional[dict]:
         if not groups:
             return None
         tokenizer = self.engine.tokenizer
-        results = list(
-            tokenize_trajectory_groups(tokenizer, groups, allow_training_without_logprobs=False, scale_rewards=True)
-        )
+        results = self.tokenize(groups, scale_rewards)
         if not results:
             return None
         # One group packs into one sequence: its shared prompt once, then each completion.
@@ -187,7 +199,8 @@ class EmbeddedBackend(Backend):
         seq_len = self.config.packed_sequence_length or round_up(max(by_prompt.values()), 128)
         return dict(
             packed_tensors_from_tokenized_results(
-                results, seq_len, pad_token_id=tokenizer.pad_token_id, truncate_long_results=False
+                results, seq_len, pad_token_id=tokenizer.pad_token_id, truncate_long_results=False,
+                advantage_balance=advantage_balance,
             )
         )
 

@@ -306,10 +306,16 @@ class Engine:
     # ------------------------------------------------------------------ training
 
     def train_packed(self, packed: dict, config: Any, dev_config: dict) -> list[dict[str, float]]:
-        """One optimizer step per packed sequence, as ART's Unsloth trainer does. Returns metrics per step."""
+        """One optimizer step per packed sequence, as ART's Unsloth trainer does. Returns metrics per step.
+
+        With a KL penalty the reference log-probabilities come from the same model with its LoRA adapter
+        disabled (the base model), one extra forward pass without gradients, as LocalBackend does.
+        """
         from art.loss import loss_fn
 
         metrics = []
+        kl = dev_config.get("kl_penalty_coef", 0.0) > 0
+        low, high = clip_bounds(dev_config)
         with self.lock:
             self._set_merged(False)
             self.model.train()
@@ -318,20 +324,28 @@ class Engine:
                     param_group["lr"] = config.learning_rate
                 for row in range(packed["tokens"].shape[0]):
                     inputs = {k: v[row : row + 1].to(self.device) for k, v in packed.items() if isinstance(v, torch.Tensor)}
+                    ref_logprobs = None
+                    if kl:
+                        with torch.no_grad(), self.model.disable_adapter():
+                            ref_logprobs = self.completion_logprobs(inputs)
                     new_logprobs = self.completion_logprobs(inputs)
-                    loss = loss_fn(inputs, new_logprobs, None, None, dev_config)
+                    loss = loss_fn(inputs, new_logprobs, ref_logprobs, None, dev_config)
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.policy_loss.backward()
                     grad_norm = torch.nn.utils.clip_grad_norm_(
                         [p for p in self.model.parameters() if p.requires_grad], max_norm=1.0
                     )
                     self.optimizer.step()
-                    metrics.append({
+                    step_metrics = {
                         "loss/train": float(loss.policy_loss.detach()),
                         "loss/grad_norm": float(grad_norm),
                         "loss/learning_rate": float(config.learning_rate),
                         "loss/probs_corr": float(loss.probs_corr.detach()),
-                    })
+                        "loss/clipped_fraction": clipped_fraction(inputs, new_logprobs.detach(), low, high),
+                    }
+                    if loss.kl_policy_ref is not None:
+                        step_metrics["loss/kl_policy_ref"] = float(loss.kl_policy_ref)
+                    metrics.append(step_metrics)
             finally:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.model.eval()
@@ -407,6 +421,26 @@ def bound_strings(schema: Any, max_chars: int) -> Any:
     if out.get("type") == "string" and "maxLength" not in out and "enum" not in out and "const" not in out:
         out["maxLength"] = max_chars
     return out
+
+
+def clip_bounds(dev_config: dict) -> tuple[float, float]:
+    """The importance ratio's clip range [1 - epsilon, 1 + epsilon_high], with art/loss.py's defaults."""
+    ppo = dev_config.get("ppo", False)
+    epsilon = dev_config.get("epsilon", 0.2 if ppo else 1.0)
+    epsilon_high = dev_config.get("epsilon_high", None if ppo else 4.0)
+    return 1 - epsilon, 1 + (epsilon if epsilon_high is None else epsilon_high)
+
+
+def clipped_fraction(inputs: dict, new_logprobs: torch.Tensor, low: float, high: float) -> float:
+    """The share of completion tokens whose (token-level) importance ratio falls outside the clip range."""
+    from art.loss import shift_tensor
+
+    old = shift_tensor(inputs["logprobs"], float("nan"))
+    mask = shift_tensor(inputs["assistant_mask"], False) & ~torch.isnan(old)
+    if not mask.any():
+        return 0.0
+    ratio = torch.exp(new_logprobs[mask] - old[mask])
+    return float(((ratio < low) | (ratio > high)).float().mean())
 
 
 def round_up(value: int, multiple: int) -> int:

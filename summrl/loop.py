@@ -22,6 +22,7 @@ from art.utils.iterate_dataset import iterate_dataset
 from summrl.backends import build_backend, internal_config
 from summrl.config import Config
 from summrl.data import Document, load_splits
+from summrl.facts import hallucinates
 from summrl.job import JobInfo, read_result, write_result
 from summrl.judges import Judge, build_judge
 from summrl.rewards import Missing, Reward, build_reward, build_val_reward
@@ -166,16 +167,31 @@ def judge_name(config: Config) -> str:
     return getattr(config.judge, "model", config.judge.kind)
 
 
+def mark_hallucinations(groups: Sequence[art.TrajectoryGroup], documents: Sequence[Document]) -> None:
+    """Each val summary's ``hallucination_rate`` metric: 1 when it states a number, date or proper name absent from
+    its document (logged as ``val/hallucination_rate``, the share of such summaries), whatever the reward."""
+    by_id = {doc.id: doc for doc in documents}
+    for group in groups:
+        for trajectory in group.trajectories:
+            document = by_id[str(trajectory.metadata["document_id"])]
+            trajectory.metrics["hallucination_rate"] = float(hallucinates(summary_of(trajectory), document.text))
+
+
 async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict:
-    """Score the val split; returns ``{"step", "val_reward", "val_qa_accuracy"}`` (the last None without QA)."""
+    """Score the val split; returns ``{"step", "val_reward", "val_qa_accuracy", "val_hallucination_rate"}``
+    (QA accuracy None without QA)."""
     result = await sample_and_score(session, val, session.trainer.val_rollouts_per_doc, session.val_reward)
+    mark_hallucinations(result.groups, val)
     await session.model.log(result.groups, split="val", step=step,
                             metrics={**result.metrics(), **session.judge_usage()})
     session.tracker.log_history()
     session.tracker.log_samples(step, result.groups)
-    scores = {"step": step, "val_reward": result.mean_reward(), "val_qa_accuracy": result.mean_metric("qa_accuracy")}
+    scores = {"step": step, "val_reward": result.mean_reward(), "val_qa_accuracy": result.mean_metric("qa_accuracy"),
+              "val_hallucination_rate": result.mean_metric("hallucination_rate")}
     accuracy = "" if scores["val_qa_accuracy"] is None else f" | val qa accuracy {scores['val_qa_accuracy']:.3f}"
-    print(f"summrl: step {step} | val reward {scores['val_reward']:.3f}{accuracy}", flush=True)
+    invented = ("" if scores["val_hallucination_rate"] is None
+                else f" | val hallucination rate {scores['val_hallucination_rate']:.3f}")
+    print(f"summrl: step {step} | val reward {scores['val_reward']:.3f}{accuracy}{invented}", flush=True)
     return scores
 
 
@@ -257,6 +273,8 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
             final_val_qa_accuracy=history[-1]["val_qa_accuracy"],
             best_val_qa_accuracy=max((h["val_qa_accuracy"] for h in history if h["val_qa_accuracy"] is not None),
                                      default=None),
+            # the share of val summaries stating a number, date or name absent from the document (None: not recorded)
+            final_val_hallucination_rate=history[-1].get("val_hallucination_rate"),
             val_history=history,
         )
         return history[-1]["val_reward"]

@@ -491,7 +491,13 @@ def _typed_terms(node: DictConfig) -> dict[str, WeightedTerm]:
         kind = term.get("kind")
         _require(kind in TERM_SCHEMAS, f"{key}.kind", f"must be one of {', '.join(TERM_SCHEMAS)}, got {kind!r}")
         body = OmegaConf.create({k: v for k, v in term.items() if k != "weight"})
-        reward = _typed_section(key, body, TERM_SCHEMAS[kind])
+        try:
+            reward = _typed_section(key, body, TERM_SCHEMAS[kind])
+        except ConfigError as e:  # the schemas' own checks name reward.<key>: point at the term instead
+            message = str(e)
+            if not message.startswith(key):
+                message = f"{key}.{message[len('reward.'):]}" if message.startswith("reward.") else message
+            raise ConfigError(message) from None
         typed[str(name)] = WeightedTerm(weight=float(weight), reward=reward)
     return typed
 

@@ -509,6 +509,18 @@ def reward_kinds(reward: Any) -> set[str]:
     return {reward.kind}
 
 
+def kind_section(group: str, node: Any) -> Any:
+    """A group whose schema its ``kind`` selects (judge, reward, backend, logger), typed and checked."""
+    schemas = KIND_SCHEMAS[group]
+    kind = node.get("kind") if isinstance(node, DictConfig) else None
+    if kind not in schemas:
+        raise ConfigError(f"{group}.kind: must be one of {', '.join(schemas)}, got {kind!r}")
+    section = _typed_section(group, node, schemas[kind])
+    if kind == "weighted":
+        section.terms = _typed_terms(node)
+    return section
+
+
 def validate(cfg: DictConfig) -> Config:
     """Validate a composed Hydra config."""
     extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL_KEYS | {"experiment", "hydra"})
@@ -527,14 +539,8 @@ def validate(cfg: DictConfig) -> Config:
         raise ConfigError(f"seed: must be an integer, got {cfg.seed!r}") from None
     for group, schema in FIXED_SCHEMAS.items():
         sections[group] = _typed_section(group, cfg[group], schema)
-    for group, schemas in KIND_SCHEMAS.items():
-        node = cfg[group]
-        kind = node.get("kind") if isinstance(node, DictConfig) else None
-        if kind not in schemas:
-            raise ConfigError(f"{group}.kind: must be one of {', '.join(schemas)}, got {kind!r}")
-        sections[group] = _typed_section(group, node, schemas[kind])
-        if kind == "weighted":
-            sections[group].terms = _typed_terms(node)
+    for group in KIND_SCHEMAS:
+        sections[group] = kind_section(group, cfg[group])
     config = Config(**sections)
     if "ruler" in reward_kinds(config.reward) and config.judge.kind == "lexical":
         raise ConfigError(

@@ -1,7 +1,7 @@
 """`python -m summrl.report <sweep or run folder> [--out DIR]`: a table and plots of a multirun (or one run).
 
 Writes ``summary.csv`` and ``report.md`` (one row per job: overrides, status, best and final val
-score, steps, judge cost, minutes), ``val_curves.png`` (val score against step, one line per job)
+score and QA accuracy, final val hallucination rate, steps, judge cost, minutes), ``val_curves.png`` (val score against step, one line per job)
 and ``best_val.png`` (best val score per configuration, mean ± std over its seeds).
 Reads only what the jobs left on disk: ``result.json`` and ART's ``history.jsonl``.
 
@@ -21,7 +21,7 @@ import pandas as pd
 from summrl.job import RESULT_FILE, JobInfo, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
-           "final_val_qa_accuracy", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
+           "final_val_qa_accuracy", "final_val_hallucination_rate", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
 METRICS = {"qa_accuracy": "val QA accuracy (share of questions answered)", "reward": "val reward"}
 
 
@@ -77,6 +77,8 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
             "final_val_score": result.get("final_val_score"),
             "best_val_qa_accuracy": result.get("best_val_qa_accuracy"),
             "final_val_qa_accuracy": result.get("final_val_qa_accuracy"),
+            # the share of val summaries stating a number, date or name absent from their document
+            "final_val_hallucination_rate": result.get("final_val_hallucination_rate"),
             "steps": result.get("steps"),
             "judge_cost_usd": result.get("judge_cost_usd"),
             "minutes": round(result["wall_s"] / 60, 1) if "wall_s" in result else None,

@@ -73,7 +73,7 @@ def test_length_penalty_shapes_beyond_max_words():
     assert score(length_reward("quadratic"), [FULL])[0].reward == pytest.approx(1.0 - over**2)
     assert score(length_reward("hard"), [FULL])[0].reward == 0.0
     within = score(length_reward("hard", max_words=50), [FULL])[0]
-    assert within.reward == 1.0 and within.metrics["reward/length"] == 0.0 and within.metrics["reward/qa"] == 1.0
+    assert within.reward == 1.0 and within.metrics["reward_length"] == 0.0 and within.metrics["reward_qa"] == 1.0
 
 
 def test_length_penalized_config_builds_on_qa():

@@ -141,8 +141,8 @@ class Fixed:
 def test_a_weighted_sum_with_a_missing_term_is_missing():
     weighted = WeightedReward({"qa": (1.0, Fixed([0.5, 0.5])), "rubric": (0.2, Fixed([1.0, None]))})
     whole, missing = asyncio.run(weighted.score_group(DOC, ["a", "b"]))
-    assert whole.reward == pytest.approx(0.7) and whole.metrics["reward/qa"] == 0.5
-    assert whole.metrics["reward/rubric"] == 1.0
+    assert whole.reward == pytest.approx(0.7) and whole.metrics["reward_qa"] == 0.5
+    assert whole.metrics["reward_rubric"] == 1.0
     assert isinstance(missing, Missing) and "term rubric: judge down" in missing.error
 
 
@@ -152,8 +152,8 @@ def test_length_penalized_is_a_weighted_preset_of_qa_and_a_length_term():
     reward = build_reward(config.reward, LexicalJudge(), config.trainer.max_words)
     long = FAITHFUL + " " + "word " * 4  # 18 words: 80% over
     (score,) = asyncio.run(reward.score_group(DOC, [long]))
-    assert score.metrics["reward/length"] == pytest.approx(-(0.8**2))
-    assert score.reward == pytest.approx(score.metrics["reward/qa"] - 0.8**2)
+    assert score.metrics["reward_length"] == pytest.approx(-(0.8**2))
+    assert score.reward == pytest.approx(score.metrics["reward_qa"] - 0.8**2)
 
 
 @pytest.mark.parametrize(

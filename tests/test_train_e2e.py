@@ -83,7 +83,7 @@ def test_ruler_with_the_embedded_judge_runs_offline(tmp_path, judge):
 
 
 def test_weighted_qa_plus_rubric_trains_offline_and_logs_terms_and_hallucinations(tmp_path):
-    """experiment=local with qa + 0.2 x rubric (offline rubrics): each term logged as reward/<term>, and the val
+    """experiment=local with qa + 0.2 x rubric (offline rubrics): each term logged as train/reward_<term>, and the val
     hallucination rate in the history, result.json's val history and its final figure."""
     run_dir = tmp_path / "rubric"
     result = run_cli(["experiment=local", "reward=qa_rubric", "trainer.max_steps=1", "dataset.val_size=2",
@@ -93,7 +93,7 @@ def test_weighted_qa_plus_rubric_trains_offline_and_logs_terms_and_hallucination
     assert "val hallucination rate" in result.stdout
     rows = history(run_dir / "art" / "summrl" / "models" / "rubric")
     train = next(r for r in rows if "train/reward" in r)
-    assert train["train/reward"] == pytest.approx(train["train/reward/qa"] + 0.2 * train["train/reward/rubric"])
+    assert train["train/reward"] == pytest.approx(train["train/reward_qa"] + 0.2 * train["train/reward_rubric"])
     val = {r["step"]: r for r in rows if "val/reward" in r}
     assert set(val) == {0, 1} and all(0.0 <= r["val/hallucination_rate"] <= 1.0 for r in val.values())
     saved = json.loads((run_dir / "result.json").read_text())

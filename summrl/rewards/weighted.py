@@ -1,7 +1,7 @@
 """``reward=weighted``: a weighted sum of other rewards (e.g. qa + 0.2 x rubric, or qa + a length penalty).
 
 Every term scores the group (concurrently); a summary's reward is the sum of weight x term reward. Each term's
-reward is logged as its own metric, ``reward/<term>``, beside the terms' own metrics. A term that is missing
+reward is logged as its own metric, ``<split>/reward_<term>`` (train/reward_qa), beside the terms' own metrics. A term that is missing
 for a summary makes its sum missing: a partial sum would be a different reward.
 """
 
@@ -35,6 +35,7 @@ class WeightedReward:
                 total += self.terms[name][0] * part.reward
                 metrics.update(part.metrics)
                 metadata.update(part.metadata)
-            metrics.update({f"reward/{n}": p.reward for n, p in zip(names, parts)})
+            # "reward/<term>" would be ART's own "reward" section, logged without the split: train and val would mix.
+            metrics.update({f"reward_{n}": p.reward for n, p in zip(names, parts)})
             out.append(Score(total, metrics, metadata))
         return out

@@ -269,19 +269,53 @@ class RulerRewardConfig:
 
 
 @dataclass
-class LengthPenalizedRewardConfig:
-    """A base reward (with its default settings) minus a penalty beyond trainer.max_words."""
+class RubricRewardConfig:
+    """Per-document positive and negative rubrics scored in [0, 1]; the reward is their weighted mean with the
+    negatives flipped (1 - s). Rubrics come from the dataset's positive_rubrics / negative_rubrics columns, or an
+    LLM judge writes them once per document (cached); judge=lexical or local writes and scores them lexically."""
 
-    kind: str = "length_penalized"
-    base: str = "qa"
-    shape: str = "linear"  # hard (0 beyond the limit) | linear | quadratic, in the relative overshoot
-    strength: float = 1.0
+    kind: str = "rubric"
+    max_rubrics: int = 8  # per side, when the judge writes them
+    positive_weight: float = 1.0  # each positive rubric's weight in the mean
+    # each (flipped) negative rubric's weight: 4 makes the offline writer's one negative ("invents a fact") weigh
+    # as much as half of its 8 positives
+    negative_weight: float = 4.0
+    cache_dir: Optional[str] = "~/.cache/summrl/rubrics"  # written rubrics, per document hash + judge + prompt version
 
     def __post_init__(self) -> None:
-        _require(self.base in ("qa", "ruler"), "reward.base", f"must be qa or ruler, got {self.base!r}")
+        _require(self.max_rubrics > 0, "reward.max_rubrics", f"must be > 0, got {self.max_rubrics}")
+        _require(self.positive_weight >= 0 and self.negative_weight >= 0 and self.positive_weight + self.negative_weight > 0,
+                 "reward.positive_weight", f"positive_weight and negative_weight must be >= 0 and not both 0, got "
+                 f"{self.positive_weight} and {self.negative_weight}")
+
+
+@dataclass
+class LengthRewardConfig:
+    """A term of reward=weighted: 0 within trainer.max_words, -over (linear), -over**2 (quadratic) or -1 (hard)
+    beyond it, with over = the relative overshoot. Its weight is the penalty's strength."""
+
+    kind: str = "length"
+    shape: str = "linear"
+
+    def __post_init__(self) -> None:
         _require(self.shape in ("hard", "linear", "quadratic"), "reward.shape",
                  f"must be one of hard, linear, quadratic, got {self.shape!r}")
-        _require(self.strength >= 0, "reward.strength", f"must be >= 0, got {self.strength}")
+
+
+@dataclass
+class WeightedTerm:
+    weight: float
+    reward: Any  # one of TERM_SCHEMAS' configs
+
+
+@dataclass
+class WeightedRewardConfig:
+    """A weighted sum of rewards: ``terms`` maps a term's name (logged as reward/<name>) to a reward config plus
+    its ``weight``, e.g. {qa: {kind: qa, weight: 1.0}, rubric: {kind: rubric, weight: 0.2}}. After validation
+    each term is a :class:`WeightedTerm`."""
+
+    kind: str = "weighted"
+    terms: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- backend
@@ -439,7 +473,7 @@ class Config:
     dataset: DatasetConfig
     trainer: TrainerConfig
     algorithm: AlgorithmConfig
-    reward: QARewardConfig | RulerRewardConfig | LengthPenalizedRewardConfig
+    reward: QARewardConfig | RulerRewardConfig | RubricRewardConfig | WeightedRewardConfig
     judge: LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig | LocalJudgeConfig
     backend: EmbeddedBackendConfig | SkyPilotBackendConfig | LocalGPUBackendConfig | ServerlessBackendConfig
     logger: NoLoggerConfig | WandbLoggerConfig
@@ -450,7 +484,8 @@ class Config:
 KIND_SCHEMAS: dict[str, dict[str, type]] = {
     "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig, "embedded": EmbeddedJudgeConfig,
               "local": LocalJudgeConfig},
-    "reward": {"qa": QARewardConfig, "ruler": RulerRewardConfig, "length_penalized": LengthPenalizedRewardConfig},
+    "reward": {"qa": QARewardConfig, "ruler": RulerRewardConfig, "rubric": RubricRewardConfig,
+               "weighted": WeightedRewardConfig},
     "backend": {
         "embedded": EmbeddedBackendConfig,
         "skypilot": SkyPilotBackendConfig,
@@ -467,6 +502,10 @@ FIXED_SCHEMAS: dict[str, type] = {
     "algorithm": AlgorithmConfig,
     "storage": StorageConfig,
 }
+
+# What a weighted reward's term may be: any reward but another weighted one, or the length penalty.
+TERM_SCHEMAS: dict[str, type] = {"qa": QARewardConfig, "ruler": RulerRewardConfig, "rubric": RubricRewardConfig,
+                                 "length": LengthRewardConfig}
 
 TOP_LEVEL_KEYS = {"project", "seed", "run", "model", "dataset", "trainer", "algorithm", "reward", "judge", "backend",
                   "logger", "storage"}
@@ -499,6 +538,52 @@ def _typed_section(group: str, node: Any, schema: type) -> Any:
         raise ConfigError(f"{group}: {e}") from None
 
 
+def _typed_terms(node: DictConfig) -> dict[str, WeightedTerm]:
+    """reward=weighted's terms, each a reward config plus a numeric weight."""
+    terms = node.get("terms")
+    _require(isinstance(terms, DictConfig) and len(terms) > 0, "reward.terms",
+             "must name at least one term, e.g. reward.terms={qa: {kind: qa, weight: 1.0}, "
+             "rubric: {kind: rubric, weight: 0.2}}")
+    typed: dict[str, WeightedTerm] = {}
+    for name, term in terms.items():
+        key = f"reward.terms.{name}"
+        _require(isinstance(term, DictConfig), key, f"must be a mapping with kind and weight, got {term!r}")
+        weight = term.get("weight", 1.0)
+        _require(isinstance(weight, (int, float)) and not isinstance(weight, bool), f"{key}.weight",
+                 f"must be a number, got {weight!r}")
+        kind = term.get("kind")
+        _require(kind in TERM_SCHEMAS, f"{key}.kind", f"must be one of {', '.join(TERM_SCHEMAS)}, got {kind!r}")
+        body = OmegaConf.create({k: v for k, v in term.items() if k != "weight"})
+        try:
+            reward = _typed_section(key, body, TERM_SCHEMAS[kind])
+        except ConfigError as e:  # the schemas' own checks name reward.<key>: point at the term instead
+            message = str(e)
+            if not message.startswith(key):
+                message = f"{key}.{message[len('reward.'):]}" if message.startswith("reward.") else message
+            raise ConfigError(message) from None
+        typed[str(name)] = WeightedTerm(weight=float(weight), reward=reward)
+    return typed
+
+
+def reward_kinds(reward: Any) -> set[str]:
+    """The kinds a reward config uses: its own, or its terms' for reward=weighted."""
+    if reward.kind == "weighted":
+        return {term.reward.kind for term in reward.terms.values()}
+    return {reward.kind}
+
+
+def kind_section(group: str, node: Any) -> Any:
+    """A group whose schema its ``kind`` selects (judge, reward, backend, logger), typed and checked."""
+    schemas = KIND_SCHEMAS[group]
+    kind = node.get("kind") if isinstance(node, DictConfig) else None
+    if kind not in schemas:
+        raise ConfigError(f"{group}.kind: must be one of {', '.join(schemas)}, got {kind!r}")
+    section = _typed_section(group, node, schemas[kind])
+    if kind == "weighted":
+        section.terms = _typed_terms(node)
+    return section
+
+
 def validate(cfg: DictConfig) -> Config:
     """Validate a composed Hydra config."""
     extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL_KEYS | {"experiment", "hydra"})
@@ -517,15 +602,10 @@ def validate(cfg: DictConfig) -> Config:
         raise ConfigError(f"seed: must be an integer, got {cfg.seed!r}") from None
     for group, schema in FIXED_SCHEMAS.items():
         sections[group] = _typed_section(group, cfg[group], schema)
-    for group, schemas in KIND_SCHEMAS.items():
-        node = cfg[group]
-        kind = node.get("kind") if isinstance(node, DictConfig) else None
-        if kind not in schemas:
-            raise ConfigError(f"{group}.kind: must be one of {', '.join(schemas)}, got {kind!r}")
-        sections[group] = _typed_section(group, node, schemas[kind])
+    for group in KIND_SCHEMAS:
+        sections[group] = kind_section(group, cfg[group])
     config = Config(**sections)
-    uses_ruler = config.reward.kind == "ruler" or getattr(config.reward, "base", None) == "ruler"
-    if uses_ruler and config.judge.kind == "lexical":
+    if "ruler" in reward_kinds(config.reward) and config.judge.kind == "lexical":
         raise ConfigError(
             "reward=ruler needs an LLM judge, got judge=lexical: use judge=gemini_flash, judge=openai_compatible, "
             "judge=embedded, or judge=local (offline: lexical QA grading, the embedded model for RULER)"

@@ -23,6 +23,7 @@ from summrl import algorithm
 from summrl.backends import build_backend, internal_config
 from summrl.config import Config
 from summrl.data import Document, load_splits
+from summrl.facts import hallucinates
 from summrl.job import JobInfo, read_result, write_result
 from summrl.judges import Judge, build_judge
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
@@ -202,17 +203,29 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
     return Scored(kept, dropped, missing, {"generate_s": generated - started, "score_s": scored - generated})
 
 
+def mark_hallucinations(groups: Sequence[art.TrajectoryGroup], documents: Sequence[Document]) -> None:
+    """Each val summary's ``hallucination_rate`` metric: 1 when it states a number, date or proper name absent from
+    its document (logged as ``val/hallucination_rate``, the share of such summaries), whatever the reward."""
+    by_id = {doc.id: doc for doc in documents}
+    for group in groups:
+        for trajectory in group.trajectories:
+            document = by_id[str(trajectory.metadata["document_id"])]
+            trajectory.metrics["hallucination_rate"] = float(hallucinates(summary_of(trajectory), document.text))
+
+
 async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict:
     """Score the val split, each summary sampled with a seed of its own (see ``sample_and_score``).
 
-    Returns ``{"step", "val_reward", "val_qa_accuracy", "per_doc"}``: val_qa_accuracy is None without QA;
-    per_doc maps each document id to its mean ``reward`` and ``qa_accuracy`` (paired comparisons read it).
+    Returns ``{"step", "val_reward", "val_qa_accuracy", "val_hallucination_rate", "per_doc"}``: val_qa_accuracy is
+    None without QA; per_doc maps each document id to its mean ``reward`` and ``qa_accuracy`` (paired comparisons
+    read it).
     """
     t = session.trainer
     # Seeded by (run seed, document, sample index) only: every arm of a sweep and every step sample the same
     # way, so that differences between them come from the weights, not from the draw.
     result = await sample_and_score(session, val, t.val_rollouts_per_doc, session.val_reward, min_scored=1,
                                     temperature=t.val_temperature, seed_key=(session.config.seed,))
+    mark_hallucinations(result.groups, val)
     per_doc = result.per_doc()
     doc_metrics = {f"doc/{doc}/{key}": value for doc, scores in per_doc.items()
                    for key, value in scores.items() if value is not None}
@@ -221,9 +234,11 @@ async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict
     session.tracker.log_history()
     session.tracker.log_samples(step, result.groups)
     scores = {"step": step, "val_reward": result.mean_reward(), "val_qa_accuracy": result.mean_metric("qa_accuracy"),
-              "per_doc": per_doc}
+              "val_hallucination_rate": result.mean_metric("hallucination_rate"), "per_doc": per_doc}
     accuracy = "" if scores["val_qa_accuracy"] is None else f" | val qa accuracy {scores['val_qa_accuracy']:.3f}"
-    print(f"summrl: step {step} | val reward {scores['val_reward']:.3f}{accuracy}", flush=True)
+    invented = ("" if scores["val_hallucination_rate"] is None
+                else f" | val hallucination rate {scores['val_hallucination_rate']:.3f}")
+    print(f"summrl: step {step} | val reward {scores['val_reward']:.3f}{accuracy}{invented}", flush=True)
     return scores
 
 
@@ -312,6 +327,8 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
             final_val_qa_accuracy=history[-1]["val_qa_accuracy"],
             best_val_qa_accuracy=max((h["val_qa_accuracy"] for h in history if h["val_qa_accuracy"] is not None),
                                      default=None),
+            # the share of val summaries stating a number, date or name absent from the document (None: not recorded)
+            final_val_hallucination_rate=history[-1].get("val_hallucination_rate"),
             val_history=history,
         )
         return history[-1]["val_reward"]

@@ -192,6 +192,23 @@ async def bench_judge(documents: int, group_size: int, delay_s: float) -> dict:
             await asyncio.gather(*(per_question(doc, s) for s in fixed_summaries(doc, group_size)))
         pq_calls, pq_tokens = len(server.requests), server.prompt_tokens
 
+    from summrl.rewards.rubric import JudgeRubrics, RubricReward
+
+    with FakeLLM() as server, tempfile.TemporaryDirectory() as rubric_cache:  # reward=rubric
+        def rubric_reward() -> RubricReward:
+            client = JudgeClient(model="openai/gpt-4o-mini", api_base=server.base_url, cache_dir=None)
+            return RubricReward(JudgeRubrics(client, max_rubrics=8), positive_weight=1.0, negative_weight=4.0,
+                                cache_dir=rubric_cache)
+
+        reward = rubric_reward()  # first sight of each document: the judge writes its rubrics, then scores
+        for doc in docs:
+            await reward.score_group(doc, fixed_summaries(doc, group_size))
+        rubric_calls, rubric_tokens = len(server.requests), server.prompt_tokens
+        reward = rubric_reward()  # a later step or a rerun: the rubrics come from the disk cache
+        for doc in docs:
+            await reward.score_group(doc, fixed_summaries(doc, group_size))
+        cached_calls, cached_tokens = len(server.requests) - rubric_calls, server.prompt_tokens - rubric_tokens
+
     walls = []
     with FakeLLM(default_delay_s=delay_s) as server:  # a judge that takes delay_s per call
         reward = new_reward(server.base_url)
@@ -209,6 +226,12 @@ async def bench_judge(documents: int, group_size: int, delay_s: float) -> dict:
         "per_question_input_tokens_per_rollout": round(pq_tok, 1),
         "token_ratio": round(pq_tok / qa_tok, 2),
         "call_ratio": round(pq_calls / qa_calls, 2),
+        # reward=rubric, a document's first group: one rubric-writing call plus one scoring call for the group
+        "rubric_calls_per_rollout": round(rubric_calls / rollouts, 3),
+        "rubric_input_tokens_per_rollout": round(rubric_tokens / rollouts, 1),
+        # ... and its later groups (rubrics read from the cache): the scoring call only
+        "rubric_cached_calls_per_rollout": round(cached_calls / rollouts, 3),
+        "rubric_cached_input_tokens_per_rollout": round(cached_tokens / rollouts, 1),
         "group_wall_s": round(statistics.median(walls), 3),
         "group_size": group_size,
         "documents": documents,
@@ -271,7 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     step = sub.add_parser("step", help="embedded GRPO step time, batched generation, start-up time")
     step.add_argument("--steps", type=int, default=3, help="GRPO steps to time (median reported)")
     step.add_argument("--repeats", type=int, default=2, help="throughput measurements (median reported)")
-    judge = sub.add_parser("judge", help="judge calls and input tokens per rollout: reward=qa vs Summary-RL's scheme")
+    judge = sub.add_parser("judge", help="judge calls and input tokens per rollout: reward=qa vs Summary-RL's "
+                                                 "scheme, and reward=rubric")
     judge.add_argument("--documents", type=int, default=8, help="sample documents, one group each")
     judge.add_argument("--group-size", type=int, default=8, help="rollouts per group")
     judge.add_argument("--delay", type=float, default=0.2, help="seconds the judge takes per call, for group_wall_s")

@@ -1,8 +1,9 @@
 """`python -m summrl.report <sweep or run folder> [--out DIR]`: a table and plots of a multirun (or one run).
 
 Writes ``summary.csv`` and ``report.md`` (one row per job: overrides, status, best and final val
-score, steps, judge cost, minutes), ``val_curves.png`` (val score against step, one line per
-configuration with a 95% CI band: over its seeds when it has several, else over the val documents)
+score and QA accuracy, final val hallucination rate, steps, judge cost, minutes), ``val_curves.png``
+(val score against step, one line per configuration with a 95% CI band: over its seeds when it has several,
+else over the val documents)
 and ``best_val.png`` (best val score per configuration, mean ± std over its seeds).
 ``--baseline 'reward=qa'`` adds the paired table: each configuration's final val score minus the
 baseline's on the same documents and seeds, with a 95% CI, a verdict and the minimum detectable difference.
@@ -25,7 +26,7 @@ from summrl.compare import Interval, mean_ci, min_detectable, paired_differences
 from summrl.job import RESULT_FILE, JobInfo, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
-           "final_val_qa_accuracy", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
+           "final_val_qa_accuracy", "final_val_hallucination_rate", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
 METRICS = {"qa_accuracy": "val QA accuracy (share of questions answered)", "reward": "val reward"}
 
 
@@ -82,6 +83,8 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
             "final_val_score": result.get("final_val_score"),
             "best_val_qa_accuracy": result.get("best_val_qa_accuracy"),
             "final_val_qa_accuracy": result.get("final_val_qa_accuracy"),
+            # the share of val summaries stating a number, date or name absent from their document
+            "final_val_hallucination_rate": result.get("final_val_hallucination_rate"),
             "steps": result.get("steps"),
             "judge_cost_usd": result.get("judge_cost_usd"),
             "minutes": round(result["wall_s"] / 60, 1) if "wall_s" in result else None,

@@ -92,13 +92,15 @@ class WandbTracker(Tracker):
     def log_samples(self, step: int, groups: Sequence[Any]) -> None:
         if not self.samples:
             return
-        table = self.wandb.Table(columns=["training_step", "document_id", "summary", "reward", "correct"])
+        table = self.wandb.Table(columns=["training_step", "document_id", "summary", "reward", "correct",
+                                          "rubric_scores", "hallucinated"])
         for group in groups:
             for t in group.trajectories:
                 summary = t.messages_and_choices[-1]
                 text = summary.message.content if hasattr(summary, "message") else summary.get("content")
                 table.add_data(step, str(t.metadata.get("document_id")), text or "", t.reward,
-                               str(t.metadata.get("correct", "")))
+                               str(t.metadata.get("correct", "")), str(t.metadata.get("rubric_scores", "")),
+                               t.metrics.get("hallucination_rate"))
         self.run.log({"val/samples": table, "training_step": step})
 
     def finish(self, failed: bool) -> None:

@@ -29,7 +29,7 @@ def test_ruler_needs_an_llm_judge():
     with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge.*judge=local"):
         compose_config([*LOCAL, "judge=lexical", "reward=ruler"])
     with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge"):
-        compose_config([*LOCAL, "judge=lexical", "reward=length_penalized", "reward.base=ruler"])
+        compose_config([*LOCAL, "judge=lexical", "reward=length_penalized", "reward.terms.qa.kind=ruler"])
     # the local experiment's judge pairs lexical QA grading with the embedded model for RULER
     assert compose_config([*LOCAL, "reward=ruler"]).judge.kind == "local"
 
@@ -117,6 +117,7 @@ def test_validation_needs_no_heavy_imports():
         (["model=nope"], "Available options in 'model'"),
         (["trainer.max_stepz=3"], "trainer.max_stepz"),
         (["+trainer.max_stepz=3"], "Did you mean trainer.max_steps"),
+        (["reward=qa_rubric", "reward.terms.rubric.weight=abc"], "reward.terms.rubric.weight: must be a number"),
     ],
 )
 def test_cli_fails_with_a_clear_message(args, message, tmp_path):

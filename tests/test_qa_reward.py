@@ -58,9 +58,10 @@ def test_han_detection():
 
 
 def length_reward(shape: str, strength: float = 1.0, max_words: int = 10):
-    from summrl.rewards.length import LengthPenalizedReward
+    from summrl.rewards.length import LengthPenalty
+    from summrl.rewards.weighted import WeightedReward
 
-    return LengthPenalizedReward(reward(), max_words=max_words, shape=shape, strength=strength)
+    return WeightedReward({"qa": (1.0, reward()), "length": (strength, LengthPenalty(max_words=max_words, shape=shape))})
 
 
 FULL = "Ruth Okafor opened it on March 14, 2024; it cost 2.1 million dollars; Dunmore Civil Works built it."  # 18 words
@@ -72,17 +73,20 @@ def test_length_penalty_shapes_beyond_max_words():
     assert score(length_reward("quadratic"), [FULL])[0].reward == pytest.approx(1.0 - over**2)
     assert score(length_reward("hard"), [FULL])[0].reward == 0.0
     within = score(length_reward("hard", max_words=50), [FULL])[0]
-    assert within.reward == 1.0 and within.metrics["length_penalty"] == 0.0 and within.metrics["base_reward"] == 1.0
+    assert within.reward == 1.0 and within.metrics["reward_length"] == 0.0 and within.metrics["reward_qa"] == 1.0
 
 
 def test_length_penalized_config_builds_on_qa():
     from summrl.rewards import build_reward
-    from summrl.rewards.length import LengthPenalizedReward
+    from summrl.rewards.length import LengthPenalty
+    from summrl.rewards.weighted import WeightedReward
     from tests.conftest import compose_config
 
-    config = compose_config(["experiment=local", "reward=length_penalized", "reward.shape=quadratic"])
+    config = compose_config(["experiment=local", "reward=length_penalized", "reward.terms.length.shape=quadratic"])
     built = build_reward(config.reward, LexicalJudge(), config.trainer.max_words)
-    assert isinstance(built, LengthPenalizedReward) and built.shape == "quadratic" and built.max_words == 350
+    assert isinstance(built, WeightedReward) and isinstance(built.terms["qa"][1], QAReward)
+    penalty = built.terms["length"][1]
+    assert isinstance(penalty, LengthPenalty) and penalty.shape == "quadratic" and penalty.max_words == 350
 
 
 def test_percent_full_is_logged_beside_the_reward():

@@ -82,3 +82,23 @@ def test_ruler_with_the_embedded_judge_runs_offline(tmp_path, judge):
         assert r[f"{split}/judge/failed_rollouts"] == 0.0 and r[f"{split}/judge/calls"] >= 1
     # val also measures QA accuracy, the axis a reward ablation compares on
     assert all(0.0 <= r["val/qa_accuracy"] <= 1.0 for r in rows if "val/ruler_score" in r)
+
+
+def test_weighted_qa_plus_rubric_trains_offline_and_logs_terms_and_hallucinations(tmp_path):
+    """experiment=local with qa + 0.2 x rubric (offline rubrics): each term logged as train/reward_<term>, and the val
+    hallucination rate in the history, result.json's val history and its final figure."""
+    run_dir = tmp_path / "rubric"
+    result = run_cli(["experiment=local", "reward=qa_rubric", "trainer.max_steps=1", "dataset.val_size=2",
+                      "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=2", "trainer.max_summary_tokens=32",
+                      "run.name=rubric", f"hydra.run.dir={run_dir}"], cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "val hallucination rate" in result.stdout
+    rows = history(run_dir / "art" / "summrl" / "models" / "rubric")
+    train = next(r for r in rows if "train/reward" in r)
+    assert train["train/reward"] == pytest.approx(train["train/reward_qa"] + 0.2 * train["train/reward_rubric"])
+    val = {r["step"]: r for r in rows if "val/reward" in r}
+    assert set(val) == {0, 1} and all(0.0 <= r["val/hallucination_rate"] <= 1.0 for r in val.values())
+    saved = json.loads((run_dir / "result.json").read_text())
+    assert [h["val_hallucination_rate"] for h in saved["val_history"]] == [val[0]["val/hallucination_rate"],
+                                                                          val[1]["val/hallucination_rate"]]
+    assert saved["final_val_hallucination_rate"] == val[1]["val/hallucination_rate"]

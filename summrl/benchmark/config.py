@@ -19,7 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from summrl.config import (
     FIXED_SCHEMAS,
-    KIND_SCHEMAS,
+    kind_section,
+    reward_kinds,
     TOP_LEVEL_KEYS,
     ConfigError,
     DatasetConfig,
@@ -112,11 +113,7 @@ def validate_benchmark(cfg: DictConfig, choices: Optional[dict[str, Optional[str
     for group in ("model", "dataset", "trainer", "storage"):
         sections[group] = _typed_section(group, cfg[group], FIXED_SCHEMAS[group])
     for group in ("reward", "judge", "backend", "logger"):
-        node = cfg[group]
-        kind = node.get("kind") if isinstance(node, DictConfig) else None
-        if kind not in KIND_SCHEMAS[group]:
-            raise ConfigError(f"{group}.kind: must be one of {', '.join(KIND_SCHEMAS[group])}, got {kind!r}")
-        sections[group] = _typed_section(group, node, KIND_SCHEMAS[group][kind])
+        sections[group] = kind_section(group, cfg[group])
     settings = _settings(cfg.benchmark)
     config = BenchmarkConfig(**sections, benchmark=settings, project=str(cfg.project), choices=choices)
     _check_cross(config, cfg.benchmark)
@@ -259,8 +256,7 @@ def _trained_run(run_dir: Any, steps: Any, every: int) -> Optional[TrainedRun]:
 
 def _check_cross(config: BenchmarkConfig, node: DictConfig) -> None:
     settings = config.benchmark
-    uses_ruler = any(isinstance(m, BestOfNEntry) for m in settings.models) or config.reward.kind == "ruler" \
-        or getattr(config.reward, "base", None) == "ruler"
+    uses_ruler = any(isinstance(m, BestOfNEntry) for m in settings.models) or "ruler" in reward_kinds(config.reward)
     if uses_ruler and config.judge.kind == "lexical":
         raise ConfigError("best_of_n and reward=ruler rank summaries with RULER, which needs an LLM judge; got judge=lexical: "
                           "use judge=gemini_flash, judge=openai_compatible or judge=embedded")

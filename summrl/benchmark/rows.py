@@ -30,6 +30,7 @@ class Row:
     correct: str  # per-question correctness, JSON: [1, 0, 1, 1, 1] in the document's question order
     questions: int
     words: int
+    hallucinated: int  # 1: the summary states a number, date or proper name absent from the document
     chars: int
     model_calls: int
     model_cost_usd: float  # empty: the price is unknown

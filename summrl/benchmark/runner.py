@@ -58,7 +58,9 @@ def plan(config: BenchmarkConfig, documents: Sequence[Document], store: RowStore
 
 
 def _uses_ruler(config: BenchmarkConfig) -> bool:
-    return config.reward.kind == "ruler" or getattr(config.reward, "base", None) == "ruler"
+    from summrl.config import reward_kinds
+
+    return "ruler" in reward_kinds(config.reward)
 
 
 def judge_local(config: BenchmarkConfig) -> bool:
@@ -129,6 +131,7 @@ class Scorer:
     judge_cost_known: bool  # False: a paid judge whose price (or RULER's) cannot be counted
 
     async def score(self, job: Job, source: Any, document: Document) -> tuple[list[Row], list[str]]:
+        from summrl.facts import hallucinates
         from summrl.judges import build_judge
         from summrl.rewards import Missing, build_reward
 
@@ -151,7 +154,8 @@ class Scorer:
             rows.append(Row(
                 model=job.label, step=job.step, document_id=document.id, rollout=rollout,
                 score=sum(verdict) / len(verdict), reward=score.reward, correct=correctness(verdict),
-                questions=len(verdict), words=word_count(summary.text), chars=len(summary.text),
+                questions=len(verdict), words=word_count(summary.text),
+                hallucinated=int(hallucinates(summary.text, document.text)), chars=len(summary.text),
                 model_calls=summary.model_calls, model_cost_usd=summary.model_cost_usd, judge_calls=calls,
                 judge_cost_usd=judge_cost, ranking_calls=summary.ranking_calls, summary=summary.text,
             ))

@@ -1,5 +1,6 @@
 """The summary table: per model (and checkpoint step), the mean % of questions answered with a 95% confidence
-interval, the mean reward, mean words, and $ per 1k summaries.
+interval, the mean reward, mean words, the % of summaries that invent a fact (a number, date or proper name absent
+from the document), and $ per 1k summaries.
 
 The interval is a Student-t interval over documents: a document's rollouts share its questions, so they
 are not independent; each document contributes the mean of its rollouts, and the interval is
@@ -48,6 +49,7 @@ def summarize(rows: pd.DataFrame, order: list[tuple[str, object]] | None = None)
             "ci_high_pct": 100 * high,
             "mean_reward": float(group["reward"].mean()),
             "mean_words": float(group["words"].mean()),
+            "hallucination_pct": 100 * float(group["hallucinated"].mean()),
             "usd_per_1k": per_thousand(group["model_cost_usd"] + group["judge_cost_usd"]),
             "model_usd_per_1k": per_thousand(group["model_cost_usd"]),
             "judge_usd_per_1k": per_thousand(group["judge_cost_usd"]),
@@ -70,10 +72,11 @@ def _ci(low: float, high: float) -> str:
 
 
 def markdown(table: pd.DataFrame) -> str:
-    header = "| model | step | docs | summaries | % answered | 95% CI | reward | words | $ / 1k summaries |"
-    lines = [header, "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    header = "| model | step | docs | summaries | % answered | 95% CI | reward | words | % inventing | $ / 1k summaries |"
+    lines = [header, "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
     for r in table.itertuples():
         step = "" if pd.isna(r.step) else str(r.step)
         lines.append(f"| {r.model} | {step} | {r.documents} | {r.summaries} | {r.answered_pct:.1f} | "
-                     f"{_ci(r.ci_low_pct, r.ci_high_pct)} | {r.mean_reward:.3f} | {r.mean_words:.0f} | {_money(r.usd_per_1k)} |")
-    return "\n".join(lines) + f"\n\nCI: {CI_METHOD}. $ = model + judge calls from litellm's cost map (local models $0).\n"
+                     f"{_ci(r.ci_low_pct, r.ci_high_pct)} | {r.mean_reward:.3f} | {r.mean_words:.0f} | {r.hallucination_pct:.1f} | {_money(r.usd_per_1k)} |")
+    return "\n".join(lines) + f"\n\nCI: {CI_METHOD}. % inventing: summaries stating a number, date or proper name " \
+        f"absent from the document. $ = model + judge calls from litellm's cost map (local models $0).\n"

@@ -11,7 +11,7 @@ import importlib.util
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 if TYPE_CHECKING:
     from summrl.config import DatasetConfig
@@ -26,6 +26,7 @@ REPLIQA_COLUMNS = (
     "answer",
     "long_answer",
 )
+RUBRIC_COLUMNS = ("positive_rubrics", "negative_rubrics")  # optional: per-document rubrics (lists of strings)
 UNANSWERABLE = "UNANSWERABLE"  # Repliqa's answer for questions the document does not answer
 
 
@@ -51,6 +52,9 @@ class Document:
     topic: str
     text: str
     questions: tuple[Question, ...]
+    # From the optional dataset columns; None: not given (reward=rubric then writes them).
+    positive_rubrics: Optional[tuple[str, ...]] = None
+    negative_rubrics: Optional[tuple[str, ...]] = None
 
 
 def resolve_path(spec: str) -> Path:
@@ -80,12 +84,24 @@ def _read_rows(path: Path) -> list[dict]:
         raise DataError(
             f"{path}: missing column(s) {', '.join(missing)}; Repliqa's schema is {', '.join(REPLIQA_COLUMNS)}"
         )
-    return frame[list(REPLIQA_COLUMNS)].to_dict("records")
+    return frame[[*REPLIQA_COLUMNS, *(c for c in RUBRIC_COLUMNS if c in frame.columns)]].to_dict("records")
+
+
+def _rubrics(value: Any, column: str, where: str) -> Optional[tuple[str, ...]]:
+    """A rubric column's value: a list of strings (parquet gives an array), or None when the row has none."""
+    if value is None or (isinstance(value, float) and value != value):  # absent, or NaN from a partly-filled column
+        return None
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(r, str) and r.strip() for r in value):
+        raise DataError(f"{where}: {column} must be a list of non-empty strings, got {str(value)[:100]!r}")
+    return tuple(r.strip() for r in value)
 
 
 def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
     """Group question rows by document_id, keeping first-seen order. Bad rows raise DataError."""
     texts: dict[str, tuple[str, str]] = {}
+    rubrics: dict[str, dict[str, tuple[str, ...]]] = {}
     questions: dict[str, list[Question]] = {}
     for index, row in enumerate(rows):
         where = f"{source}, row {index}"
@@ -104,6 +120,11 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
         if doc_id not in texts:
             texts[doc_id] = (str(row.get("document_topic") or ""), text)
             questions[doc_id] = []
+            rubrics[doc_id] = {}
+        for column in RUBRIC_COLUMNS:  # per document: the first row that has them gives them
+            value = _rubrics(row.get(column), column, f"{where} (document {doc_id})")
+            if value is not None and column not in rubrics[doc_id]:
+                rubrics[doc_id][column] = value
         questions[doc_id].append(
             Question(
                 id=str(row.get("question_id") or f"{doc_id}-q{len(questions[doc_id]) + 1}"),
@@ -112,7 +133,7 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
                 long_answer=str(row.get("long_answer") or ""),
             )
         )
-    return [Document(id=i, topic=t, text=x, questions=tuple(questions[i])) for i, (t, x) in texts.items()]
+    return [Document(id=i, topic=t, text=x, questions=tuple(questions[i]), **rubrics[i]) for i, (t, x) in texts.items()]
 
 
 def _load_rows(files: list[str] | None, hf_path: str, hf_split: str) -> tuple[list[dict], str]:

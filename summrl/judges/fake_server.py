@@ -2,7 +2,8 @@
 
 Real HTTP, so the real litellm client path runs. Each request pops the next scripted reply (a JSON
 reply, an HTTP status with headers, a delay, raw text); when the script is empty it answers like a
-judge, after ``default_delay_s``: as many answers, verdicts or RULER scores as the prompt asks.
+judge, after ``default_delay_s``: as many answers, verdicts, RULER scores, rubrics or rubric scores as the
+prompt asks.
 Usage counts prompt tokens with litellm's tokenizer, as a hosted judge would bill them.
 
 Fault mode (``faults=Faults(rate, seed)``): an unscripted request fails at ``rate`` with one of the five
@@ -89,6 +90,11 @@ def judge_like(prompt: str) -> str:
     if trajectories:  # RULER: score each summary by its length, so tests can check the mapping
         return json.dumps({"scores": [{"trajectory_id": i, "explanation": "by length", "score": min(1.0, len(t) / 1000)}
                                       for i, t in trajectories]})
+    if '"positive_rubrics"' in prompt:  # rubric writing: one fact to keep, one error to avoid
+        return json.dumps({"positive_rubrics": ["Names who opened it."], "negative_rubrics": ["Invents a date."]})
+    if '"rubric_scores"' in prompt:  # rubric scoring: every rubric half met, per summary
+        n, m = len(re.findall(r'^<summary id="\d+">', prompt, re.M)), len(re.findall(r"^R\d+\. ", prompt, re.M))
+        return json.dumps({"rubric_scores": [[0.5] * m for _ in range(n)]})
     if '"answers"' in prompt:
         n = len(re.findall(r"^\d+\. ", prompt, re.M))
         return json.dumps({"answers": ["UNANSWERABLE"] * n})

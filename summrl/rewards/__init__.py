@@ -54,12 +54,11 @@ class WithQAMetrics:
 
 def build_val_reward(config, judge, max_words: int) -> Reward:
     """The reward val runs score with: the training reward, with QA metrics beside it when it is not QA-based."""
-    reward = build_reward(config, judge, max_words)
-    qa_based = config.kind == "qa" or getattr(config, "base", None) == "qa"
-    if qa_based:
-        return reward
-    from summrl.config import QARewardConfig
+    from summrl.config import QARewardConfig, reward_kinds
 
+    reward = build_reward(config, judge, max_words)
+    if "qa" in reward_kinds(config):
+        return reward
     return WithQAMetrics(reward, build_reward(QARewardConfig(), judge, max_words))
 
 
@@ -69,12 +68,24 @@ def build_reward(config, judge, max_words: int) -> Reward:
 
         return QAReward(judge, max_chars=config.max_chars, forbid_han=config.forbid_han,
                         include_unanswerable=config.include_unanswerable)
-    if config.kind == "length_penalized":
-        from summrl.config import KIND_SCHEMAS
-        from summrl.rewards.length import LengthPenalizedReward
+    if config.kind == "weighted":
+        from summrl.rewards.weighted import WeightedReward
 
-        base = build_reward(KIND_SCHEMAS["reward"][config.base](), judge, max_words)  # the base with its defaults
-        return LengthPenalizedReward(base, max_words=max_words, shape=config.shape, strength=config.strength)
+        return WeightedReward({name: (term.weight, build_reward(term.reward, judge, max_words))
+                               for name, term in config.terms.items()})
+    if config.kind == "length":
+        from summrl.rewards.length import LengthPenalty
+
+        return LengthPenalty(max_words=max_words, shape=config.shape)
+    if config.kind == "rubric":
+        from summrl.judges.llm import LLMJudge
+        from summrl.rewards.rubric import JudgeRubrics, OfflineRubrics, RubricReward
+
+        if isinstance(judge, LLMJudge):  # judge=lexical and judge=local write and score rubrics lexically
+            return RubricReward(JudgeRubrics(judge.client, config.max_rubrics), positive_weight=config.positive_weight,
+                                negative_weight=config.negative_weight, cache_dir=config.cache_dir)
+        return RubricReward(OfflineRubrics(config.max_rubrics), positive_weight=config.positive_weight,
+                            negative_weight=config.negative_weight, cache_dir=None)  # instant: nothing to cache
     if config.kind == "ruler":
         from summrl.rewards.ruler import RulerReward
 

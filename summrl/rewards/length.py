@@ -1,8 +1,8 @@
-"""A base reward minus a penalty for words beyond ``trainer.max_words``.
+"""A length penalty, as a term of ``reward=weighted``: 0 within ``trainer.max_words``, negative beyond it.
 
-With ``over = (words - max_words) / max_words`` (0 within the limit):
-``hard`` scores 0 beyond the limit, ``linear`` subtracts ``strength * over``, ``quadratic`` subtracts
-``strength * over**2``. A missing base reward stays missing.
+With ``over = (words - max_words) / max_words``: ``linear`` is ``-over``, ``quadratic`` is ``-over**2``, and
+``hard`` is ``-1`` beyond the limit (with weight 1 and a base reward in [0, 1], such a summary scores <= 0).
+The term's weight is the penalty's strength. ``reward=length_penalized`` is qa plus this term.
 """
 
 from __future__ import annotations
@@ -10,35 +10,26 @@ from __future__ import annotations
 from typing import Sequence, Union
 
 from summrl.data import Document
-from summrl.rewards import Missing, Reward, Score
+from summrl.rewards import Missing, Score
 
 SHAPES = ("hard", "linear", "quadratic")
 
 
-class LengthPenalizedReward:
-    def __init__(self, base: Reward, *, max_words: int, shape: str, strength: float) -> None:
+class LengthPenalty:
+    def __init__(self, *, max_words: int, shape: str) -> None:
         if shape not in SHAPES:
-            raise ValueError(f"reward.shape must be one of {', '.join(SHAPES)}, got {shape!r}")
-        self.base, self.max_words, self.shape, self.strength = base, max_words, shape, strength
+            raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
+        self.max_words, self.shape = max_words, shape
 
-    def penalty(self, words: int, base_reward: float) -> float:
+    def value(self, words: int) -> float:
         over = max(0, words - self.max_words) / self.max_words
         if over == 0:
             return 0.0
-        if self.shape == "hard":
-            return base_reward
-        return self.strength * (over if self.shape == "linear" else over**2)
+        return -1.0 if self.shape == "hard" else -(over if self.shape == "linear" else over**2)
 
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
-        scored = await self.base.score_group(document, summaries)
         out: list[Union[Score, Missing]] = []
-        for summary, score in zip(summaries, scored):
-            if isinstance(score, Missing):
-                out.append(score)
-                continue
+        for summary in summaries:
             words = len(summary.split())
-            penalty = self.penalty(words, score.reward)
-            out.append(Score(score.reward - penalty,
-                             {**score.metrics, "base_reward": score.reward, "length_penalty": penalty,
-                              "over_max_words": float(words > self.max_words)}, score.metadata))
+            out.append(Score(self.value(words), {"over_max_words": float(words > self.max_words)}))
         return out

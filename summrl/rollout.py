@@ -20,6 +20,14 @@ def summary_prompt(document: Document, max_words: int) -> str:
     )
 
 
+def summary_messages(document: Document, max_words: int) -> list[dict]:
+    """The chat a summarizer sees: the policy's rollouts, SFT samples and teachers all get these messages."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": summary_prompt(document, max_words)},
+    ]
+
+
 def word_count(text: str) -> int:
     return len(text.split())
 
@@ -32,10 +40,7 @@ async def rollout(
     max_tokens: int,
     temperature: float,
 ) -> art.Trajectory:
-    messages = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": summary_prompt(document, max_words)},
-    ]
+    messages = summary_messages(document, max_words)
     completion = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(),
         messages=messages,

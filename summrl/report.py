@@ -21,7 +21,9 @@ import pandas as pd
 from summrl.job import RESULT_FILE, JobInfo, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
-           "final_val_qa_accuracy", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
+           "final_val_qa_accuracy", "sft", "val_qa_before_sft", "val_qa_after_sft", "sft_samples_kept", "steps",
+           "judge_cost_usd", "minutes", "overrides", "error"]
+SFT_COLUMNS = ["sft", "val_qa_before_sft", "val_qa_after_sft", "sft_samples_kept"]  # shown when a job has an SFT stage
 METRICS = {"qa_accuracy": "val QA accuracy (share of questions answered)", "reward": "val reward"}
 
 
@@ -68,6 +70,7 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
     for job_dir, result in jobs:
         overrides = result.get("overrides", [])
         job = job_dir.name if job_dir != folder else folder.name
+        sft = result.get("sft") or {}
         rows.append({
             "job": job,
             "configuration": JobInfo(overrides=[o for o in overrides if o not in common]).name,
@@ -77,6 +80,10 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
             "final_val_score": result.get("final_val_score"),
             "best_val_qa_accuracy": result.get("best_val_qa_accuracy"),
             "final_val_qa_accuracy": result.get("final_val_qa_accuracy"),
+            "sft": sft.get("kind", "none"),
+            "val_qa_before_sft": (sft.get("val_before") or {}).get("val_qa_accuracy"),
+            "val_qa_after_sft": (sft.get("val_after") or {}).get("val_qa_accuracy"),
+            "sft_samples_kept": sft.get("samples_kept"),
             "steps": result.get("steps"),
             "judge_cost_usd": result.get("judge_cost_usd"),
             "minutes": round(result["wall_s"] / 60, 1) if "wall_s" in result else None,
@@ -84,7 +91,7 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
             "error": result.get("error", ""),
         })
         curves[job] = val_curves(job_dir, result)
-    table = pd.DataFrame(rows, columns=COLUMNS).astype({"steps": "Int64"})
+    table = pd.DataFrame(rows, columns=COLUMNS).astype({"steps": "Int64", "sft_samples_kept": "Int64"})
     return table, curves, common
 
 
@@ -152,7 +159,8 @@ def write_report(folder: Path, out: Path) -> pd.DataFrame:
     stats = by_configuration(table, metric)
     plot_curves({job: c[metric] for job, c in curves.items()}, table, metric, out / "val_curves.png")
     plot_best(stats, metric, out / "best_val.png")
-    shown = table.drop(columns=["overrides"]).astype(object).where(table.notna().drop(columns=["overrides"]), "")
+    hidden = ["overrides"] + (SFT_COLUMNS if (table.sft == "none").all() else [])
+    shown = table.drop(columns=hidden).astype(object).where(table.notna().drop(columns=hidden), "")
     lines = [
         f"# Report: {folder}",
         "",

@@ -170,7 +170,7 @@ def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tm
     assert result["status"] == "completed"
     sft = result["sft"]
     assert (sft["kind"], sft["documents"], sft["samples_collected"], sft["step"]) == ("best_of_n", 6, 12, 1)
-    assert sft["samples_kept"] == 6 and sft["mean_reward_kept"] >= sft["mean_reward_collected"]
+    assert sft["samples_kept"] == 6 and sft["mean_reward_kept"] >= sft["mean_reward_collected"] - 1e-9
     # val before SFT (step 0), after SFT (step 1, the SFT checkpoint), then one GRPO step (step 2)
     assert [(h["step"], h.get("stage")) for h in result["val_history"]] == [(0, "before_sft"), (1, "after_sft"),
                                                                             (2, None)]

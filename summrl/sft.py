@@ -43,12 +43,15 @@ def read_jsonl(path: Path) -> list[dict]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:  # a line cut off by a crash: its document is collected again
-            break
+            continue
     return rows
 
 
 def append_jsonl(path: Path, rows: Sequence[dict]) -> None:
+    cut = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
     with path.open("a") as f:
+        if cut:  # the last write was cut off by a crash: start a fresh line
+            f.write("\n")
         for row in rows:
             f.write(json.dumps(row) + "\n")
         f.flush()
@@ -181,15 +184,14 @@ async def collect(config: Config, model: art.Model, reward: Any, train_docs: Seq
 
 
 def training_samples(config: Config) -> list[art.Trajectory]:
-    """The kept samples of documents recorded as done (a crash may leave samples of an unfinished document)."""
+    """The kept samples of the documents recorded as done. A crash between a document's samples and its line in
+    collected.jsonl leaves samples of an attempt that a rerun redoes: only each document's last attempt counts."""
     folder = sft_dir(config)
-    done = {row["document_id"] for row in read_jsonl(folder / COLLECTED)}
-    rows, seen = [], set()
+    kept = {row["document_id"]: len(row["kept"]) for row in read_jsonl(folder / COLLECTED)}
+    by_doc: dict[str, list[dict]] = {}
     for row in read_jsonl(folder / SAMPLES):
-        key = (row["metadata"]["document_id"], row["messages"][-1]["content"])
-        if row["metadata"]["document_id"] in done and key not in seen:
-            seen.add(key)
-            rows.append(row)
+        by_doc.setdefault(row["metadata"]["document_id"], []).append(row)
+    rows = [row for doc_id, n in kept.items() if n for row in by_doc.get(doc_id, [])[-n:]]
     return [art.Trajectory(messages_and_choices=row["messages"], reward=row["metadata"]["reward"] or 0.0)
             for row in rows]
 

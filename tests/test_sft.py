@@ -184,3 +184,28 @@ def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tm
     assert third.returncode == 0, third.stderr[-3000:]
     assert "sft collection" not in third.stdout and "resuming at step 2" in third.stdout
     assert json.loads((run_dir / "result.json").read_text())["sft"]["samples_kept"] == 6
+
+
+def test_only_the_last_attempt_of_a_document_is_trained_on(tmp_path):
+    """A crash after a document's samples but before its collected line: the rerun's samples replace them."""
+    from summrl.sft import COLLECTED, SAMPLES, append_jsonl, training_samples
+
+    config = compose_config(["experiment=local", "sft=best_of_n", f"run.dir={tmp_path}"])
+    folder = tmp_path / "sft"
+    folder.mkdir()
+
+    def sample(doc: str, text: str) -> dict:
+        return {"messages": [{"role": "user", "content": doc}, {"role": "assistant", "content": text}],
+                "metadata": {"document_id": doc, "reward": 0.5}}
+
+    append_jsonl(folder / SAMPLES, [sample("a", "crashed attempt")])  # no collected line: the run died here
+    append_jsonl(folder / SAMPLES, [sample("a", "rerun")])
+    append_jsonl(folder / COLLECTED, [{"document_id": "a", "rewards": [0.5, 0.1], "kept": [0]}])
+    append_jsonl(folder / SAMPLES, [sample("b", "unfinished")])
+    with (folder / COLLECTED).open("a") as f:
+        f.write('{"document_id": "b", "rew')  # a line cut off mid-write
+    assert [t.messages_and_choices[-1]["content"] for t in training_samples(config)] == ["rerun"]
+    # the rerun's lines after the cut one still count
+    append_jsonl(folder / SAMPLES, [sample("b", "b rerun")])
+    append_jsonl(folder / COLLECTED, [{"document_id": "b", "rewards": [0.5], "kept": [0]}])
+    assert [t.messages_and_choices[-1]["content"] for t in training_samples(config)] == ["rerun", "b rerun"]

@@ -455,6 +455,60 @@ class WandbLoggerConfig:
         _require(bool(self.project), "logger.project", "must name a W&B project")
 
 
+# --------------------------------------------------------------------------- sft (#13)
+
+
+@dataclass
+class TeacherConfig:
+    """The model that writes SFT summaries for sft=distill: any litellm id, or an OpenAI-compatible endpoint."""
+
+    model: Optional[str] = None  # e.g. gemini/gemini-2.5-pro, gpt-4.1, openai/<served name> with api_base
+    api_base: Optional[str] = None
+    api_key_env: Optional[str] = None  # the variable holding the key; the key itself is never in config
+    max_concurrency: int = 8
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        _require(self.max_concurrency > 0, "sft.teacher.max_concurrency", f"must be > 0, got {self.max_concurrency}")
+
+
+@dataclass
+class SFTConfig:
+    """A warm start before GRPO: collect summaries (a teacher's, or the policy's own best), fine-tune, then RL."""
+
+    kind: str = "none"  # none | distill | best_of_n
+    samples_per_doc: int = 4  # summaries written per train document
+    # Filter by the run's reward: keep those >= min_reward, or (min_reward null) the top_k of each document.
+    min_reward: Optional[float] = None
+    top_k: Optional[int] = 1
+    max_docs: Optional[int] = None  # collect from at most this many train documents (null: all)
+    epochs: int = 1
+    lr: float = 5e-5
+    batch_size: int = 4
+    confirm: bool = True  # ask before paid teacher calls (the estimated cost is printed either way)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("none", "distill", "best_of_n"), "sft.kind",
+                 f"must be one of none, distill, best_of_n (sft=none|distill|best_of_n), got {self.kind!r}")
+        _require(self.samples_per_doc >= 1, "sft.samples_per_doc", f"must be >= 1, got {self.samples_per_doc}")
+        for key in ("epochs", "batch_size"):
+            _require(getattr(self, key) > 0, f"sft.{key}", f"must be > 0, got {getattr(self, key)}")
+        _require(self.lr > 0, "sft.lr", f"must be > 0, got {self.lr}")
+        _require(self.max_docs is None or self.max_docs > 0, "sft.max_docs", f"must be > 0 or null, got {self.max_docs}")
+        # Every reward of summrl lies in [0, 1]: a higher threshold keeps nothing.
+        _require(self.min_reward is None or self.min_reward <= 1.0, "sft.min_reward",
+                 f"{self.min_reward} is unreachable (rewards lie in [0, 1]); lower it or use sft.top_k")
+        _require(self.min_reward is not None or self.top_k is not None, "sft.top_k",
+                 "set sft.min_reward or sft.top_k: one of them filters the samples")
+        _require(self.top_k is None or 1 <= self.top_k <= self.samples_per_doc, "sft.top_k",
+                 f"must be in [1, sft.samples_per_doc={self.samples_per_doc}], got {self.top_k}")
+        if self.kind == "distill":
+            _require(bool(self.teacher.model), "sft.teacher.model",
+                     "sft=distill needs a teacher: sft.teacher.model=<litellm id> (e.g. gemini/gemini-2.5-pro), "
+                     "or openai/<name> with sft.teacher.api_base=http://host:8000/v1")
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -478,6 +532,7 @@ class Config:
     backend: EmbeddedBackendConfig | SkyPilotBackendConfig | LocalGPUBackendConfig | ServerlessBackendConfig
     logger: NoLoggerConfig | WandbLoggerConfig
     storage: StorageConfig
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
 
 # Schemas for groups whose options differ in shape, by ``kind``.
@@ -501,6 +556,7 @@ FIXED_SCHEMAS: dict[str, type] = {
     "trainer": TrainerConfig,
     "algorithm": AlgorithmConfig,
     "storage": StorageConfig,
+    "sft": SFTConfig,
 }
 
 # What a weighted reward's term may be: any reward but another weighted one, or the length penalty.
@@ -508,7 +564,8 @@ TERM_SCHEMAS: dict[str, type] = {"qa": QARewardConfig, "ruler": RulerRewardConfi
                                  "length": LengthRewardConfig}
 
 TOP_LEVEL_KEYS = {"project", "seed", "run", "model", "dataset", "trainer", "algorithm", "reward", "judge", "backend",
-                  "logger", "storage"}
+                  "logger", "storage", "sft"}
+OPTIONAL_KEYS = {"sft"}  # a config composed without the group (an older benchmark.yaml) gets the default
 
 
 def _typed_section(group: str, node: Any, schema: type) -> Any:
@@ -591,7 +648,7 @@ def validate(cfg: DictConfig) -> Config:
         close = difflib.get_close_matches(extra[0], sorted(TOP_LEVEL_KEYS), n=1)
         hint = f" Did you mean {close[0]}?" if close else ""
         raise ConfigError(f"{extra[0]} is not a setting.{hint} Top-level keys: {', '.join(sorted(TOP_LEVEL_KEYS))}.")
-    missing = sorted(k for k in TOP_LEVEL_KEYS if k not in cfg)
+    missing = sorted(k for k in TOP_LEVEL_KEYS - OPTIONAL_KEYS if k not in cfg)
     if missing:
         raise ConfigError(f"{missing[0]} is missing from the composed config (check conf/train.yaml's defaults).")
 
@@ -601,6 +658,8 @@ def validate(cfg: DictConfig) -> Config:
     except (TypeError, ValueError):
         raise ConfigError(f"seed: must be an integer, got {cfg.seed!r}") from None
     for group, schema in FIXED_SCHEMAS.items():
+        if group in OPTIONAL_KEYS and group not in cfg:
+            continue
         sections[group] = _typed_section(group, cfg[group], schema)
     for group in KIND_SCHEMAS:
         sections[group] = kind_section(group, cfg[group])
@@ -621,5 +680,8 @@ def validate(cfg: DictConfig) -> Config:
     from summrl.algorithm import check_backend_support
 
     check_backend_support(config.algorithm, config.backend.kind)
+    if config.sft.kind == "distill" and config.sft.confirm and config.backend.kind == "skypilot":
+        raise ConfigError("sft.confirm: the remote job has no terminal to confirm the teacher's cost in: add "
+                          "sft.confirm=false (the plan with its estimate is printed in the job's log)")
     return config
 

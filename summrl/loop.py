@@ -30,6 +30,7 @@ from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: 
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward
 from summrl.rollout import rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
+from summrl.sft import warm_start
 from summrl.storage import CheckpointBackup, model_dir
 from summrl.tracking import Tracker, open_tracker
 
@@ -300,13 +301,34 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         history = earlier_val_history(earlier, step)
         print(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
               f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}", flush=True)
-        for batch in training_batches(train_docs, t, config.seed, initial_step=step):
+
+        def save_progress() -> None:  # survives a crash
+            write_result(config.run.dir, {**result, "val_history": history,
+                                          "wall_s": round(earlier_wall_s + time.time() - started, 1)})
+
+        # SFT warm start: val before, SFT (its checkpoint is the next step), val after; GRPO steps follow it.
+        sft_steps = 0
+        if config.sft.kind != "none":
+            record = earlier.get("sft") or {}
+            if step == 0:
+                if not scored_at(history, 0):
+                    history.append({**await evaluate(session, val, 0), "stage": "before_sft"})
+                    save_progress()
+                record = await warm_start(config, session.model, session.reward, train_docs)
+                step = record["step"]
+                await backup.after_step(step)
+            sft_steps = record.get("step", 0)  # resuming after SFT never redoes it
+            if sft_steps and not scored_at(history, sft_steps):
+                history.append({**await evaluate(session, val, sft_steps), "stage": "after_sft"})
+            by_step = {h["step"]: h for h in history}
+            result["sft"] = {**record, "val_before": by_step.get(0), "val_after": by_step.get(sft_steps)}
+            save_progress()
+        for batch in training_batches(train_docs, t, config.seed, initial_step=step - sft_steps):
             if batch.step >= t.max_steps:
                 break
-            if batch.step % t.eval_every == 0 and not scored_at(history, batch.step):
-                history.append(await evaluate(session, val, batch.step))
-                write_result(config.run.dir, {**result, "val_history": history,  # survives a crash
-                                              "wall_s": round(earlier_wall_s + time.time() - started, 1)})
+            if batch.step % t.eval_every == 0 and not scored_at(history, batch.step + sft_steps):
+                history.append(await evaluate(session, val, batch.step + sft_steps))
+                save_progress()
             scored, trained = await train_step(session, batch.items, batch.step)
             await session.model.log(scored.groups, split="train", step=trained.step,
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})

@@ -1,5 +1,5 @@
 """Benchmarks that print JSON. `python -m summrl.perf step [--steps N]`, `python -m summrl.perf judge`,
-`python -m summrl.perf faults [--rate 0.3]`.
+`python -m summrl.perf faults [--rate 0.3]`, `python -m summrl.perf sft`.
 
 step: the embedded GRPO step of `experiment=local` (2 sample documents x 4 rollouts, 128 new tokens),
 timed with the loop's own ``train_step``, with algorithm=grpo and, alternating on the same documents,
@@ -287,6 +287,46 @@ def bench_faults(rate: float, seed: int) -> dict:
     return figures
 
 
+async def bench_sft(samples: int, max_tokens: int, repeats: int) -> dict:
+    """The embedded ``model.train_sft`` on ``samples`` chats of at most ``max_tokens`` tokens each (the sft
+    group's default batch size), checkpoint included: the SFT stage's training time per pass over them."""
+    import art
+
+    from summrl.backends.embedded.backend import _chat_messages
+    from summrl.data import load_splits
+    from summrl.loop import open_session, seed_everything
+
+    with tempfile.TemporaryDirectory(prefix="summrl-perf-") as run_dir:
+        config = compose_local(run_dir, ["experiment=local", "sft=best_of_n"])
+        seed_everything(config.seed)
+        _, docs = load_splits(config.dataset)
+        session = await open_session(config)
+        try:
+            engine = session.backend.engine
+            trajectories, lengths = [], []
+            for doc in docs[:samples]:
+                words = doc.text.split()
+                for cut in range(60, 0, -5):  # the longest slices whose chat fits in max_tokens
+                    messages = [{"role": "user", "content": "Summarize: " + " ".join(words[:cut])},
+                                {"role": "assistant", "content": " ".join(words[cut : 2 * cut])}]
+                    ids, _ = engine.chat_sample(messages)
+                    if len(ids) <= max_tokens:
+                        break
+                trajectories.append(art.Trajectory(messages_and_choices=messages, reward=1.0))
+                lengths.append(len(engine.chat_sample(_chat_messages(trajectories[-1]))[0]))
+            sft = art.TrainSFTConfig(learning_rate=config.sft.lr, batch_size=config.sft.batch_size)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                await session.model.train_sft(trajectories, config=sft)
+                times.append(time.perf_counter() - start)
+        finally:
+            await session.backend.close()
+    return {"sft_step_s": round(statistics.median(times), 2), "sft_times_s": [round(t, 2) for t in times],
+            "samples": len(trajectories), "max_sample_tokens": max(lengths),
+            "mean_sample_tokens": round(statistics.mean(lengths), 1), "batch_size": config.sft.batch_size}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m summrl.perf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -302,6 +342,10 @@ def main(argv: list[str] | None = None) -> None:
     faults = sub.add_parser("faults", help="a training run against a faulty judge vs a fault-free one")
     faults.add_argument("--rate", type=float, default=0.3, help="the share of judge calls that fail")
     faults.add_argument("--seed", type=int, default=1)
+    sft = sub.add_parser("sft", help="embedded SFT time for 16 samples of up to 128 tokens")
+    sft.add_argument("--samples", type=int, default=16)
+    sft.add_argument("--max-tokens", type=int, default=128)
+    sft.add_argument("--repeats", type=int, default=3, help="train_sft calls to time (median reported)")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -310,6 +354,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.benchmark == "judge":
         print(json.dumps(asyncio.run(bench_judge(args.documents, args.group_size, args.delay)), indent=2))
+        return
+    if args.benchmark == "sft":
+        result = asyncio.run(bench_sft(args.samples, args.max_tokens, args.repeats))
+        result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+        print(json.dumps(result, indent=2))
         return
     startup = startup_seconds()
     result = asyncio.run(bench_step(args.steps, args.repeats))

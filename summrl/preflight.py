@@ -22,6 +22,9 @@ def problems(config: Any) -> list[str]:
 
     found = [f"judge.api_key_env={name}: the judge's key is not set: export {name} or put it in .env"
              for name in missing_keys(config.judge)]
+    if config.sft.kind == "distill":
+        found += [f"sft.teacher.api_key_env={name}: the teacher's key is not set: export {name} or put it in .env"
+                  for name in missing_keys(config.sft.teacher)]
     if config.backend.kind == "local_gpu":
         try:
             check_local_gpu()

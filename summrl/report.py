@@ -26,7 +26,9 @@ from summrl.compare import Interval, mean_ci, min_detectable, paired_differences
 from summrl.job import RESULT_FILE, JobInfo, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
-           "final_val_qa_accuracy", "final_val_hallucination_rate", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
+           "final_val_qa_accuracy", "final_val_hallucination_rate", "sft", "val_qa_before_sft", "val_qa_after_sft",
+           "sft_samples_kept", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
+SFT_COLUMNS = ["sft", "val_qa_before_sft", "val_qa_after_sft", "sft_samples_kept"]  # shown when a job has an SFT stage
 METRICS = {"qa_accuracy": "val QA accuracy (share of questions answered)", "reward": "val reward"}
 
 
@@ -74,6 +76,7 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
     for job_dir, result in jobs:
         overrides = result.get("overrides", [])
         job = job_dir.name if job_dir != folder else folder.name
+        sft = result.get("sft") or {}
         rows.append({
             "job": job,
             "configuration": JobInfo(overrides=[o for o in overrides if o not in common]).name,
@@ -85,6 +88,10 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
             "final_val_qa_accuracy": result.get("final_val_qa_accuracy"),
             # the share of val summaries stating a number, date or name absent from their document
             "final_val_hallucination_rate": result.get("final_val_hallucination_rate"),
+            "sft": sft.get("kind", "none"),
+            "val_qa_before_sft": (sft.get("val_before") or {}).get("val_qa_accuracy"),
+            "val_qa_after_sft": (sft.get("val_after") or {}).get("val_qa_accuracy"),
+            "sft_samples_kept": sft.get("samples_kept"),
             "steps": result.get("steps"),
             "judge_cost_usd": result.get("judge_cost_usd"),
             "minutes": round(result["wall_s"] / 60, 1) if "wall_s" in result else None,
@@ -93,7 +100,7 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
         })
         curves[job] = val_curves(job_dir, result)
         results[job] = result
-    table = pd.DataFrame(rows, columns=COLUMNS).astype({"steps": "Int64"})
+    table = pd.DataFrame(rows, columns=COLUMNS).astype({"steps": "Int64", "sft_samples_kept": "Int64"})
     return table, curves, common, results
 
 
@@ -236,7 +243,8 @@ def write_report(folder: Path, out: Path, baseline: str | None = None) -> pd.Dat
     if baseline:
         paired = paired_table(table, results, metric, matching_configuration(table, baseline))
         paired.to_csv(out / "paired.csv", index=False)
-    shown = table.drop(columns=["overrides"]).astype(object).where(table.notna().drop(columns=["overrides"]), "")
+    hidden = ["overrides"] + (SFT_COLUMNS if (table.sft == "none").all() else [])
+    shown = table.drop(columns=hidden).astype(object).where(table.notna().drop(columns=hidden), "")
     lines = [
         f"# Report: {folder}",
         "",

@@ -32,6 +32,14 @@ def sample_seed(*key: object) -> int:
     return int.from_bytes(digest[:4], "big") >> 1
 
 
+def summary_messages(document: Document, max_words: int) -> list[dict]:
+    """The chat a summarizer sees: the policy's rollouts, SFT samples and teachers all get these messages."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": summary_prompt(document, max_words)},
+    ]
+
+
 def word_count(text: str) -> int:
     return len(text.split())
 
@@ -46,10 +54,7 @@ async def rollout(
     seed: Optional[int] = None,
 ) -> art.Trajectory:
     """``seed``: the OpenAI ``seed`` parameter (the embedded server and vLLM honour it); None samples freely."""
-    messages = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": summary_prompt(document, max_words)},
-    ]
+    messages = summary_messages(document, max_words)
     completion = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(),
         messages=messages,

@@ -89,3 +89,23 @@ def test_report_names_a_folder_with_no_jobs(tmp_path):
     result = subprocess.run([sys.executable, "-m", "summrl.report", str(tmp_path)], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode != 0 and str(tmp_path) in result.stderr + result.stdout
+
+
+def test_report_shows_both_stages_of_an_sft_run(tmp_path):
+    from summrl.report import write_report
+
+    sweep = tmp_path / "sweep"
+    write_job(sweep / "0", ["sft=none"], "80", [0.2, 0.3])
+    write_job(sweep / "1", ["sft=best_of_n"], "80", [0.2, 0.35, 0.4])
+    result = json.loads((sweep / "1" / "result.json").read_text())
+    result["sft"] = {"kind": "best_of_n", "samples_kept": 12, "val_before": {"step": 0, "val_qa_accuracy": 0.2},
+                     "val_after": {"step": 1, "val_qa_accuracy": 0.35}}
+    write_result(sweep / "1", result)
+    table = write_report(sweep, tmp_path / "out")
+    assert table.sft.tolist() == ["none", "best_of_n"]
+    assert table.loc[1, "val_qa_before_sft"] == 0.2 and table.loc[1, "val_qa_after_sft"] == 0.35
+    assert pd.isna(table.loc[0, "val_qa_after_sft"]) and table.loc[1, "sft_samples_kept"] == 12
+    assert "val_qa_after_sft" in (tmp_path / "out" / "report.md").read_text()
+    # a sweep with no SFT stage keeps its table as it was
+    write_report(sweep / "0", tmp_path / "plain")
+    assert "val_qa_after_sft" not in (tmp_path / "plain" / "report.md").read_text()

@@ -66,6 +66,9 @@ def preflight(config: Any) -> list[str]:
             problems.append(problem)
     for name in missing_keys(config.judge):
         problems.append(f"{name} (the judge's key) is not set: export it or put it in .env")
+    if config.sft.kind == "distill":
+        for name in missing_keys(config.sft.teacher):
+            problems.append(f"{name} (sft.teacher's key) is not set: export it or put it in .env")
     if getattr(config.logger, "kind", "none") == "wandb" and not os.environ.get("WANDB_API_KEY"):
         problems.append("WANDB_API_KEY (logger=wandb) is not set: export it or put it in .env")
     if config.storage.enabled:
@@ -101,6 +104,8 @@ def secrets(config: Any) -> dict[str, str]:
     names = list(SECRET_NAMES)
     if getattr(config.judge, "api_key_env", None):
         names.append(config.judge.api_key_env)
+    if config.sft.kind == "distill" and config.sft.teacher.api_key_env:
+        names.append(config.sft.teacher.api_key_env)
     return {name: os.environ[name] for name in dict.fromkeys(names) if os.environ.get(name)}
 
 

@@ -204,6 +204,30 @@ class EmbeddedBackend(Backend):
             )
         )
 
-    def _train_sft(self, model: TrainableModel, trajectories: Iterable[Trajectory], config: Any,
-                   dev_config: Any, verbose: bool = False) -> AsyncIterator[dict[str, float]]:
-        raise NotImplementedError("the embedded backend trains with RL only (backend.train); SFT is not supported")
+    async def _train_sft(self, model: TrainableModel, trajectories: Iterable[Trajectory], config: Any,
+                         dev_config: Any, verbose: bool = False) -> AsyncIterator[dict[str, float]]:
+        """SFT as ART's LocalBackend does it: batches of ``config.batch_size`` trajectories, cross-entropy on the
+        assistant tokens, LoRA, then one checkpoint at the next step."""
+        engine = await asyncio.to_thread(lambda: self.engine)
+        samples = [engine.chat_sample(_chat_messages(t)) for t in trajectories]
+        batch_size = 8 if config.batch_size == "auto" else int(config.batch_size)
+        batches = [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]
+        rates = config.learning_rate if isinstance(config.learning_rate, list) else [config.learning_rate] * len(batches)
+        metrics = await asyncio.to_thread(engine.train_sft, batches, rates) if batches else []
+        step = get_step_from_dir(self.model_dir(model)) + 1
+        directory = Path(get_step_checkpoint_dir(self.model_dir(model), step))
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(engine.save_checkpoint, directory)
+        for row in metrics:
+            yield row
+
+
+def _chat_messages(trajectory: Trajectory) -> list[dict]:
+    """The trajectory's messages as plain dicts (an OpenAI Choice becomes its assistant message)."""
+    out = []
+    for item in trajectory.messages_and_choices:
+        if isinstance(item, dict):
+            out.append({"role": item["role"], "content": item.get("content") or ""})
+        else:
+            out.append({"role": "assistant", "content": item.message.content or ""})
+    return out

@@ -374,6 +374,54 @@ class Engine:
         out[needed] = picked
         return out
 
+    def chat_sample(self, messages: list[dict]) -> tuple[list[int], int]:
+        """An SFT sample's token ids and the length of its prompt (everything before the last, assistant, turn)."""
+        prompt = self.encode_chat(messages[:-1])
+        full = self.tokenizer.apply_chat_template(messages, tokenize=True)
+        full = list(full["input_ids"] if hasattr(full, "keys") else full)
+        if full[: len(prompt)] != prompt:  # a template that re-renders earlier turns: append the reply's tokens
+            full = prompt + self.tokenizer.encode(messages[-1]["content"], add_special_tokens=False) + self.eos_ids[:1]
+        return full, len(prompt)
+
+    def completion_nll(self, samples: list[tuple[list[int], int]]) -> torch.Tensor:
+        """Mean cross-entropy of the assistant tokens of ``samples`` (right-padded into one batch)."""
+        width = max(len(ids) for ids, _ in samples)
+        pad = self.tokenizer.pad_token_id
+        tokens = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in samples], device=self.device)
+        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in samples], device=self.device)
+        # target[i] = token[i+1], counted only where token[i+1] belongs to the assistant's reply
+        target = torch.zeros_like(mask, dtype=torch.bool)
+        for row, (ids, prompt_len) in enumerate(samples):
+            target[row, prompt_len - 1 : len(ids) - 1] = True
+        hidden = self.model.get_base_model().model(input_ids=tokens, attention_mask=mask, use_cache=False).last_hidden_state
+        logits = self.model.get_output_embeddings()(hidden[target]).float()  # the projection only where it counts
+        next_tokens = torch.nn.functional.pad(tokens[:, 1:], (0, 1), value=0)[target]
+        return torch.nn.functional.cross_entropy(logits, next_tokens)
+
+    def train_sft(self, batches: list[list[tuple[list[int], int]]], learning_rates: list[float]) -> list[dict[str, float]]:
+        """One AdamW step per batch on the LoRA weights: cross-entropy on the assistant tokens only."""
+        metrics = []
+        with self.lock:
+            self._set_merged(False)
+            self.model.train()
+            try:
+                for batch, lr in zip(batches, learning_rates):
+                    for param_group in self.optimizer.param_groups:
+                        param_group["lr"] = lr
+                    loss = self.completion_nll(batch)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(
+                        [p for p in self.model.parameters() if p.requires_grad], max_norm=1.0
+                    )
+                    self.optimizer.step()
+                    metrics.append({"loss/train": float(loss.detach()), "loss/grad_norm": float(grad_norm),
+                                    "loss/learning_rate": float(lr)})
+            finally:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.model.eval()
+        return metrics
+
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, directory: Path) -> None:

@@ -31,6 +31,8 @@ def test_every_sweep_run_composes_and_validates():
     for overrides in runs:
         config = compose_config(overrides)
         values = dict(o.split("=", 1) for o in overrides)
-        assert config.reward.kind == values["reward"]
+        # length_penalized is a preset of the weighted reward: qa plus a length term
+        kinds = {"weighted": {"qa", "length"}} if values["reward"] == "length_penalized" else {values["reward"]: set()}
+        assert {config.reward.kind: set(getattr(config.reward, "terms", {}))} == kinds
         assert config.model.lr == float(values["model.lr"]) and config.seed == int(values["seed"])
         assert config.logger.kind == "wandb"

@@ -51,13 +51,16 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def write_result(run_dir: str | Path, result: dict) -> None:
-    """Write ``result.json`` atomically: a reader never sees half a record."""
-    path = Path(run_dir) / RESULT_FILE
+def write_json(path: Path, record: dict) -> None:
+    """Write a JSON record atomically: a reader never sees half a record."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
+
+
+def write_result(run_dir: str | Path, result: dict) -> None:
+    write_json(Path(run_dir) / RESULT_FILE, result)
 
 
 def read_result(run_dir: str | Path) -> Optional[dict]:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from art.utils.iterate_dataset import iterate_dataset
 
-from summrl import algorithm
+from summrl import algorithm, sft
 from summrl.backends import build_backend, internal_config
 from summrl.config import Config
 from summrl.data import Document, load_splits
@@ -30,7 +30,6 @@ from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: 
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward
 from summrl.rollout import rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
-from summrl.sft import warm_start
 from summrl.storage import CheckpointBackup, model_dir
 from summrl.tracking import Tracker, open_tracker
 
@@ -94,13 +93,17 @@ class Scored:
         return float(np.mean(values)) if values else None
 
     def per_doc(self) -> dict[str, dict[str, Optional[float]]]:
-        """Each scored document's mean reward and QA accuracy (None without QA) over its summaries."""
+        """Each scored document's ``n`` scored summaries and their mean reward, QA accuracy and hallucination rate
+        (None when not measured). ``n`` below the val samples per document means some rewards were missing."""
         out = {}
         for group in self.groups:
-            qa = [t.metrics["qa_accuracy"] for t in group.trajectories if "qa_accuracy" in t.metrics]
-            out[str(group.trajectories[0].metadata["document_id"])] = {
-                "reward": float(np.mean([t.reward for t in group.trajectories])),
-                "qa_accuracy": float(np.mean(qa)) if qa else None,
+            trajectories = group.trajectories
+            means = {name: [t.metrics[name] for t in trajectories if name in t.metrics]
+                     for name in ("qa_accuracy", "hallucination_rate")}
+            out[str(trajectories[0].metadata["document_id"])] = {
+                "n": len(trajectories),
+                "reward": float(np.mean([t.reward for t in trajectories])),
+                **{name: float(np.mean(values)) if values else None for name, values in means.items()},
             }
         return out
 
@@ -229,7 +232,7 @@ async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict
     mark_hallucinations(result.groups, val)
     per_doc = result.per_doc()
     doc_metrics = {f"doc/{doc}/{key}": value for doc, scores in per_doc.items()
-                   for key, value in scores.items() if value is not None}
+                   for key, value in scores.items() if value is not None and key != "n"}
     await session.model.log(result.groups, split="val", step=step,
                             metrics={**result.metrics(), **session.judge_usage(), **doc_metrics})
     session.tracker.log_history()
@@ -284,7 +287,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
     started = time.time()
     earlier = read_result(config.run.dir) or {}  # what this run's earlier invocations recorded, if any
     earlier_wall_s = earlier.get("wall_s", 0.0)
-    history: list[dict] = []
+    history: list[dict] = list(earlier.get("val_history", []))  # kept if this invocation fails before it resumes
     result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir, "seed": config.seed,
                     "algorithm": asdict(config.algorithm), **job.record()}
     session: Optional[Session] = None
@@ -309,16 +312,16 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         # SFT warm start: val before, SFT (its checkpoint is the next step), val after; GRPO steps follow it.
         sft_steps = 0
         if config.sft.kind != "none":
-            record = earlier.get("sft") or {}
-            if step == 0:
+            record = sft.saved_record(config)  # written as soon as SFT has trained: resuming never redoes it
+            if not record:
                 if not scored_at(history, 0):
                     history.append({**await evaluate(session, val, 0), "stage": "before_sft"})
                     save_progress()
-                record = await warm_start(config, session.model, session.reward, train_docs)
+                record = await sft.warm_start(config, session.model, session.reward, train_docs)
                 step = record["step"]
                 await backup.after_step(step)
-            sft_steps = record.get("step", 0)  # resuming after SFT never redoes it
-            if sft_steps and not scored_at(history, sft_steps):
+            sft_steps = record["step"]
+            if step == sft_steps and not scored_at(history, sft_steps):  # only the SFT checkpoint's own weights
                 history.append({**await evaluate(session, val, sft_steps), "stage": "after_sft"})
             by_step = {h["step"]: h for h in history}
             result["sft"] = {**record, "val_before": by_step.get(0), "val_after": by_step.get(sft_steps)}
@@ -356,7 +359,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         return history[-1]["val_reward"]
     except BaseException as e:
         result.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),
-                      traceback=redact_text(traceback.format_exc()))
+                      traceback=redact_text(traceback.format_exc()), val_history=history)
         raise
     finally:
         result["wall_s"] = round(earlier_wall_s + time.time() - started, 1)

@@ -21,10 +21,12 @@ import art
 from summrl.config import Config
 from summrl.data import Document
 from summrl.rewards import Missing
-from summrl.rollout import rollout, summary_messages, summary_of
+from summrl.job import write_json
+from summrl.rollout import rollout, sample_seed, summary_messages, summary_of
 
 SAMPLES = "samples.jsonl"
 COLLECTED = "collected.jsonl"
+RECORD = "record.json"  # the stage's record once SFT has trained: a resumed run reads it and never redoes SFT
 
 
 class CostNotConfirmed(RuntimeError):
@@ -33,6 +35,12 @@ class CostNotConfirmed(RuntimeError):
 
 def sft_dir(config: Config) -> Path:
     return Path(config.run.dir) / "sft"
+
+
+def saved_record(config: Config) -> dict:
+    """The record of an SFT stage that has trained ({} when none has): its step, samples and costs."""
+    path = sft_dir(config) / RECORD
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -116,13 +124,14 @@ class Policy:
     """sft=best_of_n: the base policy writes the summaries, through the same rollout as GRPO."""
 
     def __init__(self, model: art.Model, config: Config) -> None:
-        self.model, self.trainer = model, config.trainer
+        self.model, self.trainer, self.seed = model, config.trainer, config.seed
 
     async def write(self, document: Document, n: int) -> list[str]:
         t = self.trainer
+        # Seeded like the loop's rollouts: the same run collects the same samples, whatever is batched with them.
         trajectories = await asyncio.gather(*(
             rollout(self.model, document, max_words=t.max_words, max_tokens=t.max_summary_tokens,
-                    temperature=t.temperature) for _ in range(n)))
+                    temperature=t.temperature, seed=sample_seed(self.seed, "sft", document.id, i)) for i in range(n)))
         return [summary_of(tr) for tr in trajectories]
 
 
@@ -219,6 +228,7 @@ async def warm_start(config: Config, model: art.Model, reward: Any, train_docs: 
     started = time.perf_counter()
     await model.train_sft(epochs, config=art.TrainSFTConfig(learning_rate=s.lr, batch_size=s.batch_size))
     record.update(train_s=round(time.perf_counter() - started, 1), step=await model.get_step())
+    write_json(sft_dir(config) / RECORD, record)  # before anything else can fail: SFT is never redone
     print(f"summrl: sft: {record['samples_kept']} of {record['samples_collected']} samples kept "
           f"(mean reward {record['mean_reward_kept']:.3f} vs {record['mean_reward_collected']:.3f} collected), "
           f"{s.epochs} epoch(s) in {record['train_s']}s -> step {record['step']}", flush=True)

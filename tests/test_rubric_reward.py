@@ -166,6 +166,10 @@ def test_length_penalized_is_a_weighted_preset_of_qa_and_a_length_term():
         ("It cost 2,100,000 dollars and took 18 months.", ["2100000"]),
         ("The bridge opened. Dunmore built it; NASA helped.", ["NASA"]),  # a sentence's first word is no name
         ("**Summary:** the footbridge opened in march.", []),  # case is ignored; markup too
+        # layout is not a fact: list markers, headings, a hyphenated compound of a known name
+        ("Key points:\n1. The Hollis Footbridge opened.\n2. It cost 2.1 million dollars.", []),
+        ("## Overview\nOpening Ceremony\nA Hollis-based firm built it.", []),
+        ("Key Points:\n1. Ruth Okafor and Tom Reyes opened it in 2023.", ["2023", "Tom", "Reyes"]),
     ],
 )
 def test_the_hallucination_metric_on_hand_made_summaries(summary, invented):

@@ -13,7 +13,7 @@ import litellm
 import pytest
 
 from summrl.data import Document, Question
-from summrl.judges.llm import JudgeClient, JudgeError, LLMJudge
+from summrl.judges.llm import JudgeClient, JudgeError, LLMJudge, ReplyShapeError
 from summrl.loop import MissingRewardsError, Session, sample_and_score
 from summrl.tracking import Tracker
 from summrl.rewards import Missing
@@ -111,6 +111,26 @@ def test_replies_of_the_wrong_shape_are_retried_then_fail_clearly(fake, secret_e
     fake.script = [Reply(json.dumps({"answers": ["only one"]}))] * 4
     with pytest.raises(JudgeError, match=r"failed after 4 attempt.*expected \{\"answers\": \[3 items\]\}"):
         grade(LLMJudge(client(fake)))
+
+
+def test_free_text_calls_retry_like_json_ones_and_are_never_cached(fake, secret_env, tmp_path):
+    """complete_text (an SFT teacher's summary): a 429 and a reply its check refuses are retried and counted;
+    the same prompt asked twice is two calls, since each is a new sample."""
+    def non_empty(text: str) -> str:
+        if not text.strip():
+            raise ReplyShapeError("an empty summary")
+        return text
+
+    fake.script = [Reply(status=429, headers={"Retry-After": "0"}), Reply("   "), Reply("A summary."), Reply("Another.")]
+    teacher = client(fake, cache_dir=str(tmp_path))
+    messages = [{"role": "user", "content": "Summarize the document."}]
+    ask = lambda: asyncio.run(teacher.complete_text(messages, max_tokens=32, temperature=1.0, check=non_empty))  # noqa: E731
+    assert ask() == "A summary." and teacher.usage.retries == 2
+    assert ask() == "Another." and len(fake.requests) == 4 and teacher.usage.cached_calls == 0
+    fake.script = [Reply("")] * 4
+    with pytest.raises(JudgeError, match="failed after 4 attempt.*an empty summary") as failed:
+        ask()
+    assert failed.value.kind == "ReplyShapeError"
 
 
 def test_client_errors_are_not_retried(fake, secret_env):

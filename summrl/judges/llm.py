@@ -213,16 +213,33 @@ class JudgeClient:
                 return value
             except ReplyShapeError:  # cached before this check existed: ask again
                 pass
+
+        def parse(text: str) -> Any:
+            parsed = json.loads(_strip_fences(text))
+            value = check(parsed)
+            if self._cache is not None:
+                self._cache[key] = json.dumps(parsed)
+            return value
+
+        return await self._with_retries(messages, params, parse)
+
+    async def complete_text(self, messages: list[dict], *, max_tokens: int, temperature: float,
+                            check: Optional[Callable[[str], Any]] = None) -> Any:
+        """One chat call whose reply is free text (a teacher's summary), with the same retries, counting and
+        redaction as a judge's JSON call. Not cached: at temperature > 0 each call is a new sample. ``check`` may
+        raise ReplyShapeError (e.g. an empty reply) to have the call retried."""
+        params = {"temperature": temperature, "max_tokens": max_tokens}
+        return await self._with_retries(messages, params, check or (lambda text: text))
+
+    async def _with_retries(self, messages: list[dict], params: dict, parse: Callable[[str], Any]) -> Any:
+        """Call until ``parse`` accepts a reply: 429, 5xx, timeouts, malformed JSON and ReplyShapeError are retried
+        with backoff and jitter (Retry-After honoured). Raises JudgeError, with the last error's kind, after that."""
         last: Optional[BaseException] = None
         for attempt in range(self.max_retries + 1):
             try:
                 async with self._semaphore:
                     text = await self._call(messages, params)
-                parsed = json.loads(_strip_fences(text))
-                value = check(parsed)
-                if self._cache is not None:
-                    self._cache[key] = json.dumps(parsed)
-                return value
+                return parse(text)
             except (json.JSONDecodeError, ReplyShapeError) as e:  # a bad reply is worth one more try, like a 5xx
                 last = e
             except JudgeError:

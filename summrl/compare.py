@@ -1,13 +1,20 @@
 """How sure a val score is: 95% CIs over documents (or seeds), and paired differences between two arms.
 
 Val passes are seeded (loop.evaluate), so two arms with the same seed score the same documents with the same
-draws: the difference per document (and seed) is the comparison, and its spread is the noise it has to beat.
+draws: the difference per (seed, document) is the comparison, and its spread is the noise it has to beat.
+
+The differences form a crossed design, seeds × documents. Pooling them as independent pairs would overstate the
+evidence: the documents of one seed share that seed's training randomness. So the mean difference's variance is
+estimated with a two-way random-effects ANOVA (seed, document, residual), ``Var = σ²_seed/S + σ²_doc/D +
+σ²_res/(S·D)``, each component from its mean square (truncated at 0), and the CI uses Satterthwaite's degrees of
+freedom. With one seed this is the paired t-test over documents: it then speaks for these two trained
+checkpoints, not for the arms' training in general.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -15,6 +22,7 @@ from scipy import stats
 
 CONFIDENCE = 0.95
 POWER = 0.8  # for the minimum detectable difference
+MIN_PAIRS = 3  # fewer (seed, document) pairs than this give no verdict
 
 
 @dataclass
@@ -36,25 +44,97 @@ def mean_ci(values) -> Interval:
     if n < 2:
         return Interval(mean, math.nan, math.nan, n, math.nan)
     sd = float(values.std(ddof=1))
-    half = float(stats.t.ppf((1 + CONFIDENCE) / 2, n - 1)) * sd / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, n, sd)
+    low, high = stats.t.interval(CONFIDENCE, n - 1, loc=mean, scale=sd / math.sqrt(n)) if sd > 0 else (mean, mean)
+    return Interval(mean, float(low), float(high), n, sd)
 
 
-def min_detectable(sd: float, n: int) -> float:
-    """The smallest true mean difference a paired t-test at this noise and n finds with 80% power (two-sided 5%)."""
-    if n < 2 or not math.isfinite(sd):
-        return math.nan
-    return (float(stats.t.ppf((1 + CONFIDENCE) / 2, n - 1)) + float(stats.t.ppf(POWER, n - 1))) * sd / math.sqrt(n)
+@dataclass
+class Paired:
+    """Arm minus baseline over the (seed, document) pairs both scored."""
+
+    difference: float
+    low: float
+    high: float
+    seeds: int
+    documents: int
+    se: float  # the standard error of ``difference``
+    df: float  # Satterthwaite's degrees of freedom
+    # The share of the variance of ``difference`` from each source: training seeds, val documents, and the rest
+    # (sampling noise and seed × document interaction). It says what to raise to see smaller differences.
+    shares: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def pairs(self) -> int:
+        return self.seeds * self.documents
+
+    @property
+    def min_detectable(self) -> float:
+        """The smallest true difference a two-sided 5% test finds with 80% power at this noise and size."""
+        if self.pairs < 2 or not math.isfinite(self.df) or self.df <= 0:
+            return math.nan
+        return (float(stats.t.ppf((1 + CONFIDENCE) / 2, self.df)) + float(stats.t.ppf(POWER, self.df))) * self.se
+
+    @property
+    def verdict(self) -> str:
+        if self.pairs < MIN_PAIRS or not math.isfinite(self.low):
+            return "too few pairs to tell"
+        if self.low > 0:
+            return "better"
+        if self.high < 0:
+            return "worse"
+        return "no detectable difference"
 
 
-def verdict(diff: Interval) -> str:
-    if diff.n < 2:
-        return "too few paired documents"
-    if diff.low > 0:
-        return "better"
-    if diff.high < 0:
-        return "worse"
-    return "no detectable difference"
+def paired(differences: np.ndarray) -> Paired:
+    """The mean of a seeds × documents matrix of (arm - baseline) differences, with its 95% CI (see the module)."""
+    d = np.asarray(differences, dtype=float)
+    seeds, docs = d.shape
+    mean = float(d.mean()) if d.size else math.nan
+    nan = Paired(mean, math.nan, math.nan, seeds, docs, math.nan, math.nan)
+    if d.size < 2:
+        return nan
+    if seeds == 1 or docs == 1:  # one factor: the plain paired t over what varies
+        values = d.ravel()
+        name = "seeds" if docs == 1 else "documents"
+        mean_squares = {name: (float(values.var(ddof=1)), d.size - 1)}
+        coefficients, components = {name: 1.0 / d.size}, {name: float(values.var(ddof=1)) / d.size}
+    else:
+        row, col = d.mean(axis=1, keepdims=True), d.mean(axis=0, keepdims=True)
+        n = d.size
+        mean_squares = {"seeds": (docs * float(((row - mean) ** 2).sum()) / (seeds - 1), seeds - 1),
+                        "documents": (seeds * float(((col - mean) ** 2).sum()) / (docs - 1), docs - 1),
+                        "rest": (float(((d - row - col + mean) ** 2).sum()) / ((seeds - 1) * (docs - 1)),
+                                 (seeds - 1) * (docs - 1))}
+        ms_res = mean_squares["rest"][0]
+        # Var(mean) = σ²_seed/S + σ²_doc/D + σ²_res/n, with σ²_seed/S = (MS_seed - MS_res)/n (likewise documents),
+        # a component dropped when its estimate is negative; each mean square then enters once, with its coefficient.
+        components = {name: (mean_squares[name][0] - ms_res) / n for name in ("seeds", "documents")
+                      if mean_squares[name][0] > ms_res}
+        components["rest"] = ms_res / n
+        coefficients = {name: 1 / n for name in components if name != "rest"}
+        coefficients["rest"] = (1 - len(coefficients)) / n
+    var = sum(c * mean_squares[name][0] for name, c in coefficients.items())
+    if var <= 1e-12:  # every difference equal (up to rounding): no noise to measure
+        return Paired(mean, mean, mean, seeds, docs, 0.0, math.inf, {})
+    df = var**2 / sum((c * mean_squares[name][0]) ** 2 / mean_squares[name][1]
+                      for name, c in coefficients.items() if c != 0)
+    se = math.sqrt(var)
+    half = float(stats.t.ppf((1 + CONFIDENCE) / 2, df)) * se
+    return Paired(mean, mean - half, mean + half, seeds, docs, se, df,
+                  {name: value / var for name, value in components.items()})
+
+
+def advice(result: Paired) -> str:
+    """What to raise to detect smaller differences, from where the noise comes from."""
+    if not result.shares:
+        return ""
+    biggest = max(result.shares, key=result.shares.get)
+    share = f"{100 * result.shares[biggest]:.0f}% of the noise"
+    if biggest == "seeds":
+        return f"{share} is between training seeds: add seeds"
+    if biggest == "documents":
+        return f"{share} is between val documents: raise dataset.val_size (VAL_SIZE)"
+    return f"{share} is sampling noise within documents: raise trainer.val_rollouts_per_doc or dataset.val_size"
 
 
 def per_doc(result: dict, metric: str, step: Optional[int] = None) -> dict[str, float]:
@@ -63,9 +143,3 @@ def per_doc(result: dict, metric: str, step: Optional[int] = None) -> dict[str, 
     if not history:
         return {}
     return {doc: s[metric] for doc, s in history[-1]["per_doc"].items() if s.get(metric) is not None}
-
-
-def paired_differences(arm: dict[str, dict[str, float]], baseline: dict[str, dict[str, float]]) -> list[float]:
-    """arm - baseline for every (seed, document) both scored; each argument maps seed -> document -> score."""
-    return [arm[seed][doc] - baseline[seed][doc]
-            for seed in sorted(set(arm) & set(baseline)) for doc in sorted(set(arm[seed]) & set(baseline[seed]))]

@@ -96,7 +96,7 @@ class TrainerConfig:
     max_summary_tokens: int = 1000
     temperature: float = 1.0
     # Val sampling temperature; null = temperature. 0 = greedy val: one deterministic summary per document
-    # (then val_rollouts_per_doc > 1 only repeats it). Val samples are seeded either way (loop.evaluate).
+    # (it needs val_rollouts_per_doc=1). Val samples are seeded either way (loop.evaluate).
     val_temperature: Optional[float] = None
     max_words: int = 350  # the prompt asks for it and the rewards read it
     num_epochs: int = 100  # passes over the train split; max_steps normally ends the run first
@@ -116,6 +116,9 @@ class TrainerConfig:
         _require(0.0 <= self.temperature <= 2.0, "trainer.temperature", f"must be in [0, 2], got {self.temperature}")
         _require(self.val_temperature is None or 0.0 <= self.val_temperature <= 2.0, "trainer.val_temperature",
                  f"must be in [0, 2] or null (= trainer.temperature), got {self.val_temperature}")
+        _require(self.val_temperature != 0 or self.val_rollouts_per_doc == 1, "trainer.val_rollouts_per_doc",
+                 f"greedy val (trainer.val_temperature=0) writes the same summary every time: set "
+                 f"trainer.val_rollouts_per_doc=1, got {self.val_rollouts_per_doc}")
         _require(0.0 <= self.max_missing_reward_rate <= 1.0, "trainer.max_missing_reward_rate",
                  f"must be in [0, 1], got {self.max_missing_reward_rate}")
 

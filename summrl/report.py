@@ -3,10 +3,11 @@
 Writes ``summary.csv`` and ``report.md`` (one row per job: overrides, status, best and final val
 score and QA accuracy, final val hallucination rate, steps, judge cost, minutes), ``val_curves.png``
 (val score against step, one line per configuration with a 95% CI band: over its seeds when it has several,
-else over the val documents)
+else over the val documents; arms with an SFT stage are drawn on the GRPO steps, their SFT at step 0)
 and ``best_val.png`` (best val score per configuration, mean ± std over its seeds).
 ``--baseline 'reward=qa'`` adds the paired table: each configuration's final val score minus the
-baseline's on the same documents and seeds, with a 95% CI, a verdict and the minimum detectable difference.
+baseline's on the same documents and seeds, with a 95% CI (seeds × documents, see summrl.compare), a verdict,
+the minimum detectable difference and where the noise comes from.
 Reads only what the jobs left on disk: ``result.json`` and ART's ``history.jsonl``.
 
 The plotted score is the val QA accuracy (the share of questions answered, logged for every reward)
@@ -17,17 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from summrl.compare import Interval, mean_ci, min_detectable, paired_differences, per_doc, verdict
+from summrl.compare import Interval, advice, mean_ci, paired, per_doc
 from summrl.job import RESULT_FILE, JobInfo, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
-           "final_val_qa_accuracy", "final_val_hallucination_rate", "sft", "val_qa_before_sft", "val_qa_after_sft",
-           "sft_samples_kept", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
+           "final_val_qa_accuracy", "final_val_hallucination_rate", "algorithm", "sft", "val_qa_before_sft",
+           "val_qa_after_sft", "sft_samples_kept", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
 SFT_COLUMNS = ["sft", "val_qa_before_sft", "val_qa_after_sft", "sft_samples_kept"]  # shown when a job has an SFT stage
 METRICS = {"qa_accuracy": "val QA accuracy (share of questions answered)", "reward": "val reward"}
 
@@ -55,6 +59,18 @@ def val_curves(job_dir: Path, result: dict) -> dict[str, list[tuple[int, float]]
             if h.get("val_qa_accuracy") is not None:
                 curves["qa_accuracy"][h["step"]] = h["val_qa_accuracy"]
     return {metric: sorted(curve.items()) for metric, curve in curves.items()}
+
+
+def algorithm_summary(algorithm: dict | None) -> str:
+    """The update's settings that differ from ART's defaults, e.g. "grpo_kl: kl_penalty_coef=0.001" ("" = defaults)."""
+    from summrl.config import AlgorithmConfig
+
+    if not algorithm:
+        return ""
+    defaults = AlgorithmConfig()
+    changed = [f"{f.name}={algorithm[f.name]}" for f in fields(AlgorithmConfig)
+               if f.name != "name" and f.name in algorithm and algorithm[f.name] != getattr(defaults, f.name)]
+    return f"{algorithm.get('name', '')}: {', '.join(changed)}" if changed else ""
 
 
 def _seed(overrides: list[str]) -> str:
@@ -88,6 +104,7 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
             "final_val_qa_accuracy": result.get("final_val_qa_accuracy"),
             # the share of val summaries stating a number, date or name absent from their document
             "final_val_hallucination_rate": result.get("final_val_hallucination_rate"),
+            "algorithm": algorithm_summary(result.get("algorithm")),
             "sft": sft.get("kind", "none"),
             "val_qa_before_sft": (sft.get("val_before") or {}).get("val_qa_accuracy"),
             "val_qa_after_sft": (sft.get("val_after") or {}).get("val_qa_accuracy"),
@@ -122,7 +139,8 @@ def curve_bands(curves: dict[str, list[tuple[int, float]]], table: pd.DataFrame,
                 metric: str) -> dict[str, tuple[str, list[tuple[int, Interval]]]]:
     """configuration -> (what the band is over, [(step, mean and 95% CI)]).
 
-    Several seeds: the mean over seeds and its CI over seeds. One: the CI over the val documents (per_doc).
+    Several seeds: the mean over seeds and its CI over seeds. One: the mean and CI over the val documents (per_doc),
+    so that the line and its band are one estimate; runs without per-document scores get a line and no band.
     """
     bands = {}
     for configuration, jobs in table.groupby("configuration", sort=False).job:
@@ -137,27 +155,47 @@ def curve_bands(curves: dict[str, list[tuple[int, float]]], table: pd.DataFrame,
             points = []
             for step, score in curves[job]:
                 docs = per_doc(results[job], metric, step)
-                ci = mean_ci(docs.values())
-                points.append((step, Interval(score, ci.low, ci.high, ci.n, ci.sd) if docs else mean_ci([score])))
+                points.append((step, mean_ci(docs.values()) if docs else mean_ci([score])))
             bands[configuration] = (f"{points[0][1].n} documents" if points and points[0][1].n > 1 else "one run",
                                     points)
     return bands
 
 
-def plot_curves(bands: dict[str, tuple[str, list[tuple[int, Interval]]]], metric: str, path: Path) -> None:
+def sft_offsets(table: pd.DataFrame, results: dict) -> dict[str, int]:
+    """configuration -> its SFT stage's step (0 without one): its GRPO step k is ART's step k + offset."""
+    return {configuration: int((results[jobs.iloc[0]].get("sft") or {}).get("step", 0))
+            for configuration, jobs in table.groupby("configuration", sort=False).job}
+
+
+def plot_curves(bands: dict[str, tuple[str, list[tuple[int, Interval]]]], metric: str, path: Path,
+                offsets: dict[str, int] | None = None) -> None:
+    """One line per configuration with its 95% CI band, against the GRPO step: an arm with an SFT stage starts at
+    step 0 with its val before SFT, then jumps (still at 0) to its val after SFT, so arms line up step for step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
+    offsets = offsets or {}
+    bounded = metric == "qa_accuracy"  # a share: its CI is clipped to [0, 1]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for configuration, (over, points) in bands.items():
-        steps = [step for step, _ in points]
+        offset = offsets.get(configuration, 0)
+        steps = [max(step - offset, 0) for step, _ in points]
+        low = [ci.low for _, ci in points]
+        high = [ci.high for _, ci in points]
+        if bounded:
+            low, high = np.clip(low, 0, 1), np.clip(high, 0, 1)
         line, = ax.plot(steps, [ci.mean for _, ci in points], marker="o",
                         label=f"{configuration[:60]} (95% CI over {over})")
-        ax.fill_between(steps, [ci.low for _, ci in points], [ci.high for _, ci in points], color=line.get_color(),
-                        alpha=0.2, linewidth=0)
-    ax.set(xlabel="training step", ylabel=METRICS[metric], title=f"{METRICS[metric].split(' (')[0]} by step")
+        ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    any_sft = any(offsets.values())
+    ax.set(xlabel="GRPO step (SFT arms: before and after SFT at 0)" if any_sft else "training step",
+           ylabel=METRICS[metric], title=f"{METRICS[metric].split(' (')[0]} by step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if bounded:
+        ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7)
@@ -166,45 +204,73 @@ def plot_curves(bands: dict[str, tuple[str, list[tuple[int, Interval]]]], metric
     plt.close(fig)
 
 
-def matching_configuration(table: pd.DataFrame, baseline: str) -> str:
-    """The one configuration whose jobs' overrides include every override of ``baseline`` (e.g. 'reward=qa')."""
-    wanted = set(baseline.split())
-    matches = sorted({c for c, o in zip(table.configuration, table.overrides) if wanted <= set(o.split())})
+def matching_configuration(table: pd.DataFrame, results: dict, baseline: str) -> str:
+    """The one configuration whose jobs have every override of ``baseline`` (e.g. 'reward=qa'), as a command-line
+    override or as a config group's choice (so that 'algorithm=grpo' matches jobs that left the default)."""
+    wanted = set(shlex.split(baseline))
+    matches = set()
+    for job, configuration in zip(table.job, table.configuration):
+        result = results[job]
+        said = set(result.get("overrides", [])) | {f"{g}={c}" for g, c in (result.get("choices") or {}).items()}
+        if wanted <= said:
+            matches.add(configuration)
     if len(matches) != 1:
         raise SystemExit(f"summrl.report: --baseline {baseline!r} matches {len(matches)} configurations "
-                         f"({', '.join(matches) or 'none'}); configurations: {', '.join(sorted(set(table.configuration)))}")
-    return matches[0]
+                         f"({', '.join(sorted(matches)) or 'none'}); configurations: "
+                         f"{', '.join(sorted(set(table.configuration)))}")
+    return matches.pop()
 
 
 def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str) -> pd.DataFrame:
-    """Each configuration's last val pass minus the baseline's, paired over documents and seeds."""
+    """Each configuration's last val pass minus the baseline's, over the seeds both ran and the documents every one
+    of those jobs scored (see summrl.compare). ``note`` says what could not be paired."""
     done = table[table.status == "completed"]
-    scores = {configuration: {str(seed): per_doc(results[job], metric) for job, seed in zip(rows.job, rows.seed)}
-              for configuration, rows in done.groupby("configuration", sort=False)}
+    scores: dict[str, dict[str, dict[str, float]]] = {}
+    notes: dict[str, list[str]] = {}
+    for configuration, rows in done.groupby("configuration", sort=False):
+        by_seed = scores.setdefault(configuration, {})
+        for job, seed in zip(rows.job, rows.seed):
+            if str(seed) in by_seed:
+                notes.setdefault(configuration, []).append(f"seed {seed} ran twice: job {job} used")
+            by_seed[str(seed)] = per_doc(results[job], metric)
+    base = scores.get(baseline, {})
     rows = []
     for configuration, arm in scores.items():
         if configuration == baseline:
             continue
-        diff = mean_ci(paired_differences(arm, scores.get(baseline, {})))
-        rows.append({"configuration": configuration, "baseline": baseline, "pairs": diff.n, "difference": diff.mean,
-                     "ci_low": diff.low, "ci_high": diff.high, "verdict": verdict(diff),
-                     "min_detectable": min_detectable(diff.sd, diff.n)})
-    return pd.DataFrame(rows, columns=["configuration", "baseline", "pairs", "difference", "ci_low", "ci_high",
-                                       "verdict", "min_detectable"])
+        note = list(notes.get(configuration, []))
+        seeds = sorted(set(arm) & set(base))
+        for name, only in (("this arm", set(arm) - set(base)), ("the baseline", set(base) - set(arm))):
+            if only:
+                note.append(f"seed {', '.join(sorted(only))} only in {name}")
+        every = [set(arm[s]) & set(base[s]) for s in seeds]
+        docs = sorted(set.intersection(*every)) if every else []
+        dropped = len(set.union(*every)) - len(docs) if every else 0
+        if dropped:
+            note.append(f"{dropped} document(s) not scored in every job (missing rewards?)")
+        result = paired(np.array([[arm[s][d] - base[s][d] for d in docs] for s in seeds]).reshape(len(seeds), len(docs)))
+        if len(seeds) == 1:
+            note.append("one seed: a comparison of these two trained checkpoints, not of the arms' training")
+        rows.append({"configuration": configuration, "baseline": baseline, "seeds": result.seeds,
+                     "documents": result.documents, "difference": result.difference, "ci_low": result.low,
+                     "ci_high": result.high, "verdict": result.verdict, "min_detectable": result.min_detectable,
+                     "noise": advice(result), "note": "; ".join(note)})
+    return pd.DataFrame(rows, columns=["configuration", "baseline", "seeds", "documents", "difference", "ci_low",
+                                       "ci_high", "verdict", "min_detectable", "noise", "note"])
 
 
-def paired_section(paired: pd.DataFrame, metric: str) -> list[str]:
+def paired_section(paired_rows: pd.DataFrame, metric: str) -> list[str]:
     return [
-        f"## Difference from the baseline: final {METRICS[metric]}, paired over documents and seeds",
+        f"## Difference from the baseline: final {METRICS[metric]}, paired over seeds and documents",
         "",
-        paired.to_markdown(index=False, floatfmt=".3f") if len(paired) else "No other completed configuration.",
+        paired_rows.to_markdown(index=False, floatfmt=".3f") if len(paired_rows) else "No other completed configuration.",
         "",
-        "`difference` is the mean of (arm - baseline) over every (seed, val document) both scored, with its 95%"
-        " Student-t CI (`ci_low`, `ci_high`); the verdict is `better` or `worse` when the CI excludes 0."
-        " `min_detectable` is the true difference this noise and number of pairs find with 80% power: smaller"
-        " ones are likely missed. It shrinks as 1/sqrt(pairs): to halve it, use 4x the val documents"
-        " (`dataset.val_size`) or seeds; more summaries per document (`trainer.val_rollouts_per_doc`) only reduce"
-        " the sampling part of the noise, not the spread between documents.",
+        "`difference` is the mean of (arm - baseline) over every (seed, val document) pair, both arms sampled with"
+        " the same seeds, with its 95% CI (`ci_low`, `ci_high`). The documents of one seed share its training"
+        " randomness, so the CI is not the pooled t over pairs: a two-way random-effects ANOVA splits the noise"
+        " into seeds, documents and the rest (summrl/compare.py), and `noise` says which part is largest and what"
+        " to raise. The verdict is `better` or `worse` when the CI excludes 0. `min_detectable` is the true"
+        f" difference this noise and size find with {int(100 * 0.8)}% power: smaller ones are likely missed.",
         "",
     ]
 
@@ -237,13 +303,14 @@ def write_report(folder: Path, out: Path, baseline: str | None = None) -> pd.Dat
     metric = score_metric(table)
     stats = by_configuration(table, metric)
     plot_curves(curve_bands({job: c[metric] for job, c in curves.items()}, table, results, metric), metric,
-                out / "val_curves.png")
+                out / "val_curves.png", sft_offsets(table, results))
     plot_best(stats, metric, out / "best_val.png")
     paired = None
     if baseline:
-        paired = paired_table(table, results, metric, matching_configuration(table, baseline))
+        paired = paired_table(table, results, metric, matching_configuration(table, results, baseline))
         paired.to_csv(out / "paired.csv", index=False)
-    hidden = ["overrides"] + (SFT_COLUMNS if (table.sft == "none").all() else [])
+    hidden = (["overrides"] + (SFT_COLUMNS if (table.sft == "none").all() else [])
+              + (["algorithm"] if (table.algorithm == "").all() else []))
     shown = table.drop(columns=hidden).astype(object).where(table.notna().drop(columns=hidden), "")
     lines = [
         f"# Report: {folder}",

@@ -1,4 +1,4 @@
-"""summrl.report's uncertainty: CI bands and the paired table, against hand-computed values on a written sweep."""
+"""summrl.report's uncertainty: CI bands and the paired table, against hand-computed values on written sweeps."""
 
 from __future__ import annotations
 
@@ -12,60 +12,127 @@ from summrl.job import write_result
 from tests.conftest import ROOT
 
 # configuration -> seed -> the last val pass's per-document QA accuracy (the step-0 pass is 0.3 everywhere)
-FINAL = {
+TWO_SEEDS = {
     "reward=qa": {"1": {"a": 0.4, "b": 0.6}, "2": {"a": 0.2, "b": 0.5}},
-    # differences from qa, (seed, doc) in order: +0.1 +0.3 +0.2 +0.2
+    # differences from qa, rows = seeds, columns = documents: [[+0.1, +0.3], [+0.2, +0.2]]
     "reward=length_penalized": {"1": {"a": 0.5, "b": 0.9}, "2": {"a": 0.4, "b": 0.7}},
-    # +0.1 -0.1 +0.2 -0.2
+    # [[+0.1, -0.1], [+0.2, -0.2]]
     "reward=ruler": {"1": {"a": 0.5, "b": 0.5}, "2": {"a": 0.4, "b": 0.3}},
+}
+BASE = {"a": 0.2, "b": 0.4, "c": 0.6, "d": 0.4, "e": 0.2}
+ONE_SEED = {
+    "reward=qa": {"1": BASE},
+    # differences +0.2 +0.2 +0.4 +0.2 0.0
+    "reward=length_penalized": {"1": {"a": 0.4, "b": 0.6, "c": 1.0, "d": 0.6, "e": 0.2}},
+    # differences +0.2 -0.2 0.0 +0.2 -0.2
+    "reward=ruler": {"1": {"a": 0.4, "b": 0.2, "c": 0.6, "d": 0.6, "e": 0.0}},
+}
+# Seed 1 gains 0.2 on every one of 8 documents, seed 2 gains nothing: pooled as 16 independent pairs this would read
+# "better" (CI [0.055, 0.145]); the training seeds disagree, which is what the CI must show.
+EIGHT = {d: 0.4 for d in "abcdefgh"}
+SEEDS_DISAGREE = {
+    "reward=qa": {"1": EIGHT, "2": EIGHT},
+    "reward=length_penalized": {"1": {d: 0.6 for d in EIGHT}, "2": EIGHT},
 }
 
 
 def entry(step: int, docs: dict[str, float]) -> dict:
     mean = sum(docs.values()) / len(docs)
     return {"step": step, "val_reward": mean, "val_qa_accuracy": mean,
-            "per_doc": {d: {"reward": v, "qa_accuracy": v} for d, v in docs.items()}}
+            "per_doc": {d: {"n": 2, "reward": v, "qa_accuracy": v} for d, v in docs.items()}}
 
 
-@pytest.fixture
-def sweep(tmp_path):
-    sweep = tmp_path / "sweep"
+def write_sweep(sweep, final: dict) -> None:
     num = 0
-    for configuration, seeds in FINAL.items():
+    for configuration, seeds in final.items():
         for seed, docs in seeds.items():
-            history = [entry(0, {"a": 0.3, "b": 0.3}), entry(2, docs)]
+            history = [entry(0, {d: 0.3 for d in docs}), entry(2, docs)]
             write_result(sweep / str(num), {
                 "status": "completed", "overrides": ["experiment=local", configuration, f"seed={seed}"],
+                "choices": {"reward": configuration.split("=")[1], "algorithm": "grpo"},
                 "seed": int(seed), "steps": 2, "val_history": history,
                 "best_val_score": max(h["val_reward"] for h in history), "final_val_score": history[-1]["val_reward"],
                 "best_val_qa_accuracy": max(h["val_qa_accuracy"] for h in history),
                 "final_val_qa_accuracy": history[-1]["val_qa_accuracy"]})
             num += 1
-    return sweep
 
 
-def test_paired_ci_and_verdicts_match_hand_computed_values(sweep, tmp_path):
-    out = tmp_path / "report"
-    done = subprocess.run([sys.executable, "-m", "summrl.report", str(sweep), "--out", str(out),
-                           "--baseline", "reward=qa"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+def report(sweep, out, baseline: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "summrl.report", str(sweep), "--out", str(out),
+                           "--baseline", baseline], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    write_sweep(tmp_path / "sweep", TWO_SEEDS)
+    return tmp_path / "sweep"
+
+
+def test_one_seed_paired_t_over_documents_matches_hand_computed_values(tmp_path):
+    write_sweep(tmp_path / "sweep", ONE_SEED)
+    done = report(tmp_path / "sweep", tmp_path / "out", "reward=qa")
     assert done.returncode == 0, done.stderr
-    paired = pd.read_csv(out / "paired.csv").set_index("configuration")
-    # differences 0.1 0.3 0.2 0.2: mean 0.2, sd sqrt(0.02/3) = 0.0816497, se 0.0408248;
-    # t(0.975, 3) = 3.182446 -> half width 0.129924; t(0.8, 3) = 0.978472 -> min detectable (3.182446 + 0.978472) * se
+    paired = pd.read_csv(tmp_path / "out" / "paired.csv").set_index("configuration")
+    # +0.2 +0.2 +0.4 +0.2 0.0: mean 0.2, sd sqrt(0.08/4) = 0.141421, se 0.0632456; t(0.975, 4) = 2.776445 -> half
+    # width 0.175598; t(0.8, 4) = 0.940965 -> min detectable (2.776445 + 0.940965) * se = 0.235110
     better = paired.loc["reward=length_penalized"]
-    assert better.pairs == 4 and better.verdict == "better"
-    assert (better.difference, better.ci_low, better.ci_high) == pytest.approx((0.2, 0.070076, 0.329924), abs=1e-5)
-    assert better.min_detectable == pytest.approx(0.169868, abs=1e-5)
-    # differences 0.1 -0.1 0.2 -0.2: mean 0, sd sqrt(0.1/3) = 0.182574, se 0.0912871 -> half width 0.290515
+    assert (better.seeds, better.documents, better.verdict) == (1, 5, "better")
+    assert (better.difference, better.ci_low, better.ci_high) == pytest.approx((0.2, 0.024402, 0.375598), abs=1e-5)
+    assert better.min_detectable == pytest.approx(0.235110, abs=1e-5)
+    assert "one seed" in better.note and "val_size" in better.noise
+    # +0.2 -0.2 0 +0.2 -0.2: mean 0, sd 0.2, se 0.0894427 -> half width 2.776445 * se = 0.248332
     same = paired.loc["reward=ruler"]
     assert same.verdict == "no detectable difference"
-    assert (same.difference, same.ci_low, same.ci_high) == pytest.approx((0.0, -0.290515, 0.290515), abs=1e-5)
-    report = (out / "report.md").read_text()
-    assert "Difference from the baseline" in report and "no detectable difference" in report
+    assert (same.difference, same.ci_low, same.ci_high) == pytest.approx((0.0, -0.248332, 0.248332), abs=1e-5)
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "Difference from the baseline" in text and "no detectable difference" in text
+
+
+def test_seeds_by_documents_ci_matches_a_hand_computed_two_way_anova(sweep, tmp_path):
+    assert report(sweep, tmp_path / "out", "reward=qa").returncode == 0
+    paired = pd.read_csv(tmp_path / "out" / "paired.csv").set_index("configuration")
+    # [[.1, .3], [.2, .2]]: grand mean .2; seed means .2 .2 -> MS_seed 0; document means .15 .25 -> MS_doc 2 * .005
+    # = .01; residuals +-.05 -> MS_res .04 / 1 = .01. Neither component exceeds MS_res: Var = MS_res / 4 = .0025,
+    # se .05, df 1, t(0.975, 1) = 12.706205 -> half width 0.635310. (The pooled t over 4 pairs said "better".)
+    lp = paired.loc["reward=length_penalized"]
+    assert (lp.seeds, lp.documents, lp.verdict) == (2, 2, "no detectable difference")
+    assert (lp.difference, lp.ci_low, lp.ci_high) == pytest.approx((0.2, -0.435310, 0.835310), abs=1e-5)
+    # [[.1, -.1], [.2, -.2]]: MS_seed 0; document means .15 -.15 -> MS_doc 2 * .045 = .09; residuals +-.05 -> MS_res
+    # .01; the document component counts: Var = MS_doc / 4 = .0225, se .15, df 1 -> half width 1.905931
+    ruler = paired.loc["reward=ruler"]
+    assert (ruler.difference, ruler.ci_low, ruler.ci_high) == pytest.approx((0.0, -1.905931, 1.905931), abs=1e-5)
+    assert ruler.verdict == "no detectable difference" and "val_size" in ruler.noise
 
     unknown = subprocess.run([sys.executable, "-m", "summrl.report", str(sweep), "--baseline", "reward=nope"],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert unknown.returncode != 0 and "reward=nope" in unknown.stderr and "reward=qa" in unknown.stderr
+
+
+def test_training_seeds_that_disagree_are_not_pooled_into_a_verdict(tmp_path):
+    write_sweep(tmp_path / "sweep", SEEDS_DISAGREE)
+    assert report(tmp_path / "sweep", tmp_path / "out", "reward=qa").returncode == 0
+    (row,) = pd.read_csv(tmp_path / "out" / "paired.csv").itertuples()
+    # seed means .2 and 0 -> MS_seed 8 * .02 = .16, MS_doc = MS_res = 0: Var = .16 / 16 = .01, se .1, df 1
+    assert (row.difference, row.ci_low, row.ci_high) == pytest.approx((0.1, 0.1 - 1.270621, 0.1 + 1.270621), abs=1e-5)
+    assert row.verdict == "no detectable difference" and "add seeds" in row.noise
+
+
+def test_the_baseline_is_matched_by_group_choice_and_unpaired_jobs_are_named(sweep, tmp_path):
+    from summrl.job import read_result
+
+    # the baseline's seed-2 job lost a document to missing rewards; the ruler arm ran an extra seed
+    job = read_result(sweep / "1")
+    del job["val_history"][-1]["per_doc"]["b"]
+    write_result(sweep / "1", job)
+    extra = read_result(sweep / "5")
+    extra.update(seed=3, overrides=["experiment=local", "reward=ruler", "seed=3"])
+    write_result(sweep / "6", extra)
+    done = report(sweep, tmp_path / "out", "'algorithm=grpo' reward=qa")  # a choice no job overrode, quoted
+    assert done.returncode == 0, done.stderr
+    paired = pd.read_csv(tmp_path / "out" / "paired.csv").set_index("configuration")
+    assert paired.loc["reward=length_penalized"].documents == 1
+    assert "1 document(s) not scored in every job" in paired.loc["reward=length_penalized"].note
+    assert "seed 3 only in this arm" in paired.loc["reward=ruler"].note
 
 
 def test_curve_bands_are_over_seeds_or_over_documents(sweep, tmp_path):

@@ -91,6 +91,7 @@ def test_cli_overrides_reach_typed_config():
         ("backend.dtype=float8", "backend.dtype"),
         ("trainer.missing_reward_window=0", "trainer.missing_reward_window: must be > 0"),
         ("trainer.val_temperature=-0.5", r"trainer.val_temperature: must be in \[0, 2\] or null"),
+        ("trainer.val_temperature=0", "trainer.val_rollouts_per_doc: greedy val .* set trainer.val_rollouts_per_doc=1"),
     ],
 )
 def test_bad_values_name_the_key(override, message):

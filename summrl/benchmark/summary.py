@@ -14,18 +14,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from summrl.compare import mean_ci
+
 CI_METHOD = "95% Student-t interval over per-document means"
-
-
-def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    from scipy import stats
-
-    n = len(values)
-    if n < 2:
-        return math.nan, math.nan
-    mean, sem = float(np.mean(values)), float(np.std(values, ddof=1)) / math.sqrt(n)
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sem
-    return mean - half, mean + half
 
 
 def per_thousand(costs: pd.Series) -> float:
@@ -38,15 +29,15 @@ def summarize(rows: pd.DataFrame, order: list[tuple[str, object]] | None = None)
     lines = []
     for (model, step), group in rows.groupby(["model", rows["step"].fillna(-1)], sort=False):
         by_doc = group.groupby("document_id")["score"].mean().to_numpy()
-        low, high = t_interval(by_doc)
+        ci = mean_ci(by_doc)
         lines.append({
             "model": model,
             "step": None if step == -1 else int(step),
             "documents": len(by_doc),
             "summaries": len(group),
             "answered_pct": 100 * float(by_doc.mean()),
-            "ci_low_pct": 100 * low,
-            "ci_high_pct": 100 * high,
+            "ci_low_pct": 100 * ci.low,
+            "ci_high_pct": 100 * ci.high,
             "mean_reward": float(group["reward"].mean()),
             "mean_words": float(group["words"].mean()),
             "hallucination_pct": 100 * float(group["hallucinated"].mean()),

@@ -272,6 +272,25 @@ def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial
     return iterate_dataset(docs, trainer.groups_per_step, trainer.num_epochs, initial_step=initial_step, use_tqdm=False)
 
 
+async def sft_stage(session: Session, val: Sequence[Document], train_docs: Sequence[Document], history: list[dict],
+                    step: int, backup: CheckpointBackup, save_progress) -> tuple[int, dict]:
+    """The SFT warm start, recorded like val passes: val before, SFT (its checkpoint is the next step), val after.
+    Returns the step GRPO continues from and result.json's ``sft`` record. A resumed run never redoes SFT."""
+    config = session.config
+    record = sft.saved_record(config)  # written as soon as SFT has trained
+    if not record:
+        if not scored_at(history, 0):
+            history.append({**await evaluate(session, val, 0), "stage": "before_sft"})
+            save_progress()
+        record = await sft.warm_start(config, session.model, session.reward, train_docs)
+        step = record["step"]
+        await backup.after_step(step)
+    if step == record["step"] and not scored_at(history, step):  # only the SFT checkpoint's own weights
+        history.append({**await evaluate(session, val, step), "stage": "after_sft"})
+    by_step = {h["step"]: h for h in history}
+    return step, {**record, "val_before": by_step.get(0), "val_after": by_step.get(record["step"])}
+
+
 def earlier_val_history(earlier: dict, step: int) -> list[dict]:
     """A resumed run keeps the val scores its earlier invocations recorded, up to the step it resumes at."""
     return [h for h in earlier.get("val_history", []) if h["step"] <= step]
@@ -309,22 +328,10 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
             write_result(config.run.dir, {**result, "val_history": history,
                                           "wall_s": round(earlier_wall_s + time.time() - started, 1)})
 
-        # SFT warm start: val before, SFT (its checkpoint is the next step), val after; GRPO steps follow it.
         sft_steps = 0
         if config.sft.kind != "none":
-            record = sft.saved_record(config)  # written as soon as SFT has trained: resuming never redoes it
-            if not record:
-                if not scored_at(history, 0):
-                    history.append({**await evaluate(session, val, 0), "stage": "before_sft"})
-                    save_progress()
-                record = await sft.warm_start(config, session.model, session.reward, train_docs)
-                step = record["step"]
-                await backup.after_step(step)
-            sft_steps = record["step"]
-            if step == sft_steps and not scored_at(history, sft_steps):  # only the SFT checkpoint's own weights
-                history.append({**await evaluate(session, val, sft_steps), "stage": "after_sft"})
-            by_step = {h["step"]: h for h in history}
-            result["sft"] = {**record, "val_before": by_step.get(0), "val_after": by_step.get(sft_steps)}
+            step, result["sft"] = await sft_stage(session, val, train_docs, history, step, backup, save_progress)
+            sft_steps = result["sft"]["step"]
             save_progress()
         for batch in training_batches(train_docs, t, config.seed, initial_step=step - sft_steps):
             if batch.step >= t.max_steps:

@@ -9,7 +9,9 @@ stored in config and is redacted from every error message.
 
 ``LLMJudge`` grades a group of summaries with one call per summary that answers all of the
 document's questions from the summary alone, plus one call for the whole group that grades the
-answers that don't already match the gold answer. The grading prompt holds no document.
+answers that don't already match the gold answer. The grading prompt holds no document. For reward=rubric it
+writes a document's rubrics (once per process, shared by the train and val rewards) and scores a group against
+them, with the prompts and checks of :mod:`summrl.judges.rubrics`.
 """
 
 from __future__ import annotations

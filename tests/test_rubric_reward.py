@@ -305,6 +305,19 @@ def test_reward_weighted_composes_from_the_command_line():
     assert compose_config(["experiment=local", "reward=weighted"]).reward.terms["qa"].weight == 1.0  # qa alone
 
 
+def test_val_keeps_its_qa_accuracy_when_two_qa_terms_log_theirs_apart():
+    from summrl.rewards import WithQAMetrics
+
+    config = compose_config(["experiment=local", "reward=qa_rubric", "reward.terms.rubric.kind=qa",
+                             "+reward.terms.rubric.include_unanswerable=false"])
+    val = build_val_reward(config.reward, LexicalJudge(), 350)
+    assert isinstance(val, WithQAMetrics)
+    (score,) = asyncio.run(val.score_group(DOC, [FAITHFUL]))
+    assert score.metrics["qa_accuracy"] == score.metrics["qa_qa_accuracy"] == score.metrics["rubric_qa_accuracy"] == 1.0
+    assert not isinstance(build_val_reward(compose_config(["experiment=local", "reward=qa_rubric"]).reward,
+                                           LexicalJudge(), 350), WithQAMetrics)  # its qa term gives them
+
+
 @pytest.mark.parametrize("overrides,expected", [
     (["reward=qa"], (0.0, 1.0)),
     (["reward=rubric"], (0.0, 1.0)),

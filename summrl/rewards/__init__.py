@@ -63,11 +63,13 @@ def check_documents(config, documents: Sequence[Document]) -> None:
 
 
 def build_val_reward(config, judge, max_words: int) -> Reward:
-    """The reward val runs score with: the training reward, with QA metrics beside it when it is not QA-based."""
-    from summrl.config import QARewardConfig, reward_kinds
+    """The reward val runs score with: the training reward, with QA metrics beside it unless one of its terms (just
+    one: two would log theirs apart, as <term>_qa_accuracy) already gives them."""
+    from summrl.config import QARewardConfig
 
     reward = build_reward(config, judge, max_words)
-    if "qa" in reward_kinds(config):
+    terms = [term.reward for term in config.terms.values()] if config.kind == "weighted" else [config]
+    if sum(term.kind == "qa" for term in terms) == 1:
         return reward
     return WithQAMetrics(reward, build_reward(QARewardConfig(), judge, max_words))
 

@@ -11,6 +11,7 @@ selects the schema.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -287,22 +288,50 @@ class RubricRewardConfig:
 
     def __post_init__(self) -> None:
         _require(self.max_rubrics > 0, "reward.max_rubrics", f"must be > 0, got {self.max_rubrics}")
-        _require(self.positive_weight >= 0 and self.negative_weight >= 0 and self.positive_weight + self.negative_weight > 0,
-                 "reward.positive_weight", f"positive_weight and negative_weight must be >= 0 and not both 0, got "
-                 f"{self.positive_weight} and {self.negative_weight}")
+        for key in ("positive_weight", "negative_weight"):
+            _require(getattr(self, key) >= 0, f"reward.{key}", f"must be >= 0, got {getattr(self, key)}")
+        _require(self.positive_weight + self.negative_weight > 0, "reward.positive_weight",
+                 "must be > 0 when reward.negative_weight is 0 (the rubrics would weigh nothing)")
+
+
+LENGTH_SHAPES = ("hard", "linear", "quadratic")
 
 
 @dataclass
 class LengthRewardConfig:
-    """A term of reward=weighted: 0 within trainer.max_words, -over (linear), -over**2 (quadratic) or -1 (hard)
-    beyond it, with over = the relative overshoot. Its weight is the penalty's strength."""
+    """A term of reward=weighted: 0 within trainer.max_words, -over (linear) or -over**2 (quadratic) beyond it,
+    with over = the relative overshoot, times its weight (the penalty's strength). hard multiplies the other terms'
+    sum by 0 beyond the limit (by 1 within it): such a summary scores 0 in total; its weight is not used."""
 
     kind: str = "length"
     shape: str = "linear"
 
     def __post_init__(self) -> None:
-        _require(self.shape in ("hard", "linear", "quadratic"), "reward.shape",
-                 f"must be one of hard, linear, quadratic, got {self.shape!r}")
+        _require(self.shape in LENGTH_SHAPES, "reward.shape",
+                 f"must be one of {', '.join(LENGTH_SHAPES)}, got {self.shape!r}")
+
+
+@dataclass
+class LengthPenalizedRewardConfig:
+    """reward=length_penalized, kept in its original keys: a base reward (with its defaults) minus a penalty for
+    words beyond trainer.max_words. Validation turns it into reward=weighted: {<base>: weight 1, length: {shape,
+    weight: strength}}. For other base settings or more terms, compose reward=weighted."""
+
+    kind: str = "length_penalized"
+    base: str = "qa"  # qa | ruler
+    shape: str = "linear"  # hard (0 beyond the limit; strength not used) | linear | quadratic, in the overshoot
+    strength: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.base in ("qa", "ruler"), "reward.base", f"must be qa or ruler, got {self.base!r}")
+        _require(self.shape in LENGTH_SHAPES, "reward.shape",
+                 f"must be one of {', '.join(LENGTH_SHAPES)}, got {self.shape!r}")
+        _require(self.strength >= 0, "reward.strength", f"must be >= 0, got {self.strength}")
+
+    def as_weighted(self) -> "WeightedRewardConfig":
+        base = KIND_SCHEMAS["reward"][self.base]()
+        return WeightedRewardConfig(terms={self.base: WeightedTerm(1.0, base),
+                                           "length": WeightedTerm(self.strength, LengthRewardConfig(shape=self.shape))})
 
 
 @dataclass
@@ -543,7 +572,7 @@ KIND_SCHEMAS: dict[str, dict[str, type]] = {
     "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig, "embedded": EmbeddedJudgeConfig,
               "local": LocalJudgeConfig},
     "reward": {"qa": QARewardConfig, "ruler": RulerRewardConfig, "rubric": RubricRewardConfig,
-               "weighted": WeightedRewardConfig},
+               "weighted": WeightedRewardConfig, "length_penalized": LengthPenalizedRewardConfig},
     "backend": {
         "embedded": EmbeddedBackendConfig,
         "skypilot": SkyPilotBackendConfig,
@@ -622,7 +651,16 @@ def _typed_terms(node: DictConfig) -> dict[str, WeightedTerm]:
                 message = f"{key}.{message[len('reward.'):]}" if message.startswith("reward.") else message
             raise ConfigError(message) from None
         typed[str(name)] = WeightedTerm(weight=float(weight), reward=reward)
+    factors = [name for name, term in typed.items() if _is_factor(term.reward)]
+    if len(factors) == len(typed):
+        raise ConfigError(f"reward.terms.{factors[0]}.shape: hard multiplies the other terms' sum (by 0 beyond "
+                          "trainer.max_words), and there is none: add one, e.g. +reward.terms.qa.kind=qa")
     return typed
+
+
+def _is_factor(reward: Any) -> bool:
+    """A term that multiplies the weighted sum instead of adding to it: the hard length limit."""
+    return reward.kind == "length" and reward.shape == "hard"
 
 
 def reward_kinds(reward: Any) -> set[str]:
@@ -630,6 +668,30 @@ def reward_kinds(reward: Any) -> set[str]:
     if reward.kind == "weighted":
         return {term.reward.kind for term in reward.terms.values()}
     return {reward.kind}
+
+
+REWARD_BOUNDS = {"qa": (0.0, 1.0), "ruler": (0.0, 1.0), "rubric": (0.0, 1.0)}
+
+
+def reward_range(reward: Any) -> tuple[float, float]:
+    """The lowest and highest reward a (validated) reward config can give: qa, ruler and rubric lie in [0, 1]; a
+    linear or quadratic length term in (-inf, 0] (the overshoot is unbounded); a weighted sum adds its terms'
+    bounds times their weights, and a hard length term (a factor of 0 or 1) adds 0 to the range."""
+    if reward.kind in REWARD_BOUNDS:
+        return REWARD_BOUNDS[reward.kind]
+    if reward.kind == "length":
+        return (0.0, 1.0) if _is_factor(reward) else (-math.inf, 0.0)
+    if reward.kind == "weighted":
+        low = high = 0.0
+        for term in reward.terms.values():
+            if _is_factor(term.reward) or term.weight == 0:  # 0 x inf would be nan
+                continue
+            ends = sorted(term.weight * end for end in reward_range(term.reward))
+            low, high = low + ends[0], high + ends[1]
+        if any(_is_factor(term.reward) for term in reward.terms.values()):
+            low, high = min(low, 0.0), max(high, 0.0)
+        return low, high
+    raise ValueError(f"reward.kind={reward.kind} has no known range")
 
 
 def kind_section(group: str, node: Any) -> Any:
@@ -641,6 +703,8 @@ def kind_section(group: str, node: Any) -> Any:
     section = _typed_section(group, node, schemas[kind])
     if kind == "weighted":
         section.terms = _typed_terms(node)
+    if kind == "length_penalized":
+        section = section.as_weighted()
     return section
 
 

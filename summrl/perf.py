@@ -155,7 +155,7 @@ async def bench_judge(documents: int, group_size: int, delay_s: float) -> dict:
     import litellm
 
     from summrl.data import load_splits
-    from summrl.judges.fake_server import FakeLLM
+    from summrl.judges.fake_server import FakeLLM, token_count
     from summrl.judges.llm import JudgeClient, LLMJudge
     from summrl.rewards.qa import QAReward
 
@@ -192,22 +192,24 @@ async def bench_judge(documents: int, group_size: int, delay_s: float) -> dict:
             await asyncio.gather(*(per_question(doc, s) for s in fixed_summaries(doc, group_size)))
         pq_calls, pq_tokens = len(server.requests), server.prompt_tokens
 
-    from summrl.rewards.rubric import JudgeRubrics, RubricReward
+    from summrl.rewards.rubric import RubricReward
 
-    with FakeLLM() as server, tempfile.TemporaryDirectory() as rubric_cache:  # reward=rubric
-        def rubric_reward() -> RubricReward:
-            client = JudgeClient(model="openai/gpt-4o-mini", api_base=server.base_url, cache_dir=None)
-            return RubricReward(JudgeRubrics(client, max_rubrics=8), positive_weight=1.0, negative_weight=4.0,
-                                cache_dir=rubric_cache)
+    with FakeLLM() as server, tempfile.TemporaryDirectory() as rubric_cache:  # reward=rubric, 8 rubrics a side
+        def rubric_reward() -> RubricReward:  # a new process: a new judge, the rubrics on disk only
+            judge = LLMJudge(JudgeClient(model="openai/gpt-4o-mini", api_base=server.base_url, cache_dir=None))
+            return RubricReward(judge, max_rubrics=8, positive_weight=1.0, negative_weight=4.0, cache_dir=rubric_cache)
 
         reward = rubric_reward()  # first sight of each document: the judge writes its rubrics, then scores
         for doc in docs:
             await reward.score_group(doc, fixed_summaries(doc, group_size))
         rubric_calls, rubric_tokens = len(server.requests), server.prompt_tokens
+        write_tokens = sum(token_count(r["messages"]) for r in server.requests
+                           if '"positive_rubrics"' in r["messages"][-1]["content"])
         reward = rubric_reward()  # a later step or a rerun: the rubrics come from the disk cache
         for doc in docs:
             await reward.score_group(doc, fixed_summaries(doc, group_size))
         cached_calls, cached_tokens = len(server.requests) - rubric_calls, server.prompt_tokens - rubric_tokens
+        rubrics_per_document = statistics.mean([len((await reward.rubrics_for(doc)).listed) for doc in docs])
 
     walls = []
     with FakeLLM(default_delay_s=delay_s) as server:  # a judge that takes delay_s per call
@@ -232,6 +234,9 @@ async def bench_judge(documents: int, group_size: int, delay_s: float) -> dict:
         # ... and its later groups (rubrics read from the cache): the scoring call only
         "rubric_cached_calls_per_rollout": round(cached_calls / rollouts, 3),
         "rubric_cached_input_tokens_per_rollout": round(cached_tokens / rollouts, 1),
+        # the writing call's input (the document), paid once per document and judge, then cached
+        "rubric_write_input_tokens_per_document": round(write_tokens / len(docs), 1),
+        "rubrics_per_document": rubrics_per_document,
         "group_wall_s": round(statistics.median(walls), 3),
         "group_size": group_size,
         "documents": documents,

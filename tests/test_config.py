@@ -29,7 +29,7 @@ def test_ruler_needs_an_llm_judge():
     with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge.*judge=local"):
         compose_config([*LOCAL, "judge=lexical", "reward=ruler"])
     with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge"):
-        compose_config([*LOCAL, "judge=lexical", "reward=length_penalized", "reward.terms.qa.kind=ruler"])
+        compose_config([*LOCAL, "judge=lexical", "reward=length_penalized", "reward.base=ruler"])
     # the local experiment's judge pairs lexical QA grading with the embedded model for RULER
     assert compose_config([*LOCAL, "reward=ruler"]).judge.kind == "local"
 

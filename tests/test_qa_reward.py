@@ -65,28 +65,53 @@ def length_reward(shape: str, strength: float = 1.0, max_words: int = 10):
 
 
 FULL = "Ruth Okafor opened it on March 14, 2024; it cost 2.1 million dollars; Dunmore Civil Works built it."  # 18 words
+PARTIAL = "Ruth Okafor opened it on March 14, 2024, a sunny and busy day in town."  # 15 words, qa 0.6
 
 
 def test_length_penalty_shapes_beyond_max_words():
-    over = (18 - 10) / 10
-    assert score(length_reward("linear", 0.5), [FULL])[0].reward == pytest.approx(1.0 - 0.5 * over)
-    assert score(length_reward("quadratic"), [FULL])[0].reward == pytest.approx(1.0 - over**2)
-    assert score(length_reward("hard"), [FULL])[0].reward == 0.0
-    within = score(length_reward("hard", max_words=50), [FULL])[0]
-    assert within.reward == 1.0 and within.metrics["reward_length"] == 0.0 and within.metrics["reward_qa"] == 1.0
+    over = (15 - 10) / 10
+    assert score(length_reward("linear", 0.5), [PARTIAL])[0].reward == pytest.approx(0.6 - 0.5 * over)
+    assert score(length_reward("quadratic"), [PARTIAL])[0].reward == pytest.approx(0.6 - over**2)
+    # hard, as reward=length_penalized scored it from the start: a summary over the limit scores 0 in total, whatever
+    # its base reward and the strength (not 0.6 - 1)
+    for strength in (1.0, 3.0):
+        hard = score(length_reward("hard", strength), [PARTIAL])[0]
+        assert hard.reward == 0.0 and hard.metrics["reward_qa"] == 0.6 and hard.metrics["reward_length"] == 0.0
+    within = score(length_reward("hard", max_words=50), [PARTIAL, FULL])
+    assert [s.reward for s in within] == [0.6, 1.0] and within[0].metrics["reward_length"] == 1.0
 
 
-def test_length_penalized_config_builds_on_qa():
+@pytest.mark.parametrize("overrides,shape,strength", [
+    ([], "linear", 1.0),
+    (["reward.shape=quadratic", "reward.strength=0.5"], "quadratic", 0.5),  # the original keys still work
+    (["reward.shape=hard"], "hard", 1.0),
+])
+def test_length_penalized_config_builds_on_qa(overrides, shape, strength):
     from summrl.rewards import build_reward
     from summrl.rewards.length import LengthPenalty
     from summrl.rewards.weighted import WeightedReward
     from tests.conftest import compose_config
 
-    config = compose_config(["experiment=local", "reward=length_penalized", "reward.terms.length.shape=quadratic"])
+    config = compose_config(["experiment=local", "reward=length_penalized", "trainer.max_words=10", *overrides])
     built = build_reward(config.reward, LexicalJudge(), config.trainer.max_words)
     assert isinstance(built, WeightedReward) and isinstance(built.terms["qa"][1], QAReward)
-    penalty = built.terms["length"][1]
-    assert isinstance(penalty, LengthPenalty) and penalty.shape == "quadratic" and penalty.max_words == 350
+    weight, penalty = built.terms["length"]
+    assert isinstance(penalty, LengthPenalty) and (penalty.shape, weight, penalty.max_words) == (shape, strength, 10)
+    (scored,) = score(built, [PARTIAL])
+    assert scored.reward == pytest.approx({"linear": 0.6 - 0.5, "quadratic": 0.6 - 0.5 * 0.25, "hard": 0.0}[shape])
+
+
+def test_length_penalized_on_ruler_and_bad_original_keys_name_the_key():
+    from summrl.config import ConfigError
+    from tests.conftest import compose_config
+
+    config = compose_config(["experiment=local", "reward=length_penalized", "reward.base=ruler"])
+    assert {name: term.reward.kind for name, term in config.reward.terms.items()} == {"ruler": "ruler", "length": "length"}
+    for override, key in (("reward.shape=cubic", "reward.shape: must be one of hard, linear, quadratic"),
+                          ("reward.strength=-1", "reward.strength: must be >= 0"),
+                          ("reward.base=rubric", "reward.base: must be qa or ruler")):
+        with pytest.raises(ConfigError, match=key):
+            compose_config(["experiment=local", "reward=length_penalized", override])
 
 
 def test_percent_full_is_logged_beside_the_reward():

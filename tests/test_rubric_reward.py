@@ -1,23 +1,25 @@
-"""reward=rubric (judge-written and cached, dataset, offline), reward=weighted, and the hallucination metric."""
+"""reward=rubric (judge-written and cached, dataset, offline) and reward=weighted, against the loopback judge server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import threading
 
 import pandas as pd
 import pytest
 
-from summrl.config import ConfigError
+from summrl.config import ConfigError, reward_range
 from summrl.data import DataError, Document, Question, group_documents
-from summrl.facts import hallucinates, invented_facts
+from summrl.judges import Rubrics, build_judge
 from summrl.judges.fake_server import FakeLLM, Reply
-from summrl.judges.lexical import LexicalJudge
-from summrl.judges.llm import JudgeClient
-from summrl.rewards import Missing, Score, build_reward
-from summrl.rewards.rubric import INVENTS_FACTS, JudgeRubrics, OfflineRubrics, RubricReward
+from summrl.judges.lexical import INVENTS_FACTS, LexicalJudge
+from summrl.judges.llm import JudgeClient, LLMJudge
+from summrl.rewards import Missing, Score, build_reward, build_val_reward, check_documents
+from summrl.rewards.rubric import RubricCache, RubricReward
 from summrl.rewards.weighted import WeightedReward
-from tests.conftest import ROOT, compose_config
+from tests.conftest import compose_config
 
 DOC = Document(
     id="d1", topic="Local News",
@@ -34,35 +36,99 @@ def fake():
         yield server
 
 
-def judge_reward(fake: FakeLLM, cache_dir, **kwargs) -> RubricReward:
-    client = JudgeClient(model="openai/gpt-4o-mini", api_base=fake.base_url, cache_dir=None, retry_base_s=0.01,
-                         retry_max_s=0.05, timeout_s=5.0, max_retries=1)
-    return RubricReward(JudgeRubrics(client, max_rubrics=8), positive_weight=1.0,
-                        negative_weight=kwargs.get("negative_weight", 1.0), cache_dir=cache_dir)
+def llm_judge(fake: FakeLLM) -> LLMJudge:
+    return LLMJudge(JudgeClient(model="openai/gpt-4o-mini", api_base=fake.base_url, cache_dir=None, retry_base_s=0.01,
+                                retry_max_s=0.05, timeout_s=5.0, max_retries=1))
+
+
+def judge_reward(fake: FakeLLM, cache_dir, judge: LLMJudge | None = None, max_rubrics: int = 8,
+                 negative_weight: float = 1.0) -> RubricReward:
+    return RubricReward(judge or llm_judge(fake), max_rubrics=max_rubrics, positive_weight=1.0,
+                        negative_weight=negative_weight, cache_dir=cache_dir)
 
 
 def prompts(fake: FakeLLM) -> list[str]:
     return [r["messages"][-1]["content"] for r in fake.requests]
 
 
+def writing_calls(fake: FakeLLM) -> int:
+    return sum('"positive_rubrics"' in p for p in prompts(fake))
+
+
 def test_the_rubric_cache_saves_the_second_writing_call(fake, tmp_path):
     first = asyncio.run(judge_reward(fake, tmp_path).score_group(DOC, ["a", "b", "c", "d"]))
     assert [p.count('"positive_rubrics"') for p in prompts(fake)] == [1, 0]  # one writing call, one scoring call
     assert all(s.reward == 0.5 for s in first)
-    # A new reward (a rerun, another sweep job) on the same document and judge reads the rubrics from disk.
+    # A new judge and reward (a rerun, another sweep job) on the same document read the rubrics from disk.
     second = asyncio.run(judge_reward(fake, tmp_path).score_group(DOC, ["e", "f", "g", "h"]))
     assert len(fake.requests) == 3 and '"rubric_scores"' in prompts(fake)[2]
-    assert json.loads(second[0].metadata["rubric_scores"]) == {"+ Names who opened it.": 0.5, "- Invents a date.": 0.5}
-    # A changed document is a new key: written again.
+    per_rubric = json.loads(second[0].metadata["rubric_scores"])
+    assert len(per_rubric) == 16 and set(per_rubric.values()) == {0.5}  # the fake judge writes 8 a side, as asked
+    # A changed document, another max_rubrics or another endpoint is a new key: written again.
     asyncio.run(judge_reward(fake, tmp_path).score_group(
         Document(id="d1", topic="", text=DOC.text + " Edited.", questions=DOC.questions), ["a", "b"]))
-    assert sum('"positive_rubrics"' in p for p in prompts(fake)) == 2
+    assert writing_calls(fake) == 2
+    asyncio.run(judge_reward(fake, tmp_path, max_rubrics=3).score_group(DOC, ["a", "b"]))
+    assert writing_calls(fake) == 3
+    assert "up to 3 specific facts" in [p for p in prompts(fake) if '"positive_rubrics"' in p][-1]
+    with FakeLLM() as other:
+        asyncio.run(judge_reward(other, tmp_path).score_group(DOC, ["a", "b"]))
+        assert writing_calls(other) == 1
+    assert len(list(tmp_path.glob("*.json"))) == 4 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_corrupt_cache_file_is_a_miss_and_is_rewritten(fake, tmp_path):
+    asyncio.run(judge_reward(fake, tmp_path).score_group(DOC, ["a", "b"]))
+    (path,) = tmp_path.glob("*.json")
+    for broken in ('{"positive_rubrics": ["Keeps the', "", '{"positive_rubrics": 3, "negative_rubrics": []}'):
+        path.write_text(broken)  # a crash mid-write by an older version, a full disk, an edit
+        scores = asyncio.run(judge_reward(fake, tmp_path).score_group(DOC, ["a", "b"]))
+        assert all(isinstance(s, Score) for s in scores)
+        assert len(json.loads(path.read_text())["positive_rubrics"]) == 8  # written again
+    assert writing_calls(fake) == 4
+
+
+def test_parallel_writers_of_one_document_never_clash(tmp_path):
+    # Sweep jobs that write the same document's rubrics at once: each writes its own temp file, then renames it.
+    cache = RubricCache(str(tmp_path))
+    path = cache.path(DOC, "writer", 8)
+    errors = []
+
+    def write(n: int) -> None:
+        try:
+            for i in range(40):
+                cache.write(path, Rubrics((f"Keeps {n}-{i}.",), ("Invents a name.",)))
+        except Exception as e:  # with one shared temp name, a writer's rename finds the file already moved
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert cache.read(path) is not None and list(tmp_path.iterdir()) == [path]
+
+
+def test_train_and_val_share_a_documents_rubrics_without_a_disk_cache(fake):
+    config = compose_config(["experiment=local", "judge=openai_compatible", f"judge.api_base={fake.base_url}",
+                             "judge.cache_dir=null", "reward=rubric", "reward.cache_dir=null"])
+    judge = build_judge(config.judge)
+    train, val = (build(config.reward, judge, 350) for build in (build_reward, build_val_reward))
+
+    async def both():  # a step's two groups of one document at once, then the val pass
+        await asyncio.gather(train.score_group(DOC, ["a", "b"]), train.score_group(DOC, ["c", "d"]))
+        await val.reward.score_group(DOC, ["e", "f"])  # val adds QA metrics beside the rubric reward
+
+    asyncio.run(both())
+    assert writing_calls(fake) == 1 and len(fake.requests) == 4
 
 
 def test_one_scoring_call_per_group_lists_every_summary_and_rubric(fake, tmp_path):
     asyncio.run(judge_reward(fake, tmp_path).score_group(DOC, ["s1", "s2", "s3"]))
     scoring = prompts(fake)[-1]
-    assert scoring.count("<summary id=") == 3 and "R1. Names who opened it." in scoring and "R2. Invents a date." in scoring
+    assert scoring.count("<summary id=") == 3
+    assert "R1. Mentions that Ruth Okafor opened the Hollis Footbridge" in scoring and "\nR16. " in scoring
 
 
 def test_negatives_are_flipped(fake, tmp_path):
@@ -75,11 +141,40 @@ def test_negatives_are_flipped(fake, tmp_path):
     assert scores[1].metrics["rubric_negative_violated"] == 1.0
 
 
-def test_a_failed_or_wrong_shape_scoring_call_is_missing_not_zero(fake, tmp_path):
+def test_a_wrong_shape_rubric_reply_is_retried_and_recovers(fake, tmp_path):
+    judge = llm_judge(fake)
+    fake.script = [
+        Reply(json.dumps({"positive_rubrics": "Keeps the cost.", "negative_rubrics": ["Invents a name."]})),  # no list
+        Reply(json.dumps({"positive_rubrics": ["Keeps the cost."], "negative_rubrics": ["Invents a name."]})),
+        Reply(json.dumps({"rubric_scores": [[1, 0]]})),  # one row for a group of two
+        Reply(json.dumps({"rubric_scores": [[1, 0], [0, 1.5]]})),  # a score outside [0, 1]
+        Reply(json.dumps({"rubric_scores": [[1, 0], [0, 1]]})),
+    ]
+    judge.client.max_retries = 2
+    scores = asyncio.run(judge_reward(fake, tmp_path, judge=judge).score_group(DOC, ["a", "b"]))
+    assert [s.reward for s in scores] == [1.0, 0.0] and len(fake.requests) == 5
+    assert (judge.client.usage.retries, judge.client.usage.failures) == (3, 0)
+
+
+def test_a_failed_or_wrong_shape_scoring_call_is_missing_not_zero_with_its_kind(fake, tmp_path):
     bad = Reply(json.dumps({"rubric_scores": [[0.5, 0.5]]}))  # one row for a group of two: retried, then given up
     fake.script = [Reply(json.dumps({"positive_rubrics": ["x"], "negative_rubrics": ["y"]})), bad, bad]
     scores = asyncio.run(judge_reward(fake, tmp_path).score_group(DOC, ["a", "b"]))
     assert all(isinstance(s, Missing) and "rubric reward, document d1" in s.error for s in scores)
+    assert {s.kind for s in scores} == {"ReplyShapeError"}  # counted by kind in the run's missing-reward limit
+    fake.script = [Reply(status=500), Reply(status=500)]
+    scores = asyncio.run(judge_reward(fake, tmp_path).score_group(DOC, ["a", "b"]))  # the scoring call fails
+    assert {s.kind for s in scores} == {"InternalServerError"}
+
+
+@pytest.mark.parametrize("reward", ["qa_rubric", "length_penalized"])
+def test_weighted_presets_keep_a_missing_terms_kind(fake, reward):
+    config = compose_config(["experiment=local", "judge=openai_compatible", f"judge.api_base={fake.base_url}",
+                             "judge.cache_dir=null", "judge.max_retries=0", f"reward={reward}",
+                             "+reward.terms.rubric.cache_dir=null" if reward == "qa_rubric" else "reward.strength=1.0"])
+    fake.script = [Reply(status=429, headers={"Retry-After": "0"})] * 20  # every call is rate-limited
+    scores = asyncio.run(build_reward(config.reward, build_judge(config.judge), 350).score_group(DOC, ["a", "b"]))
+    assert all(isinstance(s, Missing) for s in scores) and {s.kind for s in scores} == {"RateLimitError"}
 
 
 def rows(**rubric_columns):
@@ -100,20 +195,28 @@ def test_rubrics_are_read_from_dataset_columns(tmp_path, fake):
     assert score.reward == 1.0 and len(fake.requests) == 1  # no writing call: the dataset gave the rubrics
 
 
-@pytest.mark.parametrize("value", ["Keeps the cost.", [1, 2], ["ok", ""]])
-def test_bad_rubric_rows_are_reported_by_file_and_row(tmp_path, value):
+@pytest.mark.parametrize("value,message", [
+    ("Keeps the cost.", "positive_rubrics must be a non-empty list of non-empty strings"),
+    ([1, 2], "positive_rubrics must be a non-empty list of non-empty strings"),
+    (["ok", ""], "positive_rubrics must be a non-empty list of non-empty strings"),
+    ([], "positive_rubrics must be a non-empty list of non-empty strings"),
+    (["Keeps the date."], r"positive_rubrics differs from row 0's for the same document"),
+])
+def test_bad_rubric_rows_are_reported_by_file_and_row(tmp_path, value, message):
     path = tmp_path / "docs.jsonl"
     good = rows(positive_rubrics=["Keeps the cost."])[0]
-    path.write_text("\n".join(json.dumps(r) for r in [good, {**good, "question_id": "q2", "positive_rubrics": value}]))
+    rest = {"question_id": "q2", "positive_rubrics": value}
+    path.write_text("\n".join(json.dumps(r) for r in [good, {**good, "question_id": "q3", "positive_rubrics": None},
+                                                      {**good, **rest}]))
     from summrl.data.repliqa import _read_rows
 
-    with pytest.raises(DataError, match=rf"{path}, row 1 \(document d1\): positive_rubrics must be a list of non-empty"):
+    with pytest.raises(DataError, match=rf"{path}, row 2 \(document d1\): {message}"):
         group_documents(_read_rows(path), str(path))
 
 
-def offline(max_rubrics: int = 8) -> RubricReward:
+def offline(max_rubrics: int = 8, judge=None) -> RubricReward:
     return build_reward(compose_config(["experiment=local", "reward=rubric",
-                                        f"reward.max_rubrics={max_rubrics}"]).reward, LexicalJudge(), 350)
+                                        f"reward.max_rubrics={max_rubrics}"]).reward, judge or LexicalJudge(), 350)
 
 
 def test_offline_rubrics_come_from_the_documents_facts():
@@ -130,51 +233,104 @@ def test_offline_rubric_reward_ranks_an_invented_number_below_the_same_summary()
     assert json.loads(worse.metadata["rubric_scores"])[f"- {INVENTS_FACTS}"] == 1.0
 
 
+@pytest.mark.parametrize("judge", ["lexical", "local"])
+def test_offline_judges_refuse_dataset_rubrics_they_cannot_read(repliqa_parquet, judge):
+    # Before any model loads (the loop checks the documents it loaded): the lexical scorer would score "Keeps the
+    # cost." 0 for every summary, a constant reward.
+    from summrl.data import load_splits
+    from tests.conftest import repliqa_rows
+
+    data = [{**r, "positive_rubrics": ["Keeps the cost."], "negative_rubrics": [INVENTS_FACTS]} for r in repliqa_rows(4)]
+    overrides = ["experiment=local", f"judge={judge}", f"dataset.files=[{repliqa_parquet(rows=data)}]",
+                 "dataset.train_size=2", "dataset.val_size=2"]
+    for reward in ("rubric", "qa_rubric"):
+        config = compose_config([*overrides, f"reward={reward}"])
+        val, train = load_splits(config.dataset)
+        with pytest.raises(ConfigError, match=rf"judge={judge} scores rubrics lexically and can't read the dataset's "
+                                              r"positive_rubrics 'Keeps the cost.' \(document doc\d+\).*LLM judge"):
+            check_documents(config, val + train)
+    check_documents(compose_config([*overrides, "reward=qa"]), val + train)  # no rubric term: nothing to read
+    check_documents(compose_config([*overrides, "reward=rubric", "judge=embedded"]), val + train)  # an LLM reads them
+    # Rubrics in the lexical judge's own form are scored as it wrote them.
+    own = Document(id="d1", topic="", text=DOC.text, questions=DOC.questions, positive_rubrics=("Mentions Okafor.",),
+                   negative_rubrics=(INVENTS_FACTS,))
+    check_documents(compose_config([*overrides, "reward=rubric"]), [own])
+    (score,) = asyncio.run(offline().score_group(own, [FAITHFUL]))
+    assert score.reward == 1.0
+    # Any other caller still fails loudly rather than scoring a constant.
+    with pytest.raises(ConfigError, match="the lexical judge can't score the rubric 'Keeps the cost.'"):
+        asyncio.run(offline().score_group(val[0], [FAITHFUL]))
+
+
 class Fixed:
-    def __init__(self, values):
-        self.values = values
+    def __init__(self, values, kind="RateLimitError", metric="own"):
+        self.values, self.kind, self.metric = values, kind, metric
 
     async def score_group(self, document, summaries):
-        return [Missing("judge down") if v is None else Score(v, {"own": v}) for v in self.values]
+        return [Missing("judge down", self.kind) if v is None else Score(v, {self.metric: v, "only_mine": v},
+                                                                         {"note": str(v)})
+                for v in self.values]
 
 
-def test_a_weighted_sum_with_a_missing_term_is_missing():
-    weighted = WeightedReward({"qa": (1.0, Fixed([0.5, 0.5])), "rubric": (0.2, Fixed([1.0, None]))})
+def test_a_weighted_sum_with_a_missing_term_is_missing_with_the_terms_kind():
+    weighted = WeightedReward({"qa": (1.0, Fixed([0.5, 0.5])), "rubric": (0.2, Fixed([1.0, None], kind="Timeout"))})
     whole, missing = asyncio.run(weighted.score_group(DOC, ["a", "b"]))
     assert whole.reward == pytest.approx(0.7) and whole.metrics["reward_qa"] == 0.5
     assert whole.metrics["reward_rubric"] == 1.0
-    assert isinstance(missing, Missing) and "term rubric: judge down" in missing.error
+    assert isinstance(missing, Missing) and "term rubric: judge down" in missing.error and missing.kind == "Timeout"
 
 
-def test_length_penalized_is_a_weighted_preset_of_qa_and_a_length_term():
-    config = compose_config(["experiment=local", "reward=length_penalized", "reward.terms.length.shape=quadratic",
-                             "trainer.max_words=10"])
-    reward = build_reward(config.reward, LexicalJudge(), config.trainer.max_words)
-    long = FAITHFUL + " " + "word " * 4  # 18 words: 80% over
-    (score,) = asyncio.run(reward.score_group(DOC, [long]))
-    assert score.metrics["reward_length"] == pytest.approx(-(0.8**2))
-    assert score.reward == pytest.approx(score.metrics["reward_qa"] - 0.8**2)
+def test_weighted_terms_side_metrics_are_kept_apart():
+    weighted = WeightedReward({"strict": (1.0, Fixed([0.25])), "loose": (1.0, Fixed([0.75])),
+                               "other": (1.0, Fixed([1.0], metric="solo"))})
+    (score,) = asyncio.run(weighted.score_group(DOC, ["a"]))
+    # "own" and "only_mine" come from two or more terms: each kept under its term's name; "solo" from one: as it is
+    assert {k: v for k, v in score.metrics.items() if "own" in k} == {"strict_own": 0.25, "loose_own": 0.75}
+    assert score.metrics["solo"] == 1.0 and score.metrics["other_only_mine"] == 1.0
+    assert (score.metrics["reward_strict"], score.metrics["reward_loose"]) == (0.25, 0.75)
+    assert score.metadata == {"strict_note": "0.25", "loose_note": "0.75", "other_note": "1.0"}
 
 
-@pytest.mark.parametrize(
-    "summary,invented",
-    [
-        (FAITHFUL, []),
-        ("The Hollis footbridge opened in 2023.", ["2023"]),  # a wrong year
-        ("Mayor Ruth Okafor and Tom Reyes opened it.", ["Tom", "Reyes"]),  # an invented name
-        ("It opened on a Tuesday in June.", ["Tuesday", "June"]),  # invented date words
-        ("It cost 2,100,000 dollars and took 18 months.", ["2100000"]),
-        ("The bridge opened. Dunmore built it; NASA helped.", ["NASA"]),  # a sentence's first word is no name
-        ("**Summary:** the footbridge opened in march.", []),  # case is ignored; markup too
-        # layout is not a fact: list markers, headings, a hyphenated compound of a known name
-        ("Key points:\n1. The Hollis Footbridge opened.\n2. It cost 2.1 million dollars.", []),
-        ("## Overview\nOpening Ceremony\nA Hollis-based firm built it.", []),
-        ("Key Points:\n1. Ruth Okafor and Tom Reyes opened it in 2023.", ["2023", "Tom", "Reyes"]),
-    ],
-)
-def test_the_hallucination_metric_on_hand_made_summaries(summary, invented):
-    assert invented_facts(summary, DOC.text) == invented
-    assert hallucinates(summary, DOC.text) == bool(invented)
+def test_reward_weighted_composes_from_the_command_line():
+    from summrl.rewards.qa import QAReward
+
+    config = compose_config(["experiment=local", "reward=weighted", "+reward.terms.rubric.kind=rubric",
+                             "+reward.terms.rubric.weight=0.2"])
+    assert {name: (term.reward.kind, term.weight) for name, term in config.reward.terms.items()} == {
+        "qa": ("qa", 1.0), "rubric": ("rubric", 0.2)}
+    built = build_reward(config.reward, LexicalJudge(), config.trainer.max_words)
+    assert isinstance(built.terms["qa"][1], QAReward) and isinstance(built.terms["rubric"][1], RubricReward)
+    (score,) = asyncio.run(built.score_group(DOC, [FAITHFUL]))
+    assert score.reward == pytest.approx(score.metrics["reward_qa"] + 0.2 * score.metrics["reward_rubric"])
+    assert compose_config(["experiment=local", "reward=weighted"]).reward.terms["qa"].weight == 1.0  # qa alone
+
+
+def test_val_keeps_its_qa_accuracy_when_two_qa_terms_log_theirs_apart():
+    from summrl.rewards import WithQAMetrics
+
+    config = compose_config(["experiment=local", "reward=qa_rubric", "reward.terms.rubric.kind=qa",
+                             "+reward.terms.rubric.include_unanswerable=false"])
+    val = build_val_reward(config.reward, LexicalJudge(), 350)
+    assert isinstance(val, WithQAMetrics)
+    (score,) = asyncio.run(val.score_group(DOC, [FAITHFUL]))
+    assert score.metrics["qa_accuracy"] == score.metrics["qa_qa_accuracy"] == score.metrics["rubric_qa_accuracy"] == 1.0
+    assert not isinstance(build_val_reward(compose_config(["experiment=local", "reward=qa_rubric"]).reward,
+                                           LexicalJudge(), 350), WithQAMetrics)  # its qa term gives them
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["reward=qa"], (0.0, 1.0)),
+    (["reward=rubric"], (0.0, 1.0)),
+    (["reward=qa_rubric"], (0.0, 1.2)),
+    (["reward=length_penalized"], (-math.inf, 1.0)),
+    (["reward=length_penalized", "reward.shape=hard", "reward.strength=5"], (0.0, 1.0)),
+    (["reward=qa_rubric", "reward.terms.rubric.weight=-0.5"], (-0.5, 1.0)),
+    (["reward=weighted", "+reward.terms.cap.kind=length", "+reward.terms.cap.shape=hard",
+      "+reward.terms.rubric.kind=rubric", "+reward.terms.rubric.weight=-2"], (-2.0, 1.0)),
+    (["reward=weighted", "+reward.terms.length.kind=length", "+reward.terms.length.weight=-1"], (0.0, math.inf)),
+])
+def test_reward_range(overrides, expected):
+    assert reward_range(compose_config(["experiment=local", *overrides]).reward) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -185,8 +341,21 @@ def test_the_hallucination_metric_on_hand_made_summaries(summary, invented):
         ("~reward.terms.qa ~reward.terms.rubric", "reward.terms: must name at least one term"),
         ("+reward.terms.rubric.max_rubrics=0", "reward.terms.rubric.max_rubrics"),
         ("+reward.terms.rubric.max_rubrcs=3", "reward.terms.rubric.max_rubrcs is not a setting"),
+        ("+reward.terms.rubric.negative_weight=-1", "reward.terms.rubric.negative_weight: must be >= 0"),
+        ("~reward.terms.qa ~reward.terms.rubric +reward.terms.cap.kind=length +reward.terms.cap.shape=hard",
+         "reward.terms.cap.shape: hard multiplies the other terms' sum"),
     ],
 )
 def test_bad_weighted_config_fails_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("(", r"\(")):
         compose_config(["experiment=local", "reward=qa_rubric", *override.split()])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("reward.negative_weight=-1", "reward.negative_weight: must be >= 0, got -1"),
+    ("reward.positive_weight=-0.5", "reward.positive_weight: must be >= 0, got -0.5"),
+    ("reward.positive_weight=0 reward.negative_weight=0", "reward.positive_weight: must be > 0 when reward.negative"),
+])
+def test_bad_rubric_weights_name_their_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        compose_config(["experiment=local", "reward=rubric", *override.split()])

@@ -93,15 +93,16 @@ def _rubrics(value: Any, column: str, where: str) -> Optional[tuple[str, ...]]:
         return None
     if hasattr(value, "tolist") and not isinstance(value, str):
         value = value.tolist()
-    if not isinstance(value, (list, tuple)) or not all(isinstance(r, str) and r.strip() for r in value):
-        raise DataError(f"{where}: {column} must be a list of non-empty strings, got {str(value)[:100]!r}")
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(r, str) and r.strip() for r in value):
+        raise DataError(f"{where}: {column} must be a non-empty list of non-empty strings (or absent), "
+                        f"got {str(value)[:100]!r}")
     return tuple(r.strip() for r in value)
 
 
 def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
     """Group question rows by document_id, keeping first-seen order. Bad rows raise DataError."""
     texts: dict[str, tuple[str, str]] = {}
-    rubrics: dict[str, dict[str, tuple[str, ...]]] = {}
+    rubrics: dict[str, dict[str, tuple[tuple[str, ...], int]]] = {}  # document -> column -> (rubrics, first row)
     questions: dict[str, list[Question]] = {}
     for index, row in enumerate(rows):
         where = f"{source}, row {index}"
@@ -121,10 +122,14 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
             texts[doc_id] = (str(row.get("document_topic") or ""), text)
             questions[doc_id] = []
             rubrics[doc_id] = {}
-        for column in RUBRIC_COLUMNS:  # per document: the first row that has them gives them
+        for column in RUBRIC_COLUMNS:  # a document's rows that give its rubrics must agree; the others leave them out
             value = _rubrics(row.get(column), column, f"{where} (document {doc_id})")
-            if value is not None and column not in rubrics[doc_id]:
-                rubrics[doc_id][column] = value
+            if value is None:
+                continue
+            given = rubrics[doc_id].setdefault(column, (value, index))
+            if given[0] != value:
+                raise DataError(f"{where} (document {doc_id}): {column} differs from row {given[1]}'s for the same "
+                                "document; give a document's rubrics once, or the same on each of its rows")
         questions[doc_id].append(
             Question(
                 id=str(row.get("question_id") or f"{doc_id}-q{len(questions[doc_id]) + 1}"),
@@ -133,7 +138,8 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
                 long_answer=str(row.get("long_answer") or ""),
             )
         )
-    return [Document(id=i, topic=t, text=x, questions=tuple(questions[i]), **rubrics[i]) for i, (t, x) in texts.items()]
+    return [Document(id=i, topic=t, text=x, questions=tuple(questions[i]),
+                     **{column: value for column, (value, _) in rubrics[i].items()}) for i, (t, x) in texts.items()]
 
 
 def _load_rows(files: list[str] | None, hf_path: str, hf_split: str) -> tuple[list[dict], str]:

@@ -1,11 +1,26 @@
-"""Judges answer a document's questions from a summary alone and say which answers are correct."""
+"""Judges answer a document's questions from a summary alone and say which answers are correct, and write and
+score a document's rubrics (reward=rubric). An LLM judge asks its model (:mod:`summrl.judges.rubrics`); the
+lexical judge (judge=lexical, and judge=local's rubric half) writes and scores them offline."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Protocol, Sequence, Union
 
-from summrl.data import Question
+from summrl.data import Document, Question
+
+
+@dataclass(frozen=True)
+class Rubrics:
+    """A document's rubrics: positives (facts a good summary keeps), negatives (errors it must avoid)."""
+
+    positive: tuple[str, ...]
+    negative: tuple[str, ...]
+
+    @property
+    def listed(self) -> tuple[str, ...]:
+        return (*self.positive, *self.negative)
 
 
 class Judge(Protocol):
@@ -17,6 +32,42 @@ class Judge(Protocol):
     def usage_metrics(self) -> dict[str, float]:
         """Calls, tokens and cost since the last call (``judge/*``); empty for offline judges."""
         ...
+
+    # Who writes rubrics, for the rubric cache's key (model, endpoint, prompt version); None: written offline,
+    # for free, so never cached.
+    rubric_writer: Optional[str]
+
+    async def write_rubrics(self, document: Document, max_rubrics: int) -> Rubrics:
+        """At most ``max_rubrics`` positives and negatives for the document; JudgeError when the judge fails."""
+        ...
+
+    async def score_rubrics(self, document: Document, rubrics: Rubrics, summaries: Sequence[str]) -> list[list[float]]:
+        """Per summary, a score in [0, 1] per rubric (``rubrics.listed``'s order): 1 when its statement holds."""
+        ...
+
+
+# Judges that write and score rubrics lexically (LexicalJudge): they read only rubrics of their own form.
+OFFLINE_RUBRIC_JUDGES = ("lexical", "local")
+
+
+def check_dataset_rubrics(config: Any, documents: Iterable[Document]) -> None:
+    """Refuse, before any model loads, dataset rubrics the configured judge can't score: the offline scorer would
+    score each of them 0 for every summary (1 for a flipped negative), a constant reward. Raises ConfigError."""
+    if config.kind not in OFFLINE_RUBRIC_JUDGES:
+        return
+    from summrl.config import ConfigError
+    from summrl.judges.lexical import readable_rubric
+
+    for document in documents:
+        for column, rubrics in (("positive_rubrics", document.positive_rubrics),
+                                ("negative_rubrics", document.negative_rubrics)):
+            unreadable = [r for r in rubrics or () if not readable_rubric(r)]
+            if unreadable:
+                raise ConfigError(
+                    f"judge={config.kind} scores rubrics lexically and can't read the dataset's {column} "
+                    f"{unreadable[0]!r} (document {document.id}): every summary would score the same on it. Use an "
+                    "LLM judge for dataset rubrics (judge=embedded offline, judge=openai_compatible or "
+                    "judge=gemini_flash), or leave the rubric columns out so that the lexical judge writes its own.")
 
 
 def missing_keys(config: Any) -> list[str]:
@@ -64,13 +115,21 @@ def _call_settings(config: Any) -> dict[str, Any]:
 
 
 class LocalJudge:
-    """judge=local: the lexical judge grades QA; ``client`` (the embedded model) is RULER's judge."""
+    """judge=local: the lexical judge grades QA and writes and scores rubrics; ``client`` (the embedded model) is
+    RULER's judge."""
 
-    def __init__(self, lexical: Judge, client: Any) -> None:
+    def __init__(self, lexical: Any, client: Any) -> None:
         self.lexical, self.client = lexical, client
+        self.rubric_writer = lexical.rubric_writer
 
     async def grade_group(self, texts, questions):
         return await self.lexical.grade_group(texts, questions)
+
+    async def write_rubrics(self, document: Document, max_rubrics: int) -> Rubrics:
+        return await self.lexical.write_rubrics(document, max_rubrics)
+
+    async def score_rubrics(self, document: Document, rubrics: Rubrics, summaries: Sequence[str]) -> list[list[float]]:
+        return await self.lexical.score_rubrics(document, rubrics, summaries)
 
     def usage_metrics(self) -> dict[str, float]:
         return self.client.usage.snapshot_and_reset()  # RULER's calls; lexical grading costs nothing

@@ -85,13 +85,27 @@ def token_count(messages: list[dict]) -> int:
     return int(litellm.token_counter(model="gpt-4o", messages=messages))
 
 
+def fake_rubrics(prompt: str) -> dict[str, list[str]]:
+    """The "up to N" positives and negatives a rubric-writing prompt allows, written as a judge would (a dozen words
+    each, naming the document's facts, no two alike), so that the scoring prompts are as long as a real judge's."""
+    n = int(re.search(r"up to (\d+) specific facts", prompt).group(1))
+    words = re.search(r"<document>\n(.*?)\n</document>", prompt, re.S).group(1).split()
+    step = max(1, (len(words) - 10) // n)
+
+    def window(i: int) -> str:
+        return " ".join(words[i * step:i * step + 10]).rstrip(".,;:")
+
+    return {"positive_rubrics": [f"Mentions that {window(i)}." for i in range(n)],
+            "negative_rubrics": [f"Changes a number, date or name in: {window(n - 1 - i)}." for i in range(n)]}
+
+
 def judge_like(prompt: str) -> str:
     trajectories = re.findall(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', prompt, re.S)
     if trajectories:  # RULER: score each summary by its length, so tests can check the mapping
         return json.dumps({"scores": [{"trajectory_id": i, "explanation": "by length", "score": min(1.0, len(t) / 1000)}
                                       for i, t in trajectories]})
-    if '"positive_rubrics"' in prompt:  # rubric writing: one fact to keep, one error to avoid
-        return json.dumps({"positive_rubrics": ["Names who opened it."], "negative_rubrics": ["Invents a date."]})
+    if '"positive_rubrics"' in prompt:  # rubric writing: as many as asked, each from a sentence of the document
+        return json.dumps(fake_rubrics(prompt))
     if '"rubric_scores"' in prompt:  # rubric scoring: every rubric half met, per summary
         n, m = len(re.findall(r'^<summary id="\d+">', prompt, re.M)), len(re.findall(r"^R\d+\. ", prompt, re.M))
         return json.dumps({"rubric_scores": [[0.5] * m for _ in range(n)]})

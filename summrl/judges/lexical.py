@@ -11,6 +11,11 @@ leaves them out of the score.
 It cannot tell a summary that states a fact from one that merely contains its words. That is
 enough for a CPU smoke-scale reward: a summary that keeps the facts a reader asks about scores
 higher than one that drops them.
+
+It also writes and scores rubrics offline (reward=rubric with judge=lexical or judge=local): positives are the
+document's most repeated numbers, dates and names (``"Mentions 2021."``, met by the share of the fact's words the
+summary has), the one negative is :data:`INVENTS_FACTS` (met when the summary states a number, date or name absent
+from the document, :mod:`summrl.facts`). It reads only rubrics of those two forms (:func:`readable_rubric`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from summrl.data import Question
+from summrl.data import Document, Question
+from summrl.facts import facts, invented_facts, numbers
+from summrl.judges import Rubrics
 
 STOP_WORDS = frozenset(
     """a an the and or but nor of to in on at by for with from into onto over under about as is are was were be
@@ -46,7 +53,26 @@ def _phrase(text: str) -> str:
     return " ".join(_TOKEN.findall(text.lower()))
 
 
+# Negative rubrics name the error (scored 1 when the summary makes it) and are flipped: this one is the issue's
+# "states no number, date or proper name absent from the document", stated as the error to avoid.
+INVENTS_FACTS = "States a number, date or proper name that is absent from the document."
+_MENTIONS = re.compile(r"^Mentions (.+)\.$")
+
+
+def _mentioned(rubric: str) -> set[str]:
+    """The words a "Mentions X." rubric asks for (empty: not such a rubric, or nothing to check)."""
+    match = _MENTIONS.match(rubric)
+    return numbers(match.group(1)) | content_words(match.group(1)) if match else set()
+
+
+def readable_rubric(rubric: str) -> bool:
+    """Whether the lexical scorer can score ``rubric``: its own negative, or "Mentions X." with X checkable."""
+    return rubric == INVENTS_FACTS or bool(_mentioned(rubric))
+
+
 class LexicalJudge:
+    rubric_writer = None  # its rubrics are instant and deterministic: nothing to cache
+
     def __init__(self, min_recall: float = 0.6) -> None:
         if not 0.0 < min_recall <= 1.0:
             raise ValueError(f"judge.min_recall must be in (0, 1], got {min_recall}")
@@ -72,3 +98,26 @@ class LexicalJudge:
 
     def usage_metrics(self) -> dict[str, float]:
         return {}
+
+    async def write_rubrics(self, document: Document, max_rubrics: int) -> Rubrics:
+        # The document's most repeated facts first; a lone digit ("2 of them") is too common to be a rubric.
+        found = [f for f in facts(document.text) if not (f.isdigit() and len(f) == 1)]
+        ranked = sorted(found, key=lambda f: -len(re.findall(rf"(?<!\w){re.escape(f)}(?!\w)", document.text)))
+        return Rubrics(tuple(f"Mentions {f}." for f in ranked[:max_rubrics]), (INVENTS_FACTS,))
+
+    async def score_rubrics(self, document: Document, rubrics: Rubrics, summaries: Sequence[str]) -> list[list[float]]:
+        unreadable = [r for r in rubrics.listed if not readable_rubric(r)]
+        if unreadable:  # train refuses such a dataset before the model loads (check_dataset_rubrics); any other caller here
+            from summrl.config import ConfigError
+
+            raise ConfigError(f"the lexical judge can't score the rubric {unreadable[0]!r} (document {document.id}), "
+                              "so every summary would score the same on it: dataset rubrics need an LLM judge "
+                              "(judge=embedded offline, judge=openai_compatible or judge=gemini_flash)")
+
+        def holds(rubric: str, summary: str) -> float:
+            if rubric == INVENTS_FACTS:
+                return float(bool(invented_facts(summary, document.text)))
+            wanted = _mentioned(rubric)
+            return len(wanted & (numbers(summary) | content_words(summary))) / len(wanted)
+
+        return [[holds(r, s) for r in rubrics.listed] for s in summaries]

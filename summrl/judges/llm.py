@@ -9,7 +9,9 @@ stored in config and is redacted from every error message.
 
 ``LLMJudge`` grades a group of summaries with one call per summary that answers all of the
 document's questions from the summary alone, plus one call for the whole group that grades the
-answers that don't already match the gold answer. The grading prompt holds no document.
+answers that don't already match the gold answer. The grading prompt holds no document. For reward=rubric it
+writes a document's rubrics (once per process, shared by the train and val rewards) and scores a group against
+them, with the prompts and checks of :mod:`summrl.judges.rubrics`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
-from summrl.data import UNANSWERABLE, Question
+from summrl.data import UNANSWERABLE, Document, Question
+from summrl.judges import Rubrics
 
 
 class JudgeError(RuntimeError):
@@ -325,9 +328,42 @@ def list_schema(key: str, items: dict, n: int) -> dict:
 class LLMJudge:
     def __init__(self, client: JudgeClient) -> None:
         self.client = client
+        # (document hash, max_rubrics) -> rubrics written in this process, and those being written: the train
+        # and val rewards (and a step's groups of one document) share one writing call.
+        self._rubrics: dict[tuple[str, int], Rubrics] = {}
+        self._writing: dict[tuple[str, int], asyncio.Future] = {}
 
     def usage_metrics(self) -> dict[str, float]:
         return self.client.usage.snapshot_and_reset()
+
+    @property
+    def rubric_writer(self) -> str:
+        from summrl.judges.rubrics import PROMPT_VERSION
+
+        return json.dumps([self.client.model, self.client.api_base, PROMPT_VERSION])
+
+    async def write_rubrics(self, document: Document, max_rubrics: int) -> Rubrics:
+        """The document's rubrics, written once per process; a failed call is asked again by the next caller."""
+        from summrl.judges.rubrics import write_rubrics
+
+        key = (hashlib.sha256(document.text.encode()).hexdigest(), max_rubrics)
+        if key in self._rubrics:
+            return self._rubrics[key]
+        task = self._writing.get(key)
+        if task is None:
+            task = self._writing[key] = asyncio.ensure_future(write_rubrics(self.client, document.text, max_rubrics))
+        try:
+            rubrics = await asyncio.shield(task)  # one caller's cancellation does not cancel the others' call
+        finally:
+            if task.done() and self._writing.get(key) is task:
+                del self._writing[key]
+        self._rubrics[key] = rubrics
+        return rubrics
+
+    async def score_rubrics(self, document: Document, rubrics: Rubrics, summaries: Sequence[str]) -> list[list[float]]:
+        from summrl.judges.rubrics import score_rubrics
+
+        return await score_rubrics(self.client, rubrics, summaries)
 
     async def answer(self, summary: str, questions: Sequence[Question]) -> list[str]:
         listing = "\n".join(f"{i + 1}. {q.question}" for i, q in enumerate(questions))

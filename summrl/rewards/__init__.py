@@ -52,12 +52,24 @@ class WithQAMetrics:
         return scores
 
 
+def check_documents(config, documents: Sequence[Document]) -> None:
+    """What the reward can only check against the data, before any model loads: dataset rubrics the configured
+    judge can't score (judge=lexical/local read only their own). Raises ConfigError naming the fix."""
+    from summrl.config import reward_kinds
+    from summrl.judges import check_dataset_rubrics
+
+    if "rubric" in reward_kinds(config.reward):
+        check_dataset_rubrics(config.judge, documents)
+
+
 def build_val_reward(config, judge, max_words: int) -> Reward:
-    """The reward val runs score with: the training reward, with QA metrics beside it when it is not QA-based."""
-    from summrl.config import QARewardConfig, reward_kinds
+    """The reward val runs score with: the training reward, with QA metrics beside it unless one of its terms (just
+    one: two would log theirs apart, as <term>_qa_accuracy) already gives them."""
+    from summrl.config import QARewardConfig
 
     reward = build_reward(config, judge, max_words)
-    if "qa" in reward_kinds(config):
+    terms = [term.reward for term in config.terms.values()] if config.kind == "weighted" else [config]
+    if sum(term.kind == "qa" for term in terms) == 1:
         return reward
     return WithQAMetrics(reward, build_reward(QARewardConfig(), judge, max_words))
 
@@ -78,14 +90,10 @@ def build_reward(config, judge, max_words: int) -> Reward:
 
         return LengthPenalty(max_words=max_words, shape=config.shape)
     if config.kind == "rubric":
-        from summrl.judges.llm import LLMJudge
-        from summrl.rewards.rubric import JudgeRubrics, OfflineRubrics, RubricReward
+        from summrl.rewards.rubric import RubricReward
 
-        if isinstance(judge, LLMJudge):  # judge=lexical and judge=local write and score rubrics lexically
-            return RubricReward(JudgeRubrics(judge.client, config.max_rubrics), positive_weight=config.positive_weight,
-                                negative_weight=config.negative_weight, cache_dir=config.cache_dir)
-        return RubricReward(OfflineRubrics(config.max_rubrics), positive_weight=config.positive_weight,
-                            negative_weight=config.negative_weight, cache_dir=None)  # instant: nothing to cache
+        return RubricReward(judge, max_rubrics=config.max_rubrics, positive_weight=config.positive_weight,
+                            negative_weight=config.negative_weight, cache_dir=config.cache_dir)
     if config.kind == "ruler":
         from summrl.rewards.ruler import RulerReward
 

@@ -2,188 +2,95 @@
 scored in [0, 1]; the reward is their weighted mean with negatives flipped (1 - s), so higher is always better.
 
 Rubrics come from the document's ``positive_rubrics`` / ``negative_rubrics`` dataset columns when it has them,
-otherwise a writer makes them once per document and caches them on disk, keyed by the document's hash, the
-writer (judge model) and :data:`PROMPT_VERSION`, so reruns and sweeps never pay twice.
-
-- With an LLM judge, the judge writes them (one call per document) and scores a whole group against every
-  rubric in one call.
-- Offline (judge=lexical or local) a deterministic writer takes positives from the document's numbers, dates and
-  names ("Mentions 2021."), with the one negative :data:`INVENTS_FACTS`; the scorer checks them lexically
-  (:mod:`summrl.facts`).
+otherwise the judge writes them (:meth:`Judge.write_rubrics`: an LLM judge once per document and process, the
+lexical judge offline). Rubrics a judge paid for are cached on disk, keyed by the document's hash, the writer
+(judge model, endpoint, prompt version) and ``max_rubrics``, so reruns and sweeps never pay twice. The judge
+scores a whole group against every rubric in one call (:meth:`Judge.score_rubrics`).
 
 A rubric score that can't be had (the judge failed after its retries) leaves the reward missing, never 0.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import re
-from dataclasses import dataclass
+import os
+import tempfile
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from summrl.data import Document
-from summrl.facts import facts, invented_facts
-from summrl.judges.llm import JudgeClient, JudgeError, ReplyShapeError, list_of, list_schema
+from summrl.judges import Judge, Rubrics
+from summrl.judges.llm import JudgeError
 from summrl.rewards import Missing, Score
 
-PROMPT_VERSION = "rubric-v1"  # bump when the writer's prompt changes: cached rubrics are then rewritten
-# Negative rubrics name the error (scored 1 when the summary makes it) and are flipped: this one is the issue's
-# "states no number, date or proper name absent from the document", stated as the error to avoid.
-INVENTS_FACTS = "States a number, date or proper name that is absent from the document."
-MENTIONS = "Mentions {}."
 
-WRITE_PROMPT = """Write grading rubrics for summaries of this document.
-Positive rubrics: up to {n} specific facts a good summary keeps (one short sentence each).
-Negative rubrics: up to {n} specific errors a summary must avoid, e.g. a number, date or name that is not in the document, or a claim the document contradicts.
+class RubricCache:
+    """Written rubrics on disk, one JSON file per key. Writers are atomic (a temp file per writer, then a rename),
+    so parallel sweep jobs writing one document never clash; a file that can't be read is a miss, rewritten."""
 
-<document>
-{document}
-</document>
+    def __init__(self, directory: str) -> None:
+        self.directory = Path(directory).expanduser()
 
-Reply in JSON: {{"positive_rubrics": [strings], "negative_rubrics": [strings]}}"""
+    def path(self, document: Document, writer: str, max_rubrics: int) -> Path:
+        key = json.dumps([hashlib.sha256(document.text.encode()).hexdigest(), writer, max_rubrics])
+        return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
-SCORE_PROMPT = """Score each summary against each rubric: 1 when the rubric's statement is true of the summary, 0 when it is false, in between when partly true.
+    def read(self, path: Path) -> Optional[Rubrics]:
+        try:
+            saved = json.loads(path.read_text())
+            lists = [saved["positive_rubrics"], saved["negative_rubrics"]]
+        except (OSError, ValueError, TypeError, KeyError):  # absent, or cut short by a crash: written again
+            return None
+        if not all(isinstance(items, list) and all(isinstance(i, str) for i in items) for items in lists):
+            return None
+        return Rubrics(tuple(lists[0]), tuple(lists[1]))
 
-Rubrics:
-{rubrics}
-
-{summaries}
-
-Reply in JSON: {{"rubric_scores": [one list of {m} numbers in [0, 1] per summary, rubrics in order, summaries in order]}}"""
-
-
-@dataclass(frozen=True)
-class Rubrics:
-    positive: tuple[str, ...]
-    negative: tuple[str, ...]
-
-
-class OfflineRubrics:
-    """Deterministic rubrics and lexical scores, for judge=lexical and judge=local."""
-
-    name = "lexical"
-
-    def __init__(self, max_rubrics: int) -> None:
-        self.max_rubrics = max_rubrics
-
-    async def write(self, document: Document) -> Rubrics:
-        # The document's most repeated facts first; a lone digit ("2 of them") is too common to be a rubric.
-        found = [f for f in facts(document.text) if not (f.isdigit() and len(f) == 1)]
-        ranked = sorted(found, key=lambda f: -len(re.findall(rf"(?<!\w){re.escape(f)}(?!\w)", document.text)))
-        return Rubrics(tuple(MENTIONS.format(f) for f in ranked[: self.max_rubrics]), (INVENTS_FACTS,))
-
-    async def score(self, document: Document, rubrics: Rubrics, summaries: Sequence[str]) -> list[list[float]]:
-        from summrl.facts import numbers
-        from summrl.judges.lexical import content_words
-
-        def holds(rubric: str, summary: str) -> float:
-            if rubric == INVENTS_FACTS:
-                return float(bool(invented_facts(summary, document.text)))
-            if rubric.startswith("Mentions ") and rubric.endswith("."):
-                fact = rubric[len("Mentions "):-1]
-                wanted = numbers(fact) | content_words(fact)
-                found = numbers(summary) | content_words(summary)
-                return len(wanted & found) / len(wanted) if wanted else 0.0
-            return 0.0  # a dataset rubric this scorer can't read: neither kept nor made
-
-        return [[holds(r, s) for r in (*rubrics.positive, *rubrics.negative)] for s in summaries]
-
-
-class JudgeRubrics:
-    """An LLM judge writes the rubrics (one call per document) and scores a group against them (one call)."""
-
-    def __init__(self, client: JudgeClient, max_rubrics: int) -> None:
-        self.client, self.max_rubrics = client, max_rubrics
-        self.name = client.model
-
-    async def write(self, document: Document) -> Rubrics:
-        def check(reply) -> Rubrics:
-            lists = []
-            for key in ("positive_rubrics", "negative_rubrics"):
-                items = reply.get(key) if isinstance(reply, dict) else None
-                if not isinstance(items, list) or not items or not all(isinstance(i, str) and i.strip() for i in items):
-                    raise ReplyShapeError(f"expected {key} as a non-empty list of strings, got {json.dumps(reply)[:200]}")
-                lists.append(tuple(i.strip() for i in items[: self.max_rubrics]))
-            return Rubrics(*lists)
-
-        text_list = {"type": "array", "items": {"type": "string", "maxLength": 160}, "minItems": 1,
-                     "maxItems": self.max_rubrics}
-        schema = {"type": "object", "required": ["positive_rubrics", "negative_rubrics"], "additionalProperties": False,
-                  "properties": {"positive_rubrics": text_list, "negative_rubrics": text_list}}
-        prompt = WRITE_PROMPT.format(n=self.max_rubrics, document=document.text)
-        return await self.client.complete_json([{"role": "user", "content": prompt}], schema=schema, check=check)
-
-    async def score(self, document: Document, rubrics: Rubrics, summaries: Sequence[str]) -> list[list[float]]:
-        listed = [*rubrics.positive, *rubrics.negative]
-        m, n = len(listed), len(summaries)
-        rubric_lines = "\n".join(f"R{i + 1}. {r}" for i, r in enumerate(listed))
-        summary_blocks = "\n\n".join(f"<summary id=\"{i + 1}\">\n{s}\n</summary>" for i, s in enumerate(summaries))
-
-        def check(reply) -> list[list[float]]:
-            rows = list_of(reply, "rubric_scores", n, list)
-            for row in rows:
-                if len(row) != m or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1
-                                            for x in row):
-                    raise ReplyShapeError(f"expected {n} lists of {m} scores in [0, 1], got {json.dumps(reply)[:200]}")
-            return [[float(x) for x in row] for row in rows]
-
-        row_schema = {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}, "minItems": m,
-                      "maxItems": m}
-        prompt = SCORE_PROMPT.format(rubrics=rubric_lines, summaries=summary_blocks, m=m)
-        return await self.client.complete_json([{"role": "user", "content": prompt}],
-                                               schema=list_schema("rubric_scores", row_schema, n), check=check)
+    def write(self, path: Path, rubrics: Rubrics, **about: object) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"positive_rubrics": list(rubrics.positive), "negative_rubrics": list(rubrics.negative),
+                           **about}, f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 class RubricReward:
-    def __init__(self, rubrics: Union[OfflineRubrics, JudgeRubrics], *, positive_weight: float,
-                 negative_weight: float, cache_dir: Optional[str]) -> None:
-        self.rubrics, self.positive_weight, self.negative_weight = rubrics, positive_weight, negative_weight
-        self.cache = Path(cache_dir).expanduser() if cache_dir else None
-        self.written: dict[str, asyncio.Task] = {}  # document id -> its rubrics, written once per process
-
-    def cache_path(self, document: Document) -> Optional[Path]:
-        if self.cache is None:
-            return None
-        key = json.dumps([hashlib.sha256(document.text.encode()).hexdigest(), self.rubrics.name, PROMPT_VERSION])
-        return self.cache / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+    def __init__(self, judge: Judge, *, max_rubrics: int, positive_weight: float, negative_weight: float,
+                 cache_dir: Optional[str]) -> None:
+        self.judge, self.max_rubrics = judge, max_rubrics
+        self.positive_weight, self.negative_weight = positive_weight, negative_weight
+        self.cache = RubricCache(cache_dir) if cache_dir else None
 
     async def rubrics_for(self, document: Document) -> Rubrics:
         if document.positive_rubrics is not None or document.negative_rubrics is not None:
-            return Rubrics(tuple(document.positive_rubrics or ()), tuple(document.negative_rubrics or ()))
-        if document.id not in self.written:  # a document's groups in one step share one writing call
-            self.written[document.id] = asyncio.ensure_future(self._write_cached(document))
-        return await asyncio.shield(self.written[document.id])
-
-    async def _write_cached(self, document: Document) -> Rubrics:
-        path = self.cache_path(document)
-        if path is not None and path.exists():
-            saved = json.loads(path.read_text())
-            return Rubrics(tuple(saved["positive_rubrics"]), tuple(saved["negative_rubrics"]))
-        try:
-            rubrics = await self.rubrics.write(document)
-        except BaseException:
-            del self.written[document.id]  # a failed write is retried by the next group, never cached
-            raise
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"positive_rubrics": list(rubrics.positive),
-                                       "negative_rubrics": list(rubrics.negative), "document_id": document.id,
-                                       "writer": self.rubrics.name, "prompt_version": PROMPT_VERSION}))
-            tmp.replace(path)
+            return Rubrics(document.positive_rubrics or (), document.negative_rubrics or ())
+        writer = self.judge.rubric_writer
+        path = self.cache.path(document, writer, self.max_rubrics) if self.cache and writer else None
+        saved = self.cache.read(path) if path else None
+        if saved is not None:
+            return saved
+        rubrics = await self.judge.write_rubrics(document, self.max_rubrics)
+        if path:
+            self.cache.write(path, rubrics, document_id=document.id, writer=writer, max_rubrics=self.max_rubrics)
         return rubrics
 
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
         try:
             rubrics = await self.rubrics_for(document)
-            if not rubrics.positive and not rubrics.negative:
-                return [Missing(f"document {document.id} has no rubrics") for _ in summaries]
-            table = await self.rubrics.score(document, rubrics, summaries)
+            if not (self.positive_weight and rubrics.positive) and not (self.negative_weight and rubrics.negative):
+                from summrl.config import ConfigError
+
+                raise ConfigError(f"document {document.id}'s rubrics all weigh 0 (reward.positive_weight="
+                                  f"{self.positive_weight}, {len(rubrics.positive)} positives; reward.negative_weight="
+                                  f"{self.negative_weight}, {len(rubrics.negative)} negatives): raise a weight")
+            table = await self.judge.score_rubrics(document, rubrics, summaries)
         except JudgeError as e:
-            return [Missing(f"rubric reward, document {document.id}: {e}") for _ in summaries]
+            return [Missing(f"rubric reward, document {document.id}: {e}", e.kind) for _ in summaries]
         return [self._score(rubrics, row) for row in table]
 
     def _score(self, rubrics: Rubrics, row: list[float]) -> Score:
@@ -192,7 +99,9 @@ class RubricReward:
         values = [*positives, *(1.0 - s for s in negatives)]
         weights = [self.positive_weight] * len(positives) + [self.negative_weight] * len(negatives)
         reward = sum(w * v for w, v in zip(weights, values)) / sum(weights)
-        metrics = {"rubric_positive": sum(positives) / len(positives) if positives else 0.0}
+        metrics = {}
+        if positives:
+            metrics["rubric_positive"] = sum(positives) / len(positives)
         if negatives:
             metrics["rubric_negative_violated"] = sum(negatives) / len(negatives)
         per_rubric = {**{f"+ {r}": s for r, s in zip(rubrics.positive, positives)},

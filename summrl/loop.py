@@ -27,7 +27,7 @@ from summrl.facts import hallucinates
 from summrl.job import JobInfo, read_result, write_result
 from summrl.judges import Judge, build_judge
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
-from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward
+from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
 from summrl.rollout import rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
 from summrl.storage import CheckpointBackup, model_dir
@@ -317,6 +317,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         seed_everything(config.seed)
         t = config.trainer
         val, train_docs = load_splits(config.dataset)
+        check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
         session = await open_session(config, tracker)
         step = await session.model.get_step()

@@ -194,8 +194,9 @@ def plot_curves(bands: dict[str, tuple[str, list[tuple[int, Interval]]]], metric
     ax.set(xlabel="GRPO step (SFT arms: before and after SFT at 0)" if any_sft else "training step",
            ylabel=METRICS[metric], title=f"{METRICS[metric].split(' (')[0]} by step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if bounded:
-        ax.set_ylim(-0.02, 1.02)
+    if bounded:  # autoscaled, but never past what a share can be
+        low_limit, high_limit = ax.get_ylim()
+        ax.set_ylim(max(low_limit, -0.02), min(high_limit, 1.02))
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7)

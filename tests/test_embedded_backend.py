@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import art
@@ -167,8 +169,8 @@ def test_train_updates_lora_skips_flat_groups_and_checkpoints(loop, session):
     assert model.get_inference_name() == f"{model.name}@{result.step}"
 
 
-def test_a_new_backend_resumes_from_the_latest_checkpoint(loop, session, tmp_path):
-    backend, model, _, tmp = session
+def test_a_new_backend_resumes_from_the_latest_checkpoint_and_releases_it_on_close(loop, session, tmp_path):
+    backend, model, train, tmp = session
     saved = backend.engine.lora_state()
     _, backend2, model2 = make(tmp, name=model.name)
     try:
@@ -177,8 +179,14 @@ def test_a_new_backend_resumes_from_the_latest_checkpoint(loop, session, tmp_pat
         restored = backend2.engine.lora_state()
         assert all(torch.equal(saved[k], restored[k]) for k in saved)
         assert backend2.engine.optimizer.state  # AdamW moments came back too
+        engine = weakref.ref(backend2.engine)
+        loop.run_until_complete(rollout(model2, train[0], max_words=50, max_tokens=2, temperature=1.0))  # served
     finally:
         loop.run_until_complete(backend2.close())
+    gc.collect()
+    # A sweep runs its jobs one after another in one process: nothing (FastAPI's route cache included) may keep a
+    # closed backend's weights alive.
+    assert engine() is None
 
 
 def test_json_schema_replies_are_grammar_constrained(loop, session):

@@ -144,6 +144,10 @@ def build_app(
 ) -> FastAPI:
     """``served_models()`` maps each name this server answers to whether it uses the LoRA adapter."""
     app = FastAPI(title="summrl embedded inference")
+    # FastAPI keeps its endpoints in a module-level cache, so these routes outlive the app. They reach the engine
+    # through ``serving``, which InferenceServer.stop empties: a sweep's next job must not keep this one's weights.
+    serving: dict[str, Any] = {"engine": engine, "batcher": batcher, "served_models": served_models}
+    app.state.release = serving.clear
 
     def check_key(authorization: Optional[str]) -> None:
         if authorization != f"Bearer {api_key}":
@@ -152,12 +156,13 @@ def build_app(
     @app.get("/v1/models")
     async def models(authorization: Optional[str] = Header(default=None)) -> dict:
         check_key(authorization)
-        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "summrl"} for name in served_models()]}
+        return {"object": "list",
+                "data": [{"id": name, "object": "model", "owned_by": "summrl"} for name in serving["served_models"]()]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: ChatRequest, authorization: Optional[str] = Header(default=None)) -> dict:
         check_key(authorization)
-        names = served_models()
+        engine, batcher, names = serving["engine"], serving["batcher"], serving["served_models"]()
         if request.model not in names:
             raise HTTPException(
                 status_code=404,
@@ -240,6 +245,7 @@ class InferenceServer:
         self.port = port or free_port()
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
+        self.app = app
         # serve() under our own asyncio.run: Server.run() expects the thread to have a current event loop
         # in some uvicorn releases, and a background thread has none.
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()), name="summrl-inference",
@@ -260,3 +266,4 @@ class InferenceServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        getattr(self.app.state, "release", lambda: None)()  # see build_app

@@ -101,6 +101,17 @@ def redact_in_logs(env_name: str) -> None:
             logger.addFilter(_REDACTOR)
 
 
+def quiet_litellm() -> None:
+    """litellm's noise for a user: a log line per call at INFO (unless LITELLM_LOG asks for it), and its "Give
+    Feedback / Get Help" banner after every failed call, which a retry may fix (the judge's own error says what failed)."""
+    import litellm
+
+    litellm.suppress_debug_info = True
+    if not os.environ.get("LITELLM_LOG"):
+        for name in LITELLM_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
@@ -151,6 +162,7 @@ class JudgeClient:
     def __post_init__(self) -> None:
         if self.api_key_env:
             redact_in_logs(self.api_key_env)
+        quiet_litellm()
         self._semaphore = asyncio.Semaphore(self.max_concurrency)
         self._cache = None
         if self.cache_dir:

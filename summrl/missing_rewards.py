@@ -86,7 +86,7 @@ class MissingRewards:
         by_kind = ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common())
         name = getattr(judge, "model", judge.kind)
         endpoint = f" at {judge.api_base}" if getattr(judge, "api_base", None) else ""
-        last = " ".join(self.last_error.split())[:300]
+        last = " ".join(self.last_error.split())[:300].rstrip(".")
         who = "judge" if name in last else f"judge {name}"  # a judge's own errors name it: once is enough
         raise MissingRewardsError(
             f"{missing} of the last {len(self.window)} rollouts have no reward, over the limit of "

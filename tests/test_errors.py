@@ -125,6 +125,8 @@ def test_a_judge_that_refuses_the_key_ends_the_run_with_one_judge_line(tmp_path)
     (line,) = error_lines(result.stderr)
     assert line.startswith("summrl: judge error: ") and "have no reward" in line
     assert line.count("fake-judge") == 1  # named once
+    assert "failed after 1 attempt(s)" in line  # a refused key is not retried
+    assert "To fix: check the key in FAKE_JUDGE_KEY" in line and "max_retries" not in line  # advice that fits
     assert "Traceback" not in result.stderr and "sk-planted-judge-41" not in result.stdout + result.stderr
     record = json.loads((run_dir / "result.json").read_text())
     assert record["status"] == "failed" and record["error_kind"] == "judge" and record["exit_code"] == 4
@@ -263,7 +265,9 @@ def test_a_loopback_refusal_or_a_bug_while_handling_a_connection_error_is_not_a_
 def test_the_readme_documents_every_exit_code():
     readme = (ROOT / "README.md").read_text()
     for kind, (code, label) in KINDS.items():
-        assert f"| {code} | {label}" in readme, kind
+        row = next((line for line in readme.splitlines() if line.startswith(f"| {code} | {label} |")), None)
+        assert row is not None, kind
+        assert f"`summrl: {label}: " in row, kind  # with an example of its line
 
 
 def test_wandb_mode_from_the_environment_unless_logger_mode_says(monkeypatch, tmp_path):

@@ -37,9 +37,11 @@ NETWORK_ERRORS = (
     "socket.gaierror", "requests.exceptions.ConnectionError", "urllib3.exceptions.NewConnectionError",
     "urllib3.exceptions.ConnectTimeoutError", "urllib3.exceptions.NameResolutionError", "urllib3.exceptions.ProxyError",
     "httpx.ConnectError", "httpx.ConnectTimeout", "httpx.ProxyError", "botocore.exceptions.ConnectionError",
-    "botocore.exceptions.ConnectionClosedError", "openai.APIConnectionError", "aiohttp.client_exceptions.ClientConnectorError",
+    "botocore.exceptions.ConnectionClosedError", "openai.APIConnectionError",
+    "aiohttp.client_exceptions.ClientConnectorError",
 )
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+URL_HOST = r"https?://\[?([A-Za-z0-9._~:-]+?)\]?(?::\d+)?(?:/|$|\s|')"  # the host of a URL in a message
 
 
 class NetworkError(ConnectionError):
@@ -96,7 +98,7 @@ def _hosts(e: BaseException) -> list[str]:
         if isinstance(host, str) and host:
             hosts.append(host)
         text = str(x)
-        hosts += re.findall(r"host='([^']+)'", text) + re.findall(r"https?://\[?([A-Za-z0-9._~:-]+?)\]?(?::\d+)?(?:/|$|\s|')", text)
+        hosts += re.findall(r"host='([^']+)'", text) + re.findall(URL_HOST, text)
     return hosts
 
 

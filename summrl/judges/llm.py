@@ -1,9 +1,11 @@
 """An LLM judge reached through litellm: hosted (Gemini, OpenRouter) or any OpenAI-compatible server.
 
 ``JudgeClient`` makes one JSON-returning chat call with what a paid judge needs: a concurrency
-limit, retries on 429/5xx/timeouts and on replies of the wrong shape, with exponential backoff and jitter that
-honour Retry-After up to ``retry_max_s``, a per-call timeout, temperature 0, a disk cache of replies keyed by (model, endpoint, messages,
-params) so reruns and sweeps don't pay twice, and token and USD accounting from litellm's cost map.
+limit, retries on 429/5xx/timeouts and on replies of the wrong shape, with exponential backoff and jitter
+that honour Retry-After up to ``retry_max_s``, a per-call timeout, temperature 0, a disk cache of replies
+keyed by (model, endpoint, messages, params) so reruns and sweeps don't pay twice, and token and USD
+accounting from litellm's cost map. ``retrying`` is that retry loop for a caller that calls litellm itself
+(RULER through ART), so that every judge call spends the same budget of attempts and is counted the same way.
 The API key is read from the environment variable the config names, at call time; it is never
 stored in config and is redacted from every error message.
 
@@ -103,7 +105,7 @@ def redact_in_logs(env_name: str) -> None:
 
 def quiet_litellm() -> None:
     """litellm's noise for a user: a log line per call at INFO (unless LITELLM_LOG asks for it), and its "Give
-    Feedback / Get Help" banner after every failed call, which a retry may fix (the judge's own error says what failed)."""
+    Feedback / Get Help" banner after every failed call, which a retry may fix (the judge's error says what failed)."""
     import litellm
 
     litellm.suppress_debug_info = True

@@ -117,12 +117,14 @@ def test_a_judge_that_refuses_the_key_ends_the_run_with_one_judge_line(tmp_path)
     with FakeLLM() as fake:
         fake.script = [Reply(status=401)] * 200
         result = run_cli(["experiment=local", "judge=openai_compatible", "judge.model=openai/fake-judge",
-                          f"judge.api_base={fake.base_url}/v1", "judge.api_key_env=FAKE_JUDGE_KEY", "judge.cache_dir=null",
+                          f"judge.api_base={fake.base_url}", "judge.api_key_env=FAKE_JUDGE_KEY", "judge.cache_dir=null",
                           "trainer.max_steps=1", "trainer.max_summary_tokens=8", "dataset.val_size=1",
                           f"hydra.run.dir={run_dir}"],
                          cwd=ROOT, timeout=600, env={"FAKE_JUDGE_KEY": "sk-planted-judge-41"})
+        refused = len(fake.requests)
     assert result.returncode == KINDS["judge"][0] == 4, result.stderr[-3000:]
     (line,) = error_lines(result.stderr)
+    assert "AuthenticationError x16" in line
     assert line.startswith("summrl: judge error: ") and "have no reward" in line
     assert line.count("fake-judge") == 1  # named once
     assert "failed after 1 attempt(s)" in line  # a refused key is not retried
@@ -131,6 +133,7 @@ def test_a_judge_that_refuses_the_key_ends_the_run_with_one_judge_line(tmp_path)
     record = json.loads((run_dir / "result.json").read_text())
     assert record["status"] == "failed" and record["error_kind"] == "judge" and record["exit_code"] == 4
     assert "MissingRewardsError" in record["error"]
+    assert refused >= 16 and record["judge_retries"] == 0  # the server refused each call once, and none was retried
 
 
 @pytest.mark.slow

@@ -204,9 +204,9 @@ class LLMJudgeConfig:
     api_base: Optional[str] = None
     max_concurrency: int = 20
     timeout_s: float = 60.0  # per call
-    max_retries: int = 5  # on 429, 5xx, timeouts and malformed JSON; backoff with jitter, Retry-After honoured
+    max_retries: int = 5  # on 429, 5xx, timeouts, malformed JSON and wrong shapes; backoff with jitter
     retry_base_s: float = 1.0
-    retry_max_s: float = 30.0
+    retry_max_s: float = 30.0  # the longest wait before a retry, a server's Retry-After included
     cache_dir: Optional[str] = "~/.cache/summrl/judge"  # replies cached on disk; null disables
 
     def __post_init__(self) -> None:

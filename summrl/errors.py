@@ -1,18 +1,22 @@
 """One line and one exit code per expected failure (README: "When a run fails").
 
 ``classify`` names the kind of an exception a user can act on (bad config, something missing, a failing
-judge, no network, S3, W&B's key, SkyPilot) and words it as one line. Anything else is a bug, and keeps
-its traceback. Light on purpose: exceptions are recognised by class name and module, so classifying
-imports none of the libraries that raised them.
+judge, no network, S3, W&B's key, SkyPilot, a refused cost estimate, a failed SFT stage) and words it as one
+line. Anything else is a bug, and keeps its traceback. Our own exceptions are recognised by class (imported
+here, so a class that moves fails the tests instead of going unrecognised); third-party ones by class name and
+module, so classifying imports none of the libraries that raised them.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator, NoReturn, Optional
 
 # kind -> (exit code, how the line names it). 1 stays Python's own: an unexpected error, with its traceback.
+# Two kinds share a code on purpose: a failed SFT stage is the config/data code, and a refused cost estimate
+# (sft=distill's teacher) exits 3 like the benchmark's cost guard.
 KINDS = {
     "config": (2, "config error"),
     "preflight": (3, "preflight error"),
@@ -21,10 +25,23 @@ KINDS = {
     "s3": (6, "S3 error"),
     "wandb": (7, "W&B authentication error"),
     "skypilot": (8, "SkyPilot error"),
+    "sft": (2, "SFT error"),
+    "not_confirmed": (3, "not confirmed"),
 }
 
 
 NETWORK_FIX = "check the network connection (or HTTPS_PROXY)"
+# The connection failures of the HTTP stacks the run uses (by class, subclasses included): a name that does not
+# resolve, a refused or timed-out connection, a proxy that can't be reached.
+NETWORK_ERRORS = (
+    "socket.gaierror", "requests.exceptions.ConnectionError", "urllib3.exceptions.NewConnectionError",
+    "urllib3.exceptions.ConnectTimeoutError", "urllib3.exceptions.NameResolutionError", "urllib3.exceptions.ProxyError",
+    "httpx.ConnectError", "httpx.ConnectTimeout", "httpx.ProxyError", "botocore.exceptions.ConnectionError",
+    "botocore.exceptions.ConnectionClosedError", "openai.APIConnectionError",
+    "aiohttp.client_exceptions.ClientConnectorError",
+)
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+URL_HOST = r"https?://\[?([A-Za-z0-9._~:-]+?)\]?(?::\d+)?(?:/|$|\s|')"  # the host of a URL in a message
 
 
 class NetworkError(ConnectionError):
@@ -46,7 +63,17 @@ class Failure:
 
 
 def chain(e: BaseException) -> Iterator[BaseException]:
-    """The exception, then its causes and contexts, outermost first."""
+    """The exception, then what explicitly caused it (``raise ... from``), outermost first. An exception raised
+    while another was being handled (``__context__``) is not caused by it: a bug in an ``except`` block stays a bug."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__
+
+
+def _history(e: BaseException) -> Iterator[BaseException]:
+    """The exception, its causes and contexts: only to describe a failure already classified (its host, its root)."""
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
@@ -59,16 +86,31 @@ def _names(e: BaseException) -> set[str]:
 
 
 def _is_network(e: BaseException) -> bool:
-    names = _names(e)
-    return (isinstance(e, (ConnectionError, TimeoutError)) or "socket.gaierror" in names
-            or any(n.startswith(("urllib3.exceptions.", "requests.exceptions.ConnectionError", "httpx.ConnectError",
-                                 "httpx.ConnectTimeout", "botocore.exceptions.EndpointConnectionError",
-                                 "aiohttp.client_exceptions.ClientConnectorError")) for n in names))
+    return isinstance(e, NetworkError) or bool(_names(e).intersection(NETWORK_ERRORS))
+
+
+def _hosts(e: BaseException) -> list[str]:
+    """The hosts named along ``e``'s history, outermost (the destination, not a proxy on the way) first."""
+    hosts = []
+    for x in _history(e):
+        url = getattr(getattr(x, "request", None), "url", None)  # httpx and openai errors carry their request
+        host = getattr(url, "host", None)
+        if isinstance(host, str) and host:
+            hosts.append(host)
+        text = str(x)
+        hosts += re.findall(r"host='([^']+)'", text) + re.findall(URL_HOST, text)
+    return hosts
 
 
 def is_network(e: BaseException) -> bool:
-    """Whether a connection failed somewhere in ``e``'s chain (no network, a name that won't resolve)."""
-    return any(_is_network(x) for x in chain(e))
+    """Whether ``e``, or what explicitly caused it, is a connection failure to another machine (no network, a name
+    that won't resolve, a proxy). A refusal on loopback is not a network outage but a local server that is down
+    (the embedded endpoint, say), unless it is the proxy's."""
+    if not any(_is_network(x) for x in chain(e)):
+        return False
+    hosts = _hosts(e)
+    proxy = any(n.endswith(".ProxyError") for x in _history(e) for n in _names(x))
+    return proxy or not hosts or hosts[0].lower() not in LOOPBACK
 
 
 def _one_line(text: str) -> str:
@@ -77,10 +119,47 @@ def _one_line(text: str) -> str:
 
 def network_message(e: BaseException) -> str:
     """``e`` as one line: the host that could not be reached and why (``can't reach HOST: REASON``)."""
-    errors = list(chain(e))
-    hosts = [m.group(1) for x in errors for m in [re.search(r"host='([^']+)'", str(x))] if m]
+    errors = list(_history(e))
+    hosts = _hosts(e)
     where = f"can't reach {hosts[0]}" if hosts else "a connection failed"
     return f"{where}: {_one_line(str(errors[-1])) or type(errors[-1]).__name__}"
+
+
+def _own_kinds() -> list[tuple[type, str]]:
+    """Our exceptions and their kinds, the more specific first. summrl.sft (it imports ART) only when loaded:
+    until then none of its exceptions can exist."""
+    from summrl.config import ConfigError
+    from summrl.judges.llm import JudgeError
+    from summrl.missing_rewards import MissingRewardsError
+    from summrl.preflight import PreflightError
+    from summrl.storage import StorageError
+
+    kinds: list[tuple[type, str]] = [(PreflightError, "preflight"), (NetworkError, "network"),
+                                     (MissingRewardsError, "judge"), (JudgeError, "judge"), (StorageError, "s3")]
+    if "summrl.sft" in sys.modules:
+        from summrl.sft import CostNotConfirmed, SFTError
+
+        kinds += [(CostNotConfirmed, "not_confirmed"), (SFTError, "sft")]
+    return [*kinds, (ConfigError, "config")]
+
+
+def _kind(x: BaseException, own: list[tuple[type, str]]) -> Optional[str]:
+    from summrl.data.repliqa import DataError
+
+    if isinstance(x, DataError):  # sizes the data can't meet, a bad row; or the hub out of reach
+        return "network" if is_network(x) else "config"
+    for cls, kind in own:
+        if isinstance(x, cls):
+            return kind
+    names = _names(x)
+    if any(n.startswith("botocore.exceptions.") for n in names):
+        return None if _is_network(x) else "s3"
+    if "wandb.errors.errors.AuthenticationError" in names or (
+            "wandb.errors.errors.UsageError" in names and "api key" in str(x).lower()):
+        return "wandb"
+    if any(n.startswith("sky.") for n in names) and not _is_network(x):
+        return "skypilot"
+    return None
 
 
 def classify(e: BaseException) -> Optional[Failure]:
@@ -89,29 +168,24 @@ def classify(e: BaseException) -> Optional[Failure]:
         return None
     from summrl.secrets import redact_text
 
+    own = _own_kinds()
     for x in chain(e):  # the outermost exception that says what failed wins; the causes explain
-        names = _names(x)
-        kind = None
-        if "summrl.preflight.PreflightError" in names:
-            kind = "preflight"
-        elif "summrl.config.ConfigError" in names:
-            kind = "config"
-        elif "summrl.errors.NetworkError" in names:  # ours: it already says what and how to fix it
-            kind = "network"
-        elif "summrl.data.repliqa.DataError" in names:  # sizes the data can't meet; or the hub out of reach
-            kind = "network" if is_network(x) else "config"
-        elif names & {"summrl.loop.MissingRewardsError", "summrl.judges.llm.JudgeError"}:
-            kind = "judge"
-        elif "summrl.storage.StorageError" in names or any(n.startswith("botocore.exceptions.") for n in names):
-            kind = "s3" if not _is_network(x) else None
-        elif "wandb.errors.errors.AuthenticationError" in names or (
-                "wandb.errors.errors.UsageError" in names and "api key" in str(x).lower()):
-            kind = "wandb"
-        elif any(n.startswith("sky.") for n in names) and not _is_network(x):
-            kind = "skypilot"
+        kind = _kind(x, own)
         if kind is not None:
             text = str(x) if kind == "preflight" else _one_line(str(x))  # the preflight lists one item a line
             return Failure(kind, redact_text(text or type(x).__name__))
     if is_network(e):
         return Failure("network", redact_text(f"{network_message(e)}; {NETWORK_FIX}"))
     return None
+
+
+def exit_on(e: BaseException) -> NoReturn:
+    """End a CLI on ``e``: its one line on stderr and its exit code. A bug, or HYDRA_FULL_ERROR=1, re-raises it
+    (with its traceback). Call it from an ``except`` block."""
+    import os
+
+    failure = classify(e)
+    if failure is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise e
+    print(failure.line, file=sys.stderr, flush=True)
+    sys.exit(failure.exit_code)

@@ -19,6 +19,41 @@ class MissingRewardsError(RuntimeError):
     """Too many recent rollouts have no reward: the judge is failing, and training on the rest would mislead."""
 
 
+# What to do about each kind of judge error (JudgeError.kind: litellm's exception names, and ours).
+KEY_ERRORS = ("AuthenticationError", "PermissionDeniedError", "MissingKey")  # 401, 403, an unset variable
+RATE_ERRORS = ("RateLimitError",)  # 429
+TIMEOUT_ERRORS = ("Timeout", "APITimeoutError", "TimeoutError")
+# a reply that is not JSON, or JSON of the wrong shape (ART's RULER raises ValueError / pydantic's ValidationError)
+SHAPE_ERRORS = ("JSONDecodeError", "ReplyShapeError", "ValueError", "ValidationError")
+REQUEST_ERRORS = ("BadRequestError", "NotFoundError", "UnprocessableEntityError", "ContextWindowExceededError")
+
+
+def fixes(kinds: Counter, judge: Any) -> list[str]:
+    """What to do, for the kinds of error that happened, the most frequent first (each fix once)."""
+    def setting(key: str) -> str:
+        return f"judge.{key} (now {getattr(judge, key)})" if hasattr(judge, key) else f"judge.{key}"
+
+    env = getattr(judge, "api_key_env", None)
+    out: list[str] = []
+    for kind, _ in kinds.most_common():
+        if kind in KEY_ERRORS:
+            fix = (f"check the key in {env}: the judge refused it or it is not set" if env
+                   else "check the judge's key: the judge refused it")
+        elif kind in RATE_ERRORS:
+            fix = f"the judge is rate-limiting: lower {setting('max_concurrency')} or raise {setting('max_retries')}"
+        elif kind in TIMEOUT_ERRORS:
+            fix = f"calls time out: raise {setting('timeout_s')}"
+        elif kind in SHAPE_ERRORS:
+            fix = "the judge model ignores the reply format (not JSON, or the wrong items): try another judge.model"
+        elif kind in REQUEST_ERRORS:
+            fix = "the judge refuses the request: check judge.model and judge.api_base"
+        else:  # 5xx, connection errors, anything else
+            fix = f"check that the judge is up, or raise {setting('max_retries')}"
+        if fix not in out:
+            out.append(fix)
+    return out
+
+
 class MissingRewards:
     def __init__(self, window: int, max_rate: float) -> None:
         self.window: deque[Optional[str]] = deque(maxlen=window)  # per rollout: None (scored) or its error's kind
@@ -51,14 +86,13 @@ class MissingRewards:
         by_kind = ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common())
         name = getattr(judge, "model", judge.kind)
         endpoint = f" at {judge.api_base}" if getattr(judge, "api_base", None) else ""
-        settings = (f"; raise judge.max_retries (now {judge.max_retries}) or judge.timeout_s (now {judge.timeout_s})"
-                    if hasattr(judge, "max_retries") else "")
-        last = " ".join(self.last_error.split())[:300]
+        last = " ".join(self.last_error.split())[:300].rstrip(".")
+        who = "judge" if name in last else f"judge {name}"  # a judge's own errors name it: once is enough
         raise MissingRewardsError(
             f"{missing} of the last {len(self.window)} rollouts have no reward, over the limit of "
             f"trainer.max_missing_reward_rate={self.max_rate} of trainer.missing_reward_window={self.window.maxlen}. "
-            f"Judge {name} failed with: {by_kind}; last error: {last}. "
-            f"Check the judge{endpoint}{settings}, or allow more with trainer.max_missing_reward_rate."
+            f"The {who}{endpoint} failed with: {by_kind}; last error: {last}. "
+            f"To fix: {'; '.join(fixes(kinds, judge))}; or allow more with trainer.max_missing_reward_rate."
         )
 
     def record(self) -> dict:

@@ -33,6 +33,10 @@ class CostNotConfirmed(RuntimeError):
     """The user declined the teacher's estimated cost: nothing was called."""
 
 
+class SFTError(RuntimeError):
+    """A failure of the SFT stage the user can fix (nothing passed the filter, the teacher failed after its retries)."""
+
+
 def sft_dir(config: Config) -> Path:
     return Path(config.run.dir) / "sft"
 

@@ -21,7 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from summrl.config import Config, validate
-from summrl.errors import KINDS, Failure, classify
+from summrl.errors import KINDS, Failure, classify, exit_on
 from summrl.job import JobInfo, read_result, write_result
 
 
@@ -43,6 +43,7 @@ def main(cfg: DictConfig) -> float | None:
     job = JobInfo.from_hydra()
     config: Config | None = None
     started = False  # the loop keeps its own result.json from here on
+    earlier: dict | None = None  # the run folder's record before the loop started (an earlier invocation's)
     try:
         config = load_config(cfg)
         if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
@@ -56,20 +57,20 @@ def main(cfg: DictConfig) -> float | None:
         os.environ.setdefault("TQDM_DISABLE", "1")
         from summrl.loop import train  # heavy imports only now
 
+        earlier = read_result(config.run.dir)
         started = True
         return asyncio.run(train(config, job))
     except Exception as e:
         failure = classify(e)
         if failure is None:
             raise  # a bug: Hydra prints the traceback
-        record_failure(config.run.dir if config else HydraConfig.get().runtime.output_dir, failure, job, started)
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        print(failure.line, file=sys.stderr, flush=True)
-        if job.sweep is None:
-            sys.exit(failure.exit_code)
+        record_failure(config.run.dir if config else HydraConfig.get().runtime.output_dir, failure, job, started,
+                       earlier)
+        if job.sweep is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            exit_on(e)  # its one line and exit code (its traceback with HYDRA_FULL_ERROR=1)
         # SystemExit would end the whole sweep; an exception fails this job only. Hydra prints a compact one
         # as its message alone when the sweep ends, not as a traceback.
+        print(failure.line, file=sys.stderr, flush=True)
         raise JobFailed(failure.line) from e
 
 
@@ -77,16 +78,20 @@ class JobFailed(CompactHydraException):
     """A sweep's job that ended with an expected failure (its one line)."""
 
 
-def record_failure(run_dir: str, failure: Failure, job: JobInfo, started: bool) -> None:
-    """The run folder keeps why it failed: the loop's own record gains the kind; a run that never
-    started gets one (so no run folder is left without its result.json), unless the folder holds an
-    earlier invocation's record, which a config typo must not overwrite."""
+def record_failure(run_dir: str, failure: Failure, job: JobInfo, started: bool, earlier: dict | None) -> None:
+    """The run folder keeps why it failed. The loop's own record of this invocation gains the kind. A run that
+    failed before the loop recorded anything (a W&B key refused at its start) gets a complete record that keeps
+    what its earlier invocations recorded (val_history, wall_s). One that never started gets one too, unless the
+    folder holds an earlier invocation's record, which a config typo must not overwrite."""
     result = read_result(run_dir)
-    if not started:
-        if result is not None:
-            return
-        result = {"status": "failed", "error": f"{KINDS[failure.kind][1]}: {failure.message}", **job.record()}
-    write_result(run_dir, {**(result or {}), "error_kind": failure.kind, "exit_code": failure.exit_code})
+    if started and result != earlier:
+        record = result or {}
+    elif not started and result is not None:
+        return
+    else:
+        record = {k: v for k, v in (result or {}).items() if k != "traceback"}  # an earlier failure's traceback
+        record.update(status="failed", error=f"{KINDS[failure.kind][1]}: {failure.message}", **job.record())
+    write_result(run_dir, {**record, "error_kind": failure.kind, "exit_code": failure.exit_code})
 
 
 if __name__ == "__main__":

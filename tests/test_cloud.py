@@ -298,6 +298,26 @@ def test_preflight_lists_every_missing_item_before_provisioning(tmp_path, monkey
     assert fake.calls == []
 
 
+def test_wandb_mode_reaches_the_remote_job_and_only_an_online_run_needs_the_wandb_key(cloud_env, monkeypatch):
+    def wants_key(*overrides) -> bool:
+        return any("WANDB_API_KEY" in p for p in launch.preflight(launcher_config("logger=wandb", *overrides)))
+
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert not wants_key()
+    fake = FakeSky(monkeypatch)
+    run_on_cluster(launcher_config("logger=wandb"), ["logger=wandb"], None)
+    task = fake.calls[0][1]
+    assert task.envs == {"WANDB_MODE": "offline"}  # a setting, not a secret: a plain env of the remote job
+    assert "WANDB_API_KEY" not in task.secrets and "WANDB_MODE" not in task.secrets
+    monkeypatch.setenv("WANDB_MODE", "online")
+    assert wants_key()
+    monkeypatch.delenv("WANDB_MODE")
+    assert not wants_key()  # logger.mode=auto with no key: offline
+    assert wants_key("logger.mode=online") and not wants_key("logger.mode=offline")
+    assert build_task(launcher_config("logger=wandb"), [], "summrl").envs == {}  # nothing to forward
+
+
 def test_preflight_reads_runpod_key_from_its_config_file(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / ".runpod").mkdir()

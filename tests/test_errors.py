@@ -117,18 +117,23 @@ def test_a_judge_that_refuses_the_key_ends_the_run_with_one_judge_line(tmp_path)
     with FakeLLM() as fake:
         fake.script = [Reply(status=401)] * 200
         result = run_cli(["experiment=local", "judge=openai_compatible", "judge.model=openai/fake-judge",
-                          f"judge.api_base={fake.base_url}/v1", "judge.api_key_env=FAKE_JUDGE_KEY", "judge.cache_dir=null",
+                          f"judge.api_base={fake.base_url}", "judge.api_key_env=FAKE_JUDGE_KEY", "judge.cache_dir=null",
                           "trainer.max_steps=1", "trainer.max_summary_tokens=8", "dataset.val_size=1",
                           f"hydra.run.dir={run_dir}"],
                          cwd=ROOT, timeout=600, env={"FAKE_JUDGE_KEY": "sk-planted-judge-41"})
+        refused = len(fake.requests)
     assert result.returncode == KINDS["judge"][0] == 4, result.stderr[-3000:]
     (line,) = error_lines(result.stderr)
+    assert "AuthenticationError x16" in line
     assert line.startswith("summrl: judge error: ") and "have no reward" in line
     assert line.count("fake-judge") == 1  # named once
+    assert "failed after 1 attempt(s)" in line  # a refused key is not retried
+    assert "To fix: check the key in FAKE_JUDGE_KEY" in line and "max_retries" not in line  # advice that fits
     assert "Traceback" not in result.stderr and "sk-planted-judge-41" not in result.stdout + result.stderr
     record = json.loads((run_dir / "result.json").read_text())
     assert record["status"] == "failed" and record["error_kind"] == "judge" and record["exit_code"] == 4
     assert "MissingRewardsError" in record["error"]
+    assert refused >= 16 and record["judge_retries"] == 0  # the server refused each call once, and none was retried
 
 
 @pytest.mark.slow
@@ -174,13 +179,99 @@ def test_library_exceptions_map_to_their_kind():
     assert failure.kind == "network" and "can't reach api.wandb.ai" in failure.message
     assert kind(chained(RuntimeError("while loading"), offline)) == "network"
     assert kind(ValueError("a bug")) is None and kind(KeyboardInterrupt()) is None
-    assert len({code for code, _ in KINDS.values()}) == len(KINDS)  # one exit code per kind
+    # one exit code per kind, but for the two that share one on purpose (README: "When a run fails")
+    shared = {"sft": "config", "not_confirmed": "preflight"}
+    assert len({code for k, (code, _) in KINDS.items() if k not in shared}) == len(KINDS) - len(shared)
+    assert all(KINDS[k][0] == KINDS[v][0] for k, v in shared.items())
+
+
+def test_our_own_exceptions_map_to_their_kind_by_class():
+    """By class, not by where a class lives: a judge that fails ends as a judge error wherever the error moves."""
+    from summrl.config import ConfigError
+    from summrl.judges.llm import JudgeError
+    from summrl.missing_rewards import MissingRewardsError
+    from summrl.preflight import PreflightError
+    from summrl.sft import CostNotConfirmed, SFTError
+    from summrl.storage import StorageError
+
+    failure = classify(MissingRewardsError("20 of the last 64 rollouts have no reward"))
+    assert (failure.kind, failure.exit_code) == ("judge", 4)
+    assert failure.line == "summrl: judge error: 20 of the last 64 rollouts have no reward"
+    assert classify(JudgeError("judge x failed after 6 attempt(s)")).kind == "judge"
+    assert classify(PreflightError("can't start:\n  - A\n  - B")).message == "can't start:\n  - A\n  - B"
+    assert classify(ConfigError("model.lr: bad")).exit_code == 2
+    assert classify(StorageError("storage: bucket b does not exist")).exit_code == 6
+    sft = classify(SFTError("sft: no summary reached sft.min_reward=0.9: lower it or use sft.top_k"))
+    assert (sft.exit_code, sft.line) == (2, "summrl: SFT error: sft: no summary reached sft.min_reward=0.9: "
+                                            "lower it or use sft.top_k")
+    refused = classify(CostNotConfirmed("sft: the teacher's cost was not confirmed; nothing was called"))
+    assert refused.exit_code == 3 == KINDS["preflight"][0]  # the benchmark's cost guard exits 3 too
+    assert refused.line == "summrl: not confirmed: sft: the teacher's cost was not confirmed; nothing was called"
+    # a bug raised while handling an expected failure is still a bug; one raised from it says what failed
+    try:
+        try:
+            raise MissingRewardsError("judge down")
+        except MissingRewardsError:
+            {}["a bug"]
+    except KeyError as e:
+        assert classify(e) is None
+    try:
+        try:
+            raise MissingRewardsError("judge down")
+        except MissingRewardsError as e:
+            raise RuntimeError("while stopping") from e
+    except RuntimeError as e:
+        assert classify(e).kind == "judge"
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_loopback_refusal_or_a_bug_while_handling_a_connection_error_is_not_a_network_error():
+    import requests
+
+    from summrl.errors import is_network
+
+    port = closed_port()
+    session = requests.Session()
+    session.trust_env = False  # no proxy from this machine's environment
+    with pytest.raises(requests.exceptions.ConnectionError) as refused:
+        session.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+    assert not is_network(refused.value) and classify(refused.value) is None  # a local server is down: a bug
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.APIConnectionError) as embedded:
+        client.models.list()
+    assert not is_network(embedded.value) and classify(embedded.value) is None
+    # a proxy that can't be reached is the network's business, loopback or not
+    session.proxies = {"https": f"http://127.0.0.1:{port}"}
+    with pytest.raises(requests.exceptions.ProxyError) as proxy:
+        session.get("https://api.wandb.ai/graphql", timeout=5)
+    failure = classify(proxy.value)
+    assert failure.kind == "network" and "can't reach api.wandb.ai" in failure.message
+    assert "HTTPS_PROXY" in failure.message
+    # a bug in an except block that handles a connection error is a bug, not an outage
+    try:
+        try:
+            raise proxy.value
+        except requests.exceptions.ConnectionError:
+            [][1]
+    except IndexError as e:
+        assert not is_network(e) and classify(e) is None
 
 
 def test_the_readme_documents_every_exit_code():
     readme = (ROOT / "README.md").read_text()
     for kind, (code, label) in KINDS.items():
-        assert f"| {code} | {label}" in readme, kind
+        row = next((line for line in readme.splitlines() if line.startswith(f"| {code} | {label} |")), None)
+        assert row is not None, kind
+        assert f"`summrl: {label}: " in row, kind  # with an example of its line
 
 
 def test_wandb_mode_from_the_environment_unless_logger_mode_says(monkeypatch, tmp_path):
@@ -204,3 +295,60 @@ def test_wandb_mode_from_the_environment_unless_logger_mode_says(monkeypatch, tm
         assert tracker.run.offline and not tracker.run.disabled
     finally:
         tracker.finish(failed=False)
+
+
+@pytest.mark.slow
+def test_a_wandb_key_refused_at_the_start_records_a_complete_failed_run_keeping_the_earlier_one(tmp_path, monkeypatch):
+    """W&B refuses the key before the loop has recorded anything (the tracker opens first): one W&B line, exit 7,
+    and a complete failed record that keeps what the run's earlier invocation recorded."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    history = [{"step": 0, "val_reward": 0.25, "val_qa_accuracy": 0.25, "per_doc": {}},
+               {"step": 2, "val_reward": 0.3, "val_qa_accuracy": 0.3, "per_doc": {}}]
+    earlier = {"status": "completed", "run_name": "wb", "steps": 2, "val_history": history, "wall_s": 61.5,
+               "final_val_score": 0.3}
+    (run_dir / "result.json").write_text(json.dumps(earlier))
+    result = run_cli(["experiment=local", "logger=wandb", "logger.mode=online", "trainer.max_steps=4", "run.name=wb",
+                      f"hydra.run.dir={run_dir}"], cwd=ROOT, timeout=300,
+                     env={"WANDB_API_KEY": "planted-bad-wandb-key", "HOME": str(tmp_path / "home"),
+                          "HYDRA_FULL_ERROR": ""})
+    assert result.returncode == KINDS["wandb"][0] == 7, result.stderr[-3000:]
+    (line,) = error_lines(result.stderr)
+    assert result.stderr.strip().splitlines()[-1] == line and line.startswith("summrl: W&B authentication error: ")
+    assert "Traceback" not in result.stderr
+    assert "planted-bad-wandb-key" not in result.stdout + result.stderr
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "failed" and record["error"] == line.removeprefix("summrl: ")
+    assert (record["error_kind"], record["exit_code"]) == ("wandb", 7)
+    assert record["val_history"] == history and record["wall_s"] == 61.5 and record["run_name"] == "wb"
+    assert "trainer.max_steps=4" in record["overrides"]  # this invocation's
+    assert "planted-bad-wandb-key" not in (run_dir / "result.json").read_text()
+
+
+@pytest.mark.slow
+def test_the_benchmark_ends_like_training_with_one_line_and_its_exit_code(tmp_path, monkeypatch):
+    """python -m summrl.benchmark: W&B refuses the key when the finished benchmark is logged. The rows are on disk;
+    the run ends with the one W&B line and its exit code, not a traceback."""
+    from summrl.judges.fake_server import FakeLLM
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    out = tmp_path / "out"
+    with FakeLLM() as fake:
+        model = "{model: openai/fake-frontier, api_base: '" + fake.base_url + "'}"
+        result = run_cli_module("summrl.benchmark", [
+            "experiment=local", "judge=lexical", "dataset.val_size=1", "benchmark.rollouts_per_doc=1",
+            "trainer.max_summary_tokens=16", f"benchmark.models=[{model}]", "benchmark.confirm=false", "logger=wandb",
+            "logger.mode=online", f"hydra.run.dir={out}"],
+            env={"WANDB_API_KEY": "planted-bad-wandb-key", "HOME": str(tmp_path / "home"), "HYDRA_FULL_ERROR": ""})
+    assert result.returncode == KINDS["wandb"][0], result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("summrl: W&B authentication error: ")
+    assert len(error_lines(result.stderr)) == 1 and "Traceback" not in result.stderr
+    assert (out / "rows.csv").is_file()  # scored before it was published: nothing paid for is lost
+
+
+def run_cli_module(module: str, args: list[str], env: dict, timeout: float = 300):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})

@@ -7,7 +7,9 @@ import json
 import pandas as pd
 import pytest
 
+from summrl.errors import KINDS
 from summrl.perf import fault_run
+from tests.conftest import repliqa_rows
 
 
 def history(run_dir) -> list[dict]:
@@ -38,16 +40,33 @@ def test_a_judge_failing_30_percent_of_calls_costs_retries_not_the_run(tmp_path)
 
 @pytest.mark.slow
 def test_a_judge_failing_90_percent_of_calls_stops_the_run_saying_why(tmp_path):
-    run = fault_run(0.9, seed=1, run_dir=tmp_path, overrides=["judge.max_retries=1", "trainer.missing_reward_window=16",
-                                                               "trainer.max_steps=4"])
-    assert run["returncode"] != 0
-    result = run["result"]
-    assert result["status"] == "failed" and result["error"].startswith("MissingRewardsError: ")
-    assert "of the last" in result["error"] and "trainer.missing_reward_window=16" in result["error"]
-    assert " x" in result["error"] and "judge.max_retries (now 1)" in result["error"]
-    message = result["error"].removeprefix("MissingRewardsError: ")
-    assert message in run["stderr"]  # said in one line
-    assert result["rollouts"]["missing"] > 0.2 * 16
-    trained = [r for r in history(tmp_path) if "train/judge/failed_rollouts" in r]
-    assert len(trained) <= 1  # it stopped within two steps
-    assert "summrl: step 2 " not in run["stdout"]
+    """At the run's default retries (judge.max_retries=5) and missing-reward limit (more than 20% of a window of 64
+    rollouts, i.e. 13 missing). Only the scale differs from the 30% run: its first step ends with 12 rollouts (4 val +
+    8 train), too few to be past the limit, so 4 documents a step instead (20 rollouts by the end of step 1), and
+    one-line documents, so that the CPU policy reads short prompts (this is a test of the judge, not of generation)."""
+    data = tmp_path / "short_documents.parquet"
+    pd.DataFrame(repliqa_rows(12)).to_parquet(data)
+    run = fault_run(0.9, seed=1, run_dir=tmp_path / "run", overrides=[
+        "trainer.groups_per_step=4", "trainer.max_steps=4", f"dataset.files=[{data}]", "dataset.train_size=8",
+        "dataset.val_size=2"])
+    stderr, result = run["stderr"], run["result"]
+    assert run["returncode"] == KINDS["judge"][0] == 4, stderr[-3000:]
+    assert "Traceback" not in stderr
+    for noise in ("Give Feedback", "LiteLLM completion()"):  # litellm's, after each failed call and at each call
+        assert noise not in run["stdout"] + stderr
+    line = stderr.strip().splitlines()[-1]  # the last thing the run says, in one line
+    assert line.startswith("summrl: judge error: ") and "rollouts have no reward" in line
+    assert "trainer.max_missing_reward_rate=0.2 of trainer.missing_reward_window=64" in line
+    assert line.count("openai/fake-judge") == 1 and "To fix: " in line
+    # result.json records why, and the counts
+    assert result["status"] == "failed" and (result["error_kind"], result["exit_code"]) == ("judge", 4)
+    assert line.removeprefix("summrl: judge error: ") in result["error"]
+    rollouts = result["rollouts"]
+    assert rollouts["missing"] > 0.2 * 64 and sum(rollouts["missing_by_error"].values()) == rollouts["missing"]
+    for kind, n in rollouts["missing_by_error"].items():
+        assert f"{kind} x" in line  # counted by kind in the message too (over its window)
+    assert rollouts["scored"] + rollouts["missing"] <= 4 + 16 + 16  # val, step 1, step 2 at most
+    assert result["judge_calls"] > 0 and result["judge_retries"] > 0
+    # it stopped within two steps: at most one step was trained and logged
+    trained = [r for r in history(tmp_path / "run") if "train/judge/failed_rollouts" in r]
+    assert len(trained) <= 1 and "summrl: step 2 " not in run["stdout"]

@@ -78,11 +78,33 @@ def test_all_matching_answers_need_one_call(fake, secret_env):
 def test_retries_429_and_5xx_with_backoff_honouring_retry_after(fake, secret_env):
     fake.script = [Reply(status=429, headers={"Retry-After": "0.3"}), Reply(status=503), Reply(status=500),
                    Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]}))]
-    judge = LLMJudge(client(fake))
+    judge = LLMJudge(client(fake, retry_max_s=1.0))
     start = time.perf_counter()
     assert grade(judge) == [True, True, True]
     assert time.perf_counter() - start >= 0.3  # waited as Retry-After asked
     assert len(fake.requests) == 4 and judge.client.usage.retries == 3
+
+
+def test_retry_after_waits_at_most_retry_max_s(fake, secret_env):
+    fake.script = [Reply(status=429, headers={"Retry-After": "3600"}),
+                   Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]}))]
+    judge = LLMJudge(client(fake, retry_max_s=0.2))
+    start = time.perf_counter()
+    assert grade(judge) == [True, True, True]
+    assert time.perf_counter() - start < 10  # not an hour
+    assert judge.client.usage.retries == 1
+
+
+def test_an_error_no_retry_fixes_stops_after_the_one_attempt_it_made(fake, secret_env):
+    fake.script = [Reply(status=401)] * 4
+    judge = LLMJudge(client(fake, max_retries=3))
+    with pytest.raises(JudgeError, match=r"failed after 1 attempt\(s\): AuthenticationError") as e:
+        grade(judge)
+    assert e.value.kind == "AuthenticationError" and len(fake.requests) == 1 and judge.client.usage.retries == 0
+    assert SECRET not in str(e.value)
+    fake.script = [Reply(status=500), Reply(status=401)]
+    with pytest.raises(JudgeError, match=r"failed after 2 attempt\(s\)"):
+        grade(LLMJudge(client(fake, max_retries=3)))
 
 
 def test_timeouts_are_retried(fake, secret_env):
@@ -238,7 +260,7 @@ def test_a_failed_grading_call_fails_only_the_summaries_it_grades(fake, secret_e
 def test_fault_mode_is_seeded_counts_every_outcome_and_is_survived_with_retries(secret_env):
     from collections import Counter
 
-    from summrl.judges.fake_server import FAULT_KINDS, Faults
+    from summrl.judges.fake_server import OUTCOMES, Faults
 
     def run(seed: int) -> tuple[Counter, list]:
         with FakeLLM(faults=Faults(rate=0.3, seed=seed, hang_s=3.0, retry_after_s="0")) as server:
@@ -253,7 +275,7 @@ def test_fault_mode_is_seeded_counts_every_outcome_and_is_survived_with_retries(
             return server.outcomes, results
 
     outcomes, results = run(seed=1)
-    assert set(outcomes) == {"ok", *FAULT_KINDS}  # every kind of fault, at about the rate asked
+    assert set(outcomes) == set(OUTCOMES)  # every kind of fault and every wrong shape, at about the rate asked
     assert 0.2 < sum(n for k, n in outcomes.items() if k != "ok") / sum(outcomes.values()) < 0.4
     assert sum(isinstance(r, list) for r in results) >= 76  # 5 attempts: a call fails with p = 0.3^5
     assert run(seed=1)[0] == outcomes  # the same faults, whatever order the concurrent calls came in
@@ -318,6 +340,51 @@ def test_ruler_replies_of_the_wrong_shape_are_retried(fake, secret_env):
     scores = asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
     assert [type(s).__name__ for s in scores] == ["Score"] * 3 and len(fake.requests) == 3
     assert (reward.client.usage.retries, reward.client.usage.failures) == (2, 0)
+
+
+def test_ruler_retries_http_errors_on_the_clients_own_loop_and_counts_them(fake, secret_env):
+    """One budget of attempts for RULER too: litellm retries nothing itself (the server sees each attempt once),
+    Retry-After is waited for, and every retry is counted, like a QA judge call's."""
+    fake.script = [Reply(status=429, headers={"Retry-After": "0.5"}), Reply(status=500)]  # then it answers
+    reward = RulerReward(client(fake, max_retries=2, retry_max_s=1.0), rubric="r", max_words=350)
+    start = time.perf_counter()
+    scores = asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
+    assert time.perf_counter() - start >= 0.5  # waited as Retry-After asked
+    assert [type(s).__name__ for s in scores] == ["Score"] * 3 and len(fake.requests) == 3
+    usage = reward.client.usage
+    assert (usage.calls, usage.retries, usage.failures) == (1, 2, 0)  # calls: answered ones, as for QA
+    fake.script = [Reply(status=500)] * 3
+    scores = asyncio.run(RulerReward(client(fake, max_retries=1), rubric="r", max_words=350)
+                         .score_group(DOC, ["one", "two", "three"]))
+    assert len(fake.requests) == 3 + 2  # 2 attempts, no more
+    assert all(isinstance(s, Missing) and s.kind == "InternalServerError" for s in scores)
+    assert "failed after 2 attempt(s)" in scores[0].error and SECRET not in scores[0].error
+
+
+def test_every_wrong_shape_the_fault_mode_injects_is_refused_for_every_judge_prompt(secret_env):
+    """A wrong-shape fault is a real fault whatever the prompt: QA answering and grading, RULER, rubric writing
+    and rubric scoring each refuse it (and would retry it)."""
+    from summrl.judges.fake_server import SHAPE_FAULTS, Faults
+    from summrl.rewards.rubric import JudgeRubrics, Rubrics
+
+    rubrics = Rubrics(("Names who opened it.", "Gives the date."), ("Invents a cost.",))
+    mismatch = Reply(json.dumps({"answers": ["Ruth", "March 14, 2024", "UNANSWERABLE"]}))  # needs a grading call
+    for fault in SHAPE_FAULTS:
+        with FakeLLM(faults=Faults(rate=1.0, seed=3, only=(fault,))) as server:
+            judge = client(server, max_retries=0)
+            with pytest.raises(JudgeError) as answering:
+                asyncio.run(LLMJudge(judge).answer("a summary", DOC.questions))
+            server.script = [mismatch]  # answered; the grading call meets the fault
+            (grading,) = asyncio.run(LLMJudge(judge).grade_group(["a summary"], DOC.questions))
+            ruler = asyncio.run(RulerReward(judge, rubric="r", max_words=350).score_group(DOC, ["one", "two"]))
+            with pytest.raises(JudgeError) as writing:
+                asyncio.run(JudgeRubrics(judge, max_rubrics=4).write(DOC))
+            with pytest.raises(JudgeError) as scoring:
+                asyncio.run(JudgeRubrics(judge, max_rubrics=4).score(DOC, rubrics, ["one", "two"]))
+            assert server.outcomes == {fault: 5}, fault
+        for error in (answering.value, grading, writing.value, scoring.value):
+            assert isinstance(error, JudgeError) and error.kind == "ReplyShapeError", (fault, error)
+        assert all(isinstance(s, Missing) and s.kind in ("ValueError", "ValidationError") for s in ruler), fault
 
 
 def test_full_document_baseline_is_computed_once_per_document(fake, secret_env):

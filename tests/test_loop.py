@@ -75,6 +75,44 @@ def test_a_group_keeps_its_scored_rollouts_and_leaves_out_the_missing():
     assert (dropped, missing, [t.reward for g in kept for t in g.trajectories]) == (1, 7, [0.7])
 
 
+def test_the_missing_reward_message_names_the_judge_once_and_fits_its_advice_to_the_errors():
+    import pytest
+
+    from summrl.missing_rewards import MissingRewards, MissingRewardsError
+    from summrl.rewards import Missing
+    from tests.conftest import compose_config
+
+    judge = compose_config(["judge=openai_compatible", "judge.model=openai/fake-judge", "judge.api_key_env=FAKE_KEY",
+                            "judge.timeout_s=7"]).judge
+
+    def message(*missing: Missing) -> str:
+        window = MissingRewards(window=4, max_rate=0.0)
+        window.add(missing)
+        with pytest.raises(MissingRewardsError) as e:
+            window.check(judge)
+        return str(e.value)
+
+    named = "judge openai/fake-judge failed after 1 attempt(s): AuthenticationError: 401"
+    refused = message(Missing(named, "AuthenticationError"), Missing(named, "AuthenticationError"))
+    assert refused.count("openai/fake-judge") == 1 and "last error: " + named in refused
+    assert "check the key in FAKE_KEY" in refused
+    assert "max_retries" not in refused and "timeout_s" not in refused and "judge.model" not in refused
+    assert "check the key in FAKE_KEY" in message(Missing("judge openai/fake-judge: FAKE_KEY is not set", "MissingKey"))
+    # an error that does not name the judge: the message does, once
+    slow = message(Missing("Request timed out", "Timeout"))
+    assert slow.count("openai/fake-judge") == 1 and "raise judge.timeout_s (now 7.0)" in slow
+    assert "max_concurrency" not in slow and "FAKE_KEY" not in slow
+    limited = message(Missing("429", "RateLimitError"))
+    assert "lower judge.max_concurrency (now 8) or raise judge.max_retries (now 5)" in limited
+    assert "timeout_s" not in limited
+    for shape in ("ReplyShapeError", "JSONDecodeError", "ValueError", "ValidationError"):  # QA's and RULER's
+        advice = message(Missing("wrong", shape)).split("To fix: ")[1]
+        assert advice.startswith("the judge model ignores the reply format") and "try another judge.model" in advice
+        assert "max_retries" not in advice and "timeout_s" not in advice
+    down = message(Missing("500", "InternalServerError"))
+    assert "check that the judge is up, or raise judge.max_retries (now 5)" in down
+
+
 def test_missing_reward_limit_is_judged_over_a_window_and_says_what_failed():
     import pytest
 
@@ -96,7 +134,11 @@ def test_missing_reward_limit_is_judged_over_a_window_and_says_what_failed():
     assert "5 of the last 16 rollouts have no reward" in message and "\n" not in message
     assert "RateLimitError x3, ReplyShapeError x2" in message and "Timeout" not in message
     assert "last error: bad reply second line" in message
-    assert "judge.max_retries (now 5)" in message and "http://127.0.0.1:9/v1" in message
-    assert "trainer.max_missing_reward_rate" in message
+    assert f"The judge {judge.model} at http://127.0.0.1:9/v1 failed with" in message
+    # what to do fits what happened, the most frequent first: rate limits, then wrong shapes; nothing about timeouts
+    fixes = message.split("To fix: ")[1]
+    assert fixes.index("lower judge.max_concurrency (now 8) or raise judge.max_retries (now 5)") < fixes.index(
+        "try another judge.model")
+    assert "timeout_s" not in fixes and "trainer.max_missing_reward_rate" in fixes
     assert window.record() == {"scored": 16, "missing": 7,
                                "missing_by_error": {"Timeout": 2, "RateLimitError": 3, "ReplyShapeError": 2}}

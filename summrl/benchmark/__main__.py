@@ -1,5 +1,8 @@
 """`python -m summrl.benchmark [overrides]`: compose conf/benchmark.yaml, validate it and every key the run needs,
-then run the benchmark (heavy imports only after validation, so a bad value fails in about a second)."""
+then run the benchmark (heavy imports only after validation, so a bad value fails in about a second).
+
+It ends like training (summrl.errors): an expected failure is one line and its kind's exit code, with no
+traceback unless HYDRA_FULL_ERROR=1."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from summrl.config import ConfigError
+from summrl.errors import exit_on
 
 
 @hydra.main(config_path="../../conf", config_name="benchmark", version_base="1.3")
@@ -20,25 +23,19 @@ def main(cfg: DictConfig) -> None:
     from dotenv import load_dotenv
 
     from summrl.benchmark.config import check_keys, validate_benchmark
-    from summrl.data.repliqa import DataError
 
     try:
         config = validate_benchmark(cfg, dict(HydraConfig.get().runtime.choices))
         load_dotenv()  # keys may live in .env; they are read from the environment, never from config
         check_keys(config)
-    except ConfigError as e:
-        print(f"summrl: config error: {e}", file=sys.stderr)
-        sys.exit(2)
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    for name in ("LiteLLM", "LiteLLM Router", "httpx"):  # one line per call at INFO under Hydra's logging
-        logging.getLogger(name).setLevel(logging.WARNING)
-    from summrl.benchmark.runner import run
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        for name in ("LiteLLM", "LiteLLM Router", "httpx"):  # one line per call at INFO under Hydra's logging
+            logging.getLogger(name).setLevel(logging.WARNING)
+        from summrl.benchmark.runner import run
 
-    try:
         status = asyncio.run(run(config))
-    except (ConfigError, DataError) as e:
-        print(f"summrl: config error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as e:
+        exit_on(e)
     sys.exit(status)
 
 

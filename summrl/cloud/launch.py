@@ -26,6 +26,7 @@ from summrl.errors import NETWORK_FIX, NetworkError, is_network, network_message
 from summrl.judges import missing_keys
 from summrl.preflight import PreflightError
 from summrl.storage import resolve_bucket
+from summrl.tracking import wandb_mode
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -35,6 +36,8 @@ SECRET_NAMES = (
     "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
     "BACKUP_BUCKET",
 )
+# Settings (not secrets) the remote job reads from its environment: forwarded as plain envs when set here.
+FORWARDED_ENVS = ("WANDB_MODE",)
 # Overrides of this launcher that must not reach the remote job (it gets its own backend and name).
 _LOCAL_ONLY = ("backend", "run.name", "run.dir")
 
@@ -69,8 +72,10 @@ def preflight(config: Any) -> list[str]:
     if config.sft.kind == "distill":
         for name in missing_keys(config.sft.teacher):
             problems.append(f"{name} (sft.teacher's key) is not set: export it or put it in .env")
-    if getattr(config.logger, "kind", "none") == "wandb" and not os.environ.get("WANDB_API_KEY"):
-        problems.append("WANDB_API_KEY (logger=wandb) is not set: export it or put it in .env")
+    online = getattr(config.logger, "kind", "none") == "wandb" and wandb_mode(config.logger) == "online"
+    if online and not os.environ.get("WANDB_API_KEY"):
+        problems.append("WANDB_API_KEY (logger=wandb, online) is not set: export it or put it in .env, "
+                        "or run offline with WANDB_MODE=offline")
     if config.storage.enabled:
         if not resolve_bucket(config.storage):
             problems.append("no bucket for the S3 backups: set BACKUP_BUCKET in .env (or storage.bucket=<name>), "
@@ -184,6 +189,7 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
     b = config.backend
     task = sky.Task(name=cluster, setup=setup_script(config), run=run_script(config, overrides), workdir=str(ROOT))
     task.update_secrets(secrets(config))
+    task.update_envs({name: os.environ[name] for name in FORWARDED_ENVS if os.environ.get(name)})
     if resources:
         task.set_resources(sky.Resources(infra=b.infra, accelerators=b.accelerators, disk_size=b.disk_size))
     return task

@@ -9,7 +9,10 @@ Usage counts prompt tokens with litellm's tokenizer, as a hosted judge would bil
 Fault mode (``faults=Faults(rate, seed)``): an unscripted request fails at ``rate`` with one of the five
 ways a hosted judge misbehaves (FAULT_KINDS), drawn from a hash of (seed, prompt, how often that prompt was
 asked): the same run meets the same faults whatever order its concurrent calls arrive in, and a retry of a
-failed call draws again. ``outcomes`` counts the calls by outcome. For a subprocess run:
+failed call draws again. A wrong shape is one of SHAPE_FAULTS (the wrong item count, items of the wrong type,
+a missing key), drawn the same way, and is a reply no judge prompt accepts: QA answers and grades, RULER's
+scores, rubric writing and rubric scoring. ``outcomes`` counts the calls by outcome (a wrong shape by its
+variant). For a subprocess run:
 ``python -m summrl.judges.fake_server --fault-rate 0.3 --seed 1`` prints its base URL; GET /stats returns
 the counts.
 """
@@ -41,7 +44,9 @@ class Reply:
     delay_s: float = 0.0
 
 
-FAULT_KINDS = ("rate_limited", "server_error", "hang", "not_json", "wrong_count")
+FAULT_KINDS = ("rate_limited", "server_error", "hang", "not_json", "wrong_shape")
+SHAPE_FAULTS = ("wrong_count", "wrong_types", "missing_key")
+OUTCOMES = ("ok", *FAULT_KINDS[:-1], *SHAPE_FAULTS)  # what ``FakeLLM.outcomes`` counts
 
 
 @dataclass
@@ -50,33 +55,47 @@ class Faults:
     seed: int = 0
     hang_s: float = 5.0  # past the client's timeout: set judge.timeout_s below it
     retry_after_s: str = "1"  # the Retry-After header of a 429
+    only: Optional[tuple[str, ...]] = None  # inject only these outcomes (OUTCOMES but "ok"), drawn evenly
 
     def draw(self, key: str) -> Optional[str]:
-        """The fault for this request (None: answer), a pure function of the seed and ``key``."""
+        """The fault for this request (None: answer), a pure function of the seed and ``key``: a FAULT_KINDS entry,
+        with a wrong shape named by its SHAPE_FAULTS variant."""
         digest = hashlib.sha256(f"{self.seed}:{key}".encode()).digest()
         u = int.from_bytes(digest[:8], "big") / 2**64
-        return FAULT_KINDS[digest[8] % len(FAULT_KINDS)] if u < self.rate else None
+        if u >= self.rate:
+            return None
+        if self.only:
+            return self.only[digest[8] % len(self.only)]
+        kind = FAULT_KINDS[digest[8] % len(FAULT_KINDS)]
+        return SHAPE_FAULTS[digest[9] % len(SHAPE_FAULTS)] if kind == "wrong_shape" else kind
 
-    def reply(self, kind: str, prompt: str) -> Reply:
-        if kind == "rate_limited":
+    def reply(self, fault: str, prompt: str) -> Reply:
+        if fault == "rate_limited":
             return Reply(status=429, headers={"Retry-After": self.retry_after_s})
-        if kind == "server_error":
+        if fault == "server_error":
             return Reply(status=500)
-        if kind == "hang":
+        if fault == "hang":
             return Reply(delay_s=self.hang_s)
-        if kind == "not_json":
+        if fault == "not_json":
             return Reply("Sure! Here are the answers you asked for.")
-        return Reply(wrong_count(judge_like(prompt)))
+        return Reply(wrong_shape(fault, judge_like(prompt)))
 
 
-def wrong_count(content: str) -> str:
-    """A judge reply with one item too many (or a policy reply, unchanged)."""
+def wrong_shape(fault: str, content: str) -> str:
+    """A judge reply that parses but that no judge prompt accepts (a policy reply comes back unchanged).
+    Every judge-like reply is ``{key: [items], ...}`` whose first list has the count its prompt asks for (answers,
+    verdicts, RULER scores, rubric score rows) or, from the rubric writer, one item where at least one is needed:
+    wrong_count drops its last item, wrong_types wraps each item in a list, missing_key drops the key."""
     try:
         reply = json.loads(content)
     except json.JSONDecodeError:
         return content
     key, items = next(iter(reply.items()))
-    return json.dumps({key: items + items[:1] if items else [None]})
+    if fault == "wrong_count":
+        return json.dumps({**reply, key: items[:-1]})
+    if fault == "wrong_types":
+        return json.dumps({**reply, key: [[item] for item in items]})
+    return json.dumps({k: v for k, v in reply.items() if k != key})
 
 
 def token_count(messages: list[dict]) -> int:
@@ -122,7 +141,7 @@ class FakeLLM:
     def __init__(self, default_delay_s: float = 0.0, faults: Optional[Faults] = None, port: Optional[int] = None) -> None:
         self.default_delay_s = default_delay_s
         self.faults = faults
-        self.outcomes: Counter[str] = Counter()  # unscripted calls by outcome: "ok" or a FAULT_KINDS entry
+        self.outcomes: Counter[str] = Counter()  # unscripted calls by outcome (OUTCOMES)
         self.asked: Counter[str] = Counter()  # how often each prompt was asked (a retry draws a new fault)
         self.script: list[Reply] = []
         self.requests: list[dict[str, Any]] = []

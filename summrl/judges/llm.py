@@ -1,9 +1,11 @@
 """An LLM judge reached through litellm: hosted (Gemini, OpenRouter) or any OpenAI-compatible server.
 
 ``JudgeClient`` makes one JSON-returning chat call with what a paid judge needs: a concurrency
-limit, retries on 429/5xx/timeouts with exponential backoff and jitter that honour Retry-After,
-a per-call timeout, temperature 0, a disk cache of replies keyed by (model, endpoint, messages,
-params) so reruns and sweeps don't pay twice, and token and USD accounting from litellm's cost map.
+limit, retries on 429/5xx/timeouts and on replies of the wrong shape, with exponential backoff and jitter
+that honour Retry-After up to ``retry_max_s``, a per-call timeout, temperature 0, a disk cache of replies
+keyed by (model, endpoint, messages, params) so reruns and sweeps don't pay twice, and token and USD
+accounting from litellm's cost map. ``retrying`` is that retry loop for a caller that calls litellm itself
+(RULER through ART), so that every judge call spends the same budget of attempts and is counted the same way.
 The API key is read from the environment variable the config names, at call time; it is never
 stored in config and is redacted from every error message.
 
@@ -25,7 +27,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Optional, Sequence, Union
 
 from summrl.data import UNANSWERABLE, Document, Question
 from summrl.judges import Rubrics
@@ -104,6 +106,17 @@ def redact_in_logs(env_name: str) -> None:
             logger.addFilter(_REDACTOR)
 
 
+def quiet_litellm() -> None:
+    """litellm's noise for a user: a log line per call at INFO (unless LITELLM_LOG asks for it), and its "Give
+    Feedback / Get Help" banner after every failed call, which a retry may fix (the judge's error says what failed)."""
+    import litellm
+
+    litellm.suppress_debug_info = True
+    if not os.environ.get("LITELLM_LOG"):
+        for name in LITELLM_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
@@ -154,6 +167,7 @@ class JudgeClient:
     def __post_init__(self) -> None:
         if self.api_key_env:
             redact_in_logs(self.api_key_env)
+        quiet_litellm()
         self._semaphore = asyncio.Semaphore(self.max_concurrency)
         self._cache = None
         if self.cache_dir:
@@ -168,12 +182,14 @@ class JudgeClient:
             return None
         key = os.environ.get(self.api_key_env)
         if not key:
-            raise JudgeError(f"judge {self.model}: the environment variable {self.api_key_env} is not set")
+            raise JudgeError(f"judge {self.model}: the environment variable {self.api_key_env} is not set",
+                             kind="MissingKey")
         return key
 
     def litellm_params(self) -> dict[str, Any]:
-        """Model endpoint, key, timeout and retries for a caller that calls litellm itself (ART's RULER)."""
-        params: dict[str, Any] = {"temperature": 0, "timeout": self.timeout_s, "num_retries": self.max_retries}
+        """Model endpoint, key and timeout for a caller that calls litellm itself (ART's RULER), through ``retrying``:
+        litellm retries nothing, so that every retry is ours (counted, with Retry-After)."""
+        params: dict[str, Any] = {"temperature": 0, "timeout": self.timeout_s, "num_retries": 0}
         key = self._api_key()
         if key or self.api_base:
             params["api_key"] = key or "none"
@@ -189,9 +205,16 @@ class JudgeClient:
         """Exponential backoff with jitter before retry number ``attempt + 1``."""
         return min(self.retry_max_s, self.retry_base_s * 2**attempt) * random.uniform(0.5, 1.0)
 
+    def wait_s(self, attempt: int, error: BaseException) -> float:
+        """The wait before retry number ``attempt + 1``: the backoff, or the server's Retry-After when longer, but
+        never more than ``retry_max_s`` (a server that answers Retry-After: 3600 must not stall a run for an hour)."""
+        return min(self.retry_max_s, max(self.backoff_s(attempt), _retry_after(error) or 0.0))
+
     def redact(self, text: str) -> str:
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        return text.replace(key, "***") if key else text
+        for key in (os.environ.get(self.api_key_env) if self.api_key_env else None, self.api_key):
+            if key:
+                text = text.replace(key, "***")
+        return text
 
     def _cache_key(self, messages: list[dict], params: dict) -> str:
         blob = json.dumps([self.model, self.api_base, messages, params], sort_keys=True)
@@ -235,15 +258,27 @@ class JudgeClient:
         return await self._with_retries(messages, params, check or (lambda text: text))
 
     async def _with_retries(self, messages: list[dict], params: dict, parse: Callable[[str], Any]) -> Any:
-        """Call until ``parse`` accepts a reply: 429, 5xx, timeouts, malformed JSON and ReplyShapeError are retried
-        with backoff and jitter (Retry-After honoured). Raises JudgeError, with the last error's kind, after that."""
+        async def attempt() -> Any:
+            async with self._semaphore:
+                text = await self._call(messages, params)
+            return parse(text)
+
+        return await self.retrying(attempt)
+
+    async def retrying(self, attempt: Callable[[], Awaitable[Any]],
+                       shape_errors: tuple[type[BaseException], ...] = (json.JSONDecodeError, ReplyShapeError)) -> Any:
+        """Await ``attempt()`` (one judge call and the reading of its reply) until it returns: 429, 5xx, timeouts and
+        ``shape_errors`` (a reply that is not JSON or has the wrong shape) are retried, up to ``max_retries`` times,
+        with backoff and jitter (Retry-After honoured up to ``retry_max_s``), and counted in ``usage.retries``.
+        Raises JudgeError, naming the attempts made and the last error's kind, after that (at once for an error no
+        retry can fix, e.g. a refused key)."""
         last: Optional[BaseException] = None
-        for attempt in range(self.max_retries + 1):
+        attempts = 0
+        while True:
+            attempts += 1
             try:
-                async with self._semaphore:
-                    text = await self._call(messages, params)
-                return parse(text)
-            except (json.JSONDecodeError, ReplyShapeError) as e:  # a bad reply is worth one more try, like a 5xx
+                return await attempt()
+            except shape_errors as e:  # a bad reply is worth one more try, like a 5xx
                 last = e
             except JudgeError:
                 raise
@@ -251,14 +286,14 @@ class JudgeClient:
                 last = e
                 if not _is_retryable(e):
                     break
-            if attempt < self.max_retries:
-                self.usage.retries += 1
-                await asyncio.sleep(max(self.backoff_s(attempt), _retry_after(last) or 0.0))
+            if attempts > self.max_retries:
+                break
+            self.usage.retries += 1
+            await asyncio.sleep(self.wait_s(attempts - 1, last))
         self.usage.failures += 1
         message = self.redact(f"{type(last).__name__}: {last}")[:500]
         self.usage.last_error = message
-        raise JudgeError(f"judge {self.model} failed after {self.max_retries + 1} attempt(s): {message}",
-                         kind=type(last).__name__)
+        raise JudgeError(f"judge {self.model} failed after {attempts} attempt(s): {message}", kind=type(last).__name__)
 
     async def _call(self, messages: list[dict], params: dict) -> str:
         import litellm

@@ -1,19 +1,20 @@
 """RULER: ART's ``ruler_score_group`` ranks a group's summaries against each other with a rubric.
 
 One judge call per group, through the configured LLM judge's model, endpoint and key. GRPO only
-needs scores that are consistent within a group. A reply with the wrong shape is asked again; a group
-RULER still cannot score comes back missing: the loop leaves it out and counts it.
+needs scores that are consistent within a group. The call runs on the judge client's own retry loop, like
+every other judge call: an HTTP error (429 with its Retry-After, 5xx, a timeout) and a reply of the wrong shape
+(not JSON, the wrong number of scores: ART raises ValueError) are retried from one budget of attempts, and
+counted. A group RULER still cannot score comes back missing: the loop leaves it out and counts it.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Sequence, Union
 
 import art
 
 from summrl.data import Document
-from summrl.judges.llm import JudgeClient
+from summrl.judges.llm import JudgeClient, JudgeError
 from summrl.rewards import Missing, Score
 from summrl.rollout import SYSTEM_PROMPT, summary_prompt
 
@@ -53,28 +54,23 @@ class RulerReward:
             for s in summaries
         )
         n_scores = 1 if len(set(summaries)) == 1 else len(summaries)  # RULER sends identical trajectories once
-        client, scored, last = self.client, None, None
-        # litellm retries HTTP errors itself (num_retries); a reply of the wrong shape (not JSON, the wrong
-        # number of scores: ART raises ValueError) is asked again here, and counted, like the QA judge's.
-        for attempt in range(client.max_retries + 1):
-            client.usage.calls += 1
-            try:
-                async with client.slot():
+        client = self.client
+
+        async def attempt() -> art.TrajectoryGroup:
+            async with client.slot():
+                try:
                     scored = await ruler_score_group(group, client.model, self._litellm_params(n_scores), self.rubric)
-                break
-            except ValueError as e:
-                last = e
-            except Exception as e:  # litellm's error after its own retries
-                last = e
-                break
-            if attempt < client.max_retries:
-                client.usage.retries += 1
-                await asyncio.sleep(client.backoff_s(attempt))
-        if scored is None:
-            client.usage.failures += 1
-            error = client.redact(" ".join(f"RULER could not score the group of document {document.id} with judge "
-                                            f"{client.model}: {type(last).__name__}: {last}".split()))[:500]
-            return [Missing(error, type(last).__name__) for _ in summaries]
+                except ValueError:
+                    client.usage.calls += 1  # answered, with the wrong shape
+                    raise
+            client.usage.calls += 1
+            return scored
+
+        try:
+            scored = await client.retrying(attempt, shape_errors=(ValueError,))
+        except JudgeError as e:
+            error = client.redact(" ".join(f"RULER could not score the group of document {document.id}: {e}".split()))
+            return [Missing(error[:500], e.kind) for _ in summaries]
         return [
             Score(t.reward, {"ruler_score": t.reward, "word_count": float(len(s.split()))})
             for t, s in zip(scored.trajectories, summaries)

@@ -299,6 +299,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         t = config.trainer
         val, train_docs = load_splits(config.dataset)
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
+        sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend
         session = await open_session(config, tracker)
         step = await session.model.get_step()
         history = earlier_val_history(earlier, step)
@@ -317,7 +318,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
                 if not scored_at(history, 0):
                     history.append({**await evaluate(session, val, 0), "stage": "before_sft"})
                     save_progress()
-                record = await sft.warm_start(config, session.model, session.reward, train_docs)
+                record = await sft.warm_start(config, session.model, session.reward, train_docs, backup)
                 step = record["step"]
                 await backup.after_step(step)
             sft_steps = record["step"]

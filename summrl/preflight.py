@@ -5,6 +5,7 @@ Every missing item is listed at once with its fix (``backend=skypilot`` has its 
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -36,15 +37,17 @@ def problems(config: Any) -> list[str]:
     return found
 
 
-def model_key_names(model: str) -> list[str]:
+@functools.lru_cache(maxsize=None)
+def model_key_names(model: str) -> tuple[str, ...]:
     """The environment variables litellm reads ``model``'s key from (e.g. OPENAI_API_KEY for gpt-4.1; gemini/...
-    takes GEMINI_API_KEY or GOOGLE_API_KEY), without a network call: litellm's own table, asked with none set."""
+    takes GEMINI_API_KEY or GOOGLE_API_KEY), without a network call: litellm's own table, asked with none set.
+    Cached: the environment is emptied for a moment, which the preflight does before any other thread starts."""
     from unittest import mock
 
     import litellm
 
     with mock.patch.dict(os.environ, clear=True):  # validate_environment names a key only when it is missing
-        return list(litellm.validate_environment(model=model).get("missing_keys") or [])
+        return tuple(litellm.validate_environment(model=model).get("missing_keys") or ())
 
 
 def missing_model_keys(entry: Any) -> list[str]:
@@ -55,7 +58,7 @@ def missing_model_keys(entry: Any) -> list[str]:
     if entry.api_base:
         return []
     names = model_key_names(entry.model)
-    return [] if not names or any(os.environ.get(n) for n in names) else names
+    return [] if not names or any(os.environ.get(n) for n in names) else list(names)
 
 
 def teacher_key_names(config: Any) -> list[str]:
@@ -65,7 +68,7 @@ def teacher_key_names(config: Any) -> list[str]:
         return []
     if teacher.api_key_env:
         return [teacher.api_key_env]
-    return [] if teacher.api_base else model_key_names(teacher.model)
+    return [] if teacher.api_base else list(model_key_names(teacher.model))
 
 
 def teacher_key_problems(config: Any) -> list[str]:

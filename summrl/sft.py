@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 import art
 
-from summrl.config import Config
+from summrl.config import Config, reward_kinds
 from summrl.data import Document
 from summrl.job import write_json
 from summrl.judges.llm import JudgeClient, JudgeError, ReplyShapeError
@@ -193,8 +193,6 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
     llm_judge = config.judge.kind not in ("lexical", "local", "embedded")
     judge = Calls(f"judge {getattr(config.judge, 'model', config.judge.kind)}",
                   getattr(config.judge, "model", None) if llm_judge else None)
-    from summrl.config import reward_kinds
-
     lines = estimate([Work(teacher, 1, pending)], docs, judge, max_words=t.max_words,
                      max_summary_tokens=t.max_summary_tokens, reward_uses_ruler="ruler" in reward_kinds(config.reward),
                      qa_calls=llm_judge)

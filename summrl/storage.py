@@ -10,8 +10,8 @@ Layout, under ``s3://<bucket>/<prefix>/<project>/<run name>/``::
 A checkpoint counts only once its marker exists, so an upload cut short (a crash, a preempted machine)
 is never restored. ``sft/`` goes up during collection (every ``SFT_BACKUP_S``) and before each checkpoint, so a
 fresh machine never pays a teacher again; its ``record.json`` (SFT has trained) is restored only with its step's
-complete checkpoint, else SFT trains again from the restored samples. Credentials come from boto3's usual chain (AWS_* in the environment or .env); they
-are never logged or written.
+complete checkpoint, else SFT trains again from the restored samples. Credentials come from boto3's usual chain
+(AWS_* in the environment or .env); they are never logged or written.
 """
 
 from __future__ import annotations

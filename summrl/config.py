@@ -498,10 +498,15 @@ class TeacherConfig:
     api_base: Optional[str] = None
     api_key_env: Optional[str] = None  # the variable holding the key; the key itself is never in config
     max_concurrency: int = 8
-    timeout_s: float = 120.0
+    timeout_s: float = 120.0  # per call
+    max_retries: int = 5  # on 429, 5xx, timeouts and empty replies; backoff with jitter, Retry-After honoured
+    retry_base_s: float = 1.0
+    retry_max_s: float = 30.0
 
     def __post_init__(self) -> None:
         _require(self.max_concurrency > 0, "sft.teacher.max_concurrency", f"must be > 0, got {self.max_concurrency}")
+        _require(self.timeout_s > 0, "sft.teacher.timeout_s", f"must be > 0, got {self.timeout_s}")
+        _require(self.max_retries >= 0, "sft.teacher.max_retries", f"must be >= 0, got {self.max_retries}")
 
 
 @dataclass
@@ -528,9 +533,6 @@ class SFTConfig:
             _require(getattr(self, key) > 0, f"sft.{key}", f"must be > 0, got {getattr(self, key)}")
         _require(self.lr > 0, "sft.lr", f"must be > 0, got {self.lr}")
         _require(self.max_docs is None or self.max_docs > 0, "sft.max_docs", f"must be > 0 or null, got {self.max_docs}")
-        # Every reward of summrl lies in [0, 1]: a higher threshold keeps nothing.
-        _require(self.min_reward is None or self.min_reward <= 1.0, "sft.min_reward",
-                 f"{self.min_reward} is unreachable (rewards lie in [0, 1]); lower it or use sft.top_k")
         _require(self.min_reward is not None or self.top_k is not None, "sft.top_k",
                  "set sft.min_reward or sft.top_k: one of them filters the samples")
         _require(self.top_k is None or 1 <= self.top_k <= self.samples_per_doc, "sft.top_k",
@@ -747,6 +749,11 @@ def validate(cfg: DictConfig) -> Config:
     from summrl.algorithm import check_backend_support
 
     check_backend_support(config.algorithm, config.backend.kind)
+    if config.sft.kind != "none" and config.sft.min_reward is not None:
+        low, high = reward_range(config.reward)
+        _require(config.sft.min_reward <= high, "sft.min_reward",
+                 f"{config.sft.min_reward} is unreachable: reward={config.reward.kind} lies in [{low:g}, {high:g}]; "
+                 "lower it, or filter by rank with sft.min_reward=null sft.top_k=<k>")
     if config.sft.kind == "distill" and config.sft.confirm and config.backend.kind == "skypilot":
         raise ConfigError("sft.confirm: the remote job has no terminal to confirm the teacher's cost in: add "
                           "sft.confirm=false (the plan with its estimate is printed in the job's log)")

@@ -282,7 +282,7 @@ async def sft_stage(session: Session, val: Sequence[Document], train_docs: Seque
         if not scored_at(history, 0):
             history.append({**await evaluate(session, val, 0), "stage": "before_sft"})
             save_progress()
-        record = await sft.warm_start(config, session.model, session.reward, train_docs)
+        record = await sft.warm_start(config, session.model, session.reward, train_docs, backup)
         step = record["step"]
         await backup.after_step(step)
     if step == record["step"] and not scored_at(history, step):  # only the SFT checkpoint's own weights
@@ -319,6 +319,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         val, train_docs = load_splits(config.dataset)
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
+        sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend
         session = await open_session(config, tracker)
         step = await session.model.get_step()
         history = earlier_val_history(earlier, step)

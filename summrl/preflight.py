@@ -5,6 +5,7 @@ Every missing item is listed at once with its fix (``backend=skypilot`` has its 
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -22,9 +23,7 @@ def problems(config: Any) -> list[str]:
 
     found = [f"judge.api_key_env={name}: the judge's key is not set: export {name} or put it in .env"
              for name in missing_keys(config.judge)]
-    if config.sft.kind == "distill":
-        found += [f"sft.teacher.api_key_env={name}: the teacher's key is not set: export {name} or put it in .env"
-                  for name in missing_keys(config.sft.teacher)]
+    found += teacher_key_problems(config)
     if config.backend.kind == "local_gpu":
         try:
             check_local_gpu()
@@ -36,6 +35,53 @@ def problems(config: Any) -> list[str]:
         found.append("storage.enabled=true needs a bucket: set BACKUP_BUCKET in the environment or .env, "
                      "or storage.bucket=<name>; or turn backups off with storage.enabled=false")
     return found
+
+
+@functools.lru_cache(maxsize=None)
+def model_key_names(model: str) -> tuple[str, ...]:
+    """The environment variables litellm reads ``model``'s key from (e.g. OPENAI_API_KEY for gpt-4.1; gemini/...
+    takes GEMINI_API_KEY or GOOGLE_API_KEY), without a network call: litellm's own table, asked with none set.
+    Cached: the environment is emptied for a moment, which the preflight does before any other thread starts."""
+    from unittest import mock
+
+    import litellm
+
+    with mock.patch.dict(os.environ, clear=True):  # validate_environment names a key only when it is missing
+        return tuple(litellm.validate_environment(model=model).get("missing_keys") or ())
+
+
+def missing_model_keys(entry: Any) -> list[str]:
+    """Variables a litellm model entry (``model``, ``api_key_env``, ``api_base``) needs that are not set. A model
+    on its own api_base needs only its api_key_env; otherwise any one of litellm's variables for it will do."""
+    if entry.api_key_env:
+        return [] if os.environ.get(entry.api_key_env) else [entry.api_key_env]
+    if entry.api_base:
+        return []
+    names = model_key_names(entry.model)
+    return [] if not names or any(os.environ.get(n) for n in names) else list(names)
+
+
+def teacher_key_names(config: Any) -> list[str]:
+    """The variables that hold sft=distill's teacher key (to forward to a remote job), set or not."""
+    teacher = config.sft.teacher
+    if config.sft.kind != "distill":
+        return []
+    if teacher.api_key_env:
+        return [teacher.api_key_env]
+    return [] if teacher.api_base else list(model_key_names(teacher.model))
+
+
+def teacher_key_problems(config: Any) -> list[str]:
+    """sft=distill's teacher key, checked before the model loads (a hosted teacher with api_key_env=null
+    reads litellm's usual variable for its provider)."""
+    if config.sft.kind != "distill":
+        return []
+    missing = missing_model_keys(config.sft.teacher)
+    if not missing:
+        return []
+    fix = "" if config.sft.teacher.api_key_env else " (or name another with sft.teacher.api_key_env)"
+    return [f"sft.teacher.model={config.sft.teacher.model} needs {' or '.join(missing)}: export it or put it in "
+            f".env{fix}"]
 
 
 def check(config: Any) -> None:

@@ -1,9 +1,18 @@
 """The SFT warm start (``sft=distill|best_of_n``): collect summaries, keep the best by the run's reward, fine-tune.
 
-A stage beside the GRPO loop: ``loop.train`` calls :func:`warm_start` once, at step 0. Collection writes
-``<run dir>/sft/samples.jsonl`` (ART's SFT chat format, one kept sample a line) and ``collected.jsonl`` (one
-line per document done, with every sample's reward), each appended and fsynced as a document finishes, so a
-rerun skips the documents already done and never pays a teacher twice. Training is ``model.train_sft``.
+A stage beside the GRPO loop: ``loop.train`` calls :func:`confirm_cost` once the documents are loaded (before
+any model loads or anything is paid), then :func:`warm_start` once, at step 0. Collection keeps, in
+``<run dir>/sft/``, each appended and fsynced as it happens:
+
+- ``summaries.jsonl``: every summary written (a teacher's reply, a policy sample) the moment it arrives, kept or
+  not, so that a crash or a rerun never asks for it again;
+- ``samples.jsonl``: the kept samples, in ART's SFT chat format;
+- ``collected.jsonl``: one line per document done (scored and filtered), with every sample's reward;
+- ``teacher_usage.json``: the teacher's calls, tokens and $ over every invocation of the run.
+
+A document whose teacher calls fail after their retries, or whose scores are missing (the judge failed), stays
+pending while the others go on; the stage then fails with one :class:`SFTError` and a rerun continues it.
+Training is ``model.train_sft``; ``record.json`` is written once it has trained, so a resumed run never redoes it.
 """
 
 from __future__ import annotations
@@ -13,20 +22,26 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import art
 
-from summrl.config import Config
+from summrl.config import Config, reward_kinds
 from summrl.data import Document
-from summrl.rewards import Missing
 from summrl.job import write_json
+from summrl.judges.llm import JudgeClient, JudgeError, ReplyShapeError
+from summrl.rewards import Missing
 from summrl.rollout import rollout, sample_seed, summary_messages, summary_of
+from summrl.storage import SFT_RECORD as RECORD
+from summrl.storage import CheckpointBackup, NoBackup, sft_dir
 
+SUMMARIES = "summaries.jsonl"
 SAMPLES = "samples.jsonl"
 COLLECTED = "collected.jsonl"
-RECORD = "record.json"  # the stage's record once SFT has trained: a resumed run reads it and never redoes SFT
+USAGE = "teacher_usage.json"
+USAGE_KEYS = ("calls", "retries", "failures", "input_tokens", "output_tokens", "cost_usd")
 
 
 class CostNotConfirmed(RuntimeError):
@@ -34,11 +49,8 @@ class CostNotConfirmed(RuntimeError):
 
 
 class SFTError(RuntimeError):
-    """A failure of the SFT stage the user can fix (nothing passed the filter, the teacher failed after its retries)."""
-
-
-def sft_dir(config: Config) -> Path:
-    return Path(config.run.dir) / "sft"
+    """An SFT stage the user can fix or continue: teacher calls or judge scores that failed after their retries
+    (a rerun continues), or no sample that passed the filter."""
 
 
 def saved_record(config: Config) -> dict:
@@ -54,18 +66,19 @@ def read_jsonl(path: Path) -> list[dict]:
     for line in path.read_text().splitlines():
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut off by a crash: its document is collected again
+        except json.JSONDecodeError:  # a line cut off by a crash: what it held is asked for again
             continue
     return rows
 
 
 def append_jsonl(path: Path, rows: Sequence[dict]) -> None:
-    cut = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
-    with path.open("a") as f:
-        if cut:  # the last write was cut off by a crash: start a fresh line
-            f.write("\n")
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    with path.open("ab") as f:
+        if f.tell():  # "ab" starts at the end: look at the last byte only
+            with path.open("rb") as last:
+                last.seek(-1, os.SEEK_END)
+                if last.read(1) != b"\n":  # the last write was cut off by a crash: start a fresh line
+                    f.write(b"\n")
+        f.write("".join(json.dumps(row) + "\n" for row in rows).encode())
         f.flush()
         os.fsync(f.fileno())
 
@@ -84,44 +97,61 @@ def collection_documents(config: Config, train_docs: Sequence[Document]) -> list
     return docs[: config.sft.max_docs] if config.sft.max_docs else docs
 
 
+def written_summaries(folder: Path) -> dict[str, dict[int, str]]:
+    """The summaries already on disk: document id -> {sample index: text}."""
+    written: dict[str, dict[int, str]] = {}
+    for row in read_jsonl(folder / SUMMARIES):
+        written.setdefault(row["document_id"], {})[int(row["index"])] = row["summary"]
+    return written
+
+
+def teacher_usage(folder: Path) -> dict[str, float]:
+    """The teacher's calls, retries, failed calls, tokens and $ over every invocation of this run."""
+    path = folder / USAGE
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    return {key: saved.get(key, 0) for key in USAGE_KEYS}
+
+
 # --------------------------------------------------------------------------- writers of summaries
 
 
+def non_empty(text: str) -> str:
+    """A teacher's reply must hold a summary: a thinking model can spend its tokens and return nothing."""
+    if not text.strip():
+        raise ReplyShapeError("the teacher's reply is empty (raise trainer.max_summary_tokens for a thinking model)")
+    return text
+
+
 class Teacher:
-    """sft=distill: any litellm model or OpenAI-compatible endpoint writes the summaries."""
+    """sft=distill: any litellm model or OpenAI-compatible endpoint writes the summaries, through the judges' client
+    (concurrency, retries with backoff and Retry-After, counts, key redaction). Its usage is kept on disk after
+    every call, added to what earlier invocations of the run spent."""
 
     def __init__(self, config: Config) -> None:
-        self.config, self.teacher = config, config.sft.teacher
-        self.slot = asyncio.Semaphore(self.teacher.max_concurrency)
-        self.calls, self.cost_usd = 0, 0.0
+        from summrl.preflight import model_key_names
 
-    def _api_key(self) -> Optional[str]:
-        if self.teacher.api_key_env:
-            key = os.environ.get(self.teacher.api_key_env)
-            if not key:
-                raise RuntimeError(f"sft.teacher: the environment variable {self.teacher.api_key_env} is not set")
-            return key
-        return "none" if self.teacher.api_base else None
+        t = config.sft.teacher
+        self.trainer, self.folder = config.trainer, sft_dir(config)
+        key_env = t.api_key_env
+        if not key_env and not t.api_base:  # litellm's variable for a hosted teacher: read and redacted as ours
+            key_env = next((n for n in model_key_names(t.model) if os.environ.get(n)), None)
+        self.client = JudgeClient(model=t.model, api_key_env=key_env, api_base=t.api_base,
+                                  max_concurrency=t.max_concurrency, timeout_s=t.timeout_s, max_retries=t.max_retries,
+                                  retry_base_s=t.retry_base_s, retry_max_s=t.retry_max_s)
+        self.earlier = teacher_usage(self.folder)
 
-    async def one(self, document: Document) -> str:
-        import litellm
+    def usage(self) -> dict[str, float]:
+        now = self.client.usage
+        return {key: self.earlier[key] + getattr(now, key) for key in USAGE_KEYS}
 
-        t = self.config.trainer
-        async with self.slot:
-            response = await litellm.acompletion(
-                model=self.teacher.model, messages=summary_messages(document, t.max_words),
-                api_base=self.teacher.api_base, api_key=self._api_key(), max_tokens=t.max_summary_tokens,
-                temperature=t.temperature, timeout=self.teacher.timeout_s, num_retries=3,
-            )
-        self.calls += 1
+    async def write(self, document: Document, index: int) -> str:
+        t = self.trainer
         try:
-            self.cost_usd += float(litellm.completion_cost(completion_response=response) or 0.0)
-        except Exception:  # not in litellm's cost map
-            pass
-        return response.choices[0].message.content or ""
-
-    async def write(self, document: Document, n: int) -> list[str]:
-        return list(await asyncio.gather(*(self.one(document) for _ in range(n))))
+            return await self.client.complete_text(summary_messages(document, t.max_words),
+                                                   max_tokens=t.max_summary_tokens, temperature=t.temperature,
+                                                   check=non_empty)
+        finally:
+            write_json(self.folder / USAGE, self.usage())
 
 
 class Policy:
@@ -130,30 +160,46 @@ class Policy:
     def __init__(self, model: art.Model, config: Config) -> None:
         self.model, self.trainer, self.seed = model, config.trainer, config.seed
 
-    async def write(self, document: Document, n: int) -> list[str]:
+    async def write(self, document: Document, index: int) -> str:
         t = self.trainer
         # Seeded like the loop's rollouts: the same run collects the same samples, whatever is batched with them.
-        trajectories = await asyncio.gather(*(
-            rollout(self.model, document, max_words=t.max_words, max_tokens=t.max_summary_tokens,
-                    temperature=t.temperature, seed=sample_seed(self.seed, "sft", document.id, i)) for i in range(n)))
-        return [summary_of(tr) for tr in trajectories]
+        trajectory = await rollout(self.model, document, max_words=t.max_words, max_tokens=t.max_summary_tokens,
+                                   temperature=t.temperature, seed=sample_seed(self.seed, "sft", document.id, index))
+        return summary_of(trajectory)
 
 
-def confirm_teacher_cost(config: Config, pending: Sequence[Document]) -> None:
-    """The benchmark's cost guard for the teacher's calls (and an LLM judge's calls to score them)."""
+# --------------------------------------------------------------------------- the cost guard
+
+
+def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
+    """sft=distill: print the teacher's calls still to make and their price (the benchmark's cost guard), and ask
+    before any of them (``sft.confirm=false`` skips the question). Called before the model loads, so a refusal
+    costs nothing. Raises CostNotConfirmed."""
     from summrl.benchmark.cost import Calls, Work, confirmed, estimate, needs_confirmation, render
 
     s, t = config.sft, config.trainer
+    if s.kind != "distill" or saved_record(config):
+        return
+    folder = sft_dir(config)
+    done = {row["document_id"] for row in read_jsonl(folder / COLLECTED)}
+    written = written_summaries(folder)
+    pending = {d.id: s.samples_per_doc - len(written.get(d.id, {}))
+               for d in collection_documents(config, train_docs) if d.id not in done}
+    pending = {doc_id: n for doc_id, n in pending.items() if n > 0}
+    if not pending:
+        return
+    docs = [d for d in train_docs if d.id in pending]
     teacher = Calls(f"teacher {s.teacher.model}", s.teacher.model)
     llm_judge = config.judge.kind not in ("lexical", "local", "embedded")
     judge = Calls(f"judge {getattr(config.judge, 'model', config.judge.kind)}",
                   getattr(config.judge, "model", None) if llm_judge else None)
-    lines = estimate([Work(teacher, 1, {d.id: s.samples_per_doc for d in pending})], pending, judge,
-                     max_words=t.max_words, max_summary_tokens=t.max_summary_tokens,
-                     reward_uses_ruler="ruler" in (config.reward.kind, getattr(config.reward, "base", None)),
+    lines = estimate([Work(teacher, 1, pending)], docs, judge, max_words=t.max_words,
+                     max_summary_tokens=t.max_summary_tokens, reward_uses_ruler="ruler" in reward_kinds(config.reward),
                      qa_calls=llm_judge)
-    plan = render(lines, len(pending) * s.samples_per_doc, 0).split("\n", 1)[1]
-    print(f"summrl: sft plan: {len(pending)} documents x {s.samples_per_doc} teacher summaries\n{plan}", flush=True)
+    calls = sum(pending.values())
+    plan = render(lines, calls, 0).split("\n", 1)[1]
+    print(f"summrl: sft plan: {calls} teacher summaries for {len(pending)} documents "
+          f"({sum(len(v) for v in written.values())} already written)\n{plan}", flush=True)
     if s.confirm and needs_confirmation(lines) and not confirmed():
         raise CostNotConfirmed("sft: the teacher's cost was not confirmed; nothing was called "
                                "(sft.confirm=false skips the question)")
@@ -162,8 +208,11 @@ def confirm_teacher_cost(config: Config, pending: Sequence[Document]) -> None:
 # --------------------------------------------------------------------------- the stage
 
 
-async def collect(config: Config, model: art.Model, reward: Any, train_docs: Sequence[Document]) -> dict:
-    """Write and score ``samples_per_doc`` summaries per pending document; append the kept ones as they arrive."""
+async def collect(config: Config, model: Optional[art.Model], reward: Any, train_docs: Sequence[Document],
+                  backup: CheckpointBackup | NoBackup | None = None) -> dict:
+    """Write ``samples_per_doc`` summaries per pending document (each on disk as it arrives; those already there are
+    not asked for again), score each document's, and append the kept ones. Raises SFTError, once every document
+    has been tried, when some are left pending."""
     s = config.sft
     folder = sft_dir(config)
     folder.mkdir(parents=True, exist_ok=True)
@@ -172,28 +221,64 @@ async def collect(config: Config, model: art.Model, reward: Any, train_docs: Seq
     pending = [d for d in docs if d.id not in done]
     print(f"summrl: sft collection ({s.kind}): {len(docs) - len(pending)} of {len(docs)} documents already collected",
           flush=True)
-    if s.kind == "distill" and pending:
-        confirm_teacher_cost(config, pending)
     writer = Teacher(config) if s.kind == "distill" else Policy(model, config)
+    written = written_summaries(folder)
     # best_of_n: a few documents at a time, so the embedded endpoint batches their rollouts
     parallel = asyncio.Semaphore(s.teacher.max_concurrency if s.kind == "distill" else config.trainer.groups_per_step)
+    failed: dict[str, str] = {}  # document id -> what failed, e.g. "teacher RateLimitError"
+    first_error: list[str] = []
     started = time.perf_counter()
+
+    async def write(doc: Document, index: int) -> None:
+        text = await writer.write(doc, index)
+        append_jsonl(folder / SUMMARIES, [{"document_id": doc.id, "index": index, "summary": text}])
+        written.setdefault(doc.id, {})[index] = text
 
     async def one(doc: Document) -> None:
         async with parallel:
-            summaries = await writer.write(doc, s.samples_per_doc)
+            todo = [i for i in range(s.samples_per_doc) if i not in written.get(doc.id, {})]
+            results = await asyncio.gather(*(write(doc, i) for i in todo), return_exceptions=True)
+            errors = [e for e in results if isinstance(e, BaseException)]
+            unexpected = [e for e in errors if not isinstance(e, JudgeError)]
+            if unexpected:
+                raise unexpected[0]
+            if errors:  # the summaries that did arrive are on disk; the rerun asks only for the others
+                failed[doc.id] = f"teacher {errors[-1].kind}"
+                # the client is the judges' one: its message says "judge <model>"
+                first_error.append(str(errors[-1]).replace("judge ", "teacher ", 1))
+                return
+            summaries = [written[doc.id][i] for i in range(s.samples_per_doc)]
             scores = await reward.score_group(doc, summaries)
-        rewards = [None if isinstance(sc, Missing) else sc.reward for sc in scores]
+        missing = [sc for sc in scores if isinstance(sc, Missing)]
+        if missing:  # scored again by a rerun, from the summaries on disk
+            failed[doc.id] = f"judge {missing[0].kind}"
+            first_error.append(missing[0].error)
+            return
+        rewards = [sc.reward for sc in scores]
         kept = keep(rewards, s.min_reward, s.top_k)
         samples = [{"messages": [*summary_messages(doc, config.trainer.max_words),
                                  {"role": "assistant", "content": summaries[i]}],
                     "metadata": {"document_id": doc.id, "reward": rewards[i]}} for i in kept]
         append_jsonl(folder / SAMPLES, samples)  # samples first: a document is done only once its samples are on disk
         append_jsonl(folder / COLLECTED, [{"document_id": doc.id, "rewards": rewards, "kept": kept}])
+        if backup is not None:
+            await backup.save_sft()
 
-    await asyncio.gather(*(one(d) for d in pending))
-    return {"collect_s": round(time.perf_counter() - started, 1),
-            "teacher_calls": getattr(writer, "calls", 0), "teacher_cost_usd": getattr(writer, "cost_usd", 0.0)}
+    try:
+        await asyncio.gather(*(one(d) for d in pending))
+    finally:
+        if backup is not None:
+            await backup.save_sft(force=True)
+    if failed:
+        kinds = ", ".join(f"{kind} x{n}" for kind, n in Counter(failed.values()).most_common())
+        first = " ".join(first_error[0].split())[:300]
+        raise SFTError(f"sft: {len(failed)} of {len(docs)} documents failed after their retries ({kinds}; first: "
+                       f"{first}) and are left pending; {len(docs) - len(failed)} are collected and "
+                       f"every summary written is kept in {folder}: rerun the same command (same run.name) to continue "
+                       "with the pending ones only")
+    usage = teacher_usage(folder)
+    return {"collect_s": round(time.perf_counter() - started, 1), "teacher_calls": int(usage["calls"]),
+            "teacher_retries": int(usage["retries"]), "teacher_cost_usd": usage["cost_usd"]}
 
 
 def training_samples(config: Config) -> list[art.Trajectory]:
@@ -209,11 +294,12 @@ def training_samples(config: Config) -> list[art.Trajectory]:
             for row in rows]
 
 
-async def warm_start(config: Config, model: art.Model, reward: Any, train_docs: Sequence[Document]) -> dict:
+async def warm_start(config: Config, model: art.TrainableModel, reward: Any, train_docs: Sequence[Document],
+                     backup: CheckpointBackup | NoBackup | None = None) -> dict:
     """Collect (or continue collecting), then ``model.train_sft`` over ``sft.epochs`` shuffled passes.
     Returns the record for ``result.json``'s ``sft``; the SFT checkpoint is the model's next step."""
     s = config.sft
-    record: dict[str, Any] = {"kind": s.kind, **await collect(config, model, reward, train_docs)}
+    record: dict[str, Any] = {"kind": s.kind, **await collect(config, model, reward, train_docs, backup)}
     collected = read_jsonl(sft_dir(config) / COLLECTED)
     samples = training_samples(config)
     rewards = [r for row in collected for r in row["rewards"] if r is not None]
@@ -221,9 +307,10 @@ async def warm_start(config: Config, model: art.Model, reward: Any, train_docs: 
                   samples_kept=len(samples),
                   mean_reward_collected=sum(rewards) / len(rewards) if rewards else None,
                   mean_reward_kept=sum(t.reward for t in samples) / len(samples) if samples else None)
-    if not samples:
-        raise RuntimeError(f"sft: no sample passed the filter (sft.min_reward={s.min_reward}, sft.top_k={s.top_k}) "
-                           f"out of {record['samples_collected']}: lower sft.min_reward")
+    if not samples:  # every document was scored (failures raise above): the filter kept none
+        raise SFTError(f"sft: no sample passed the filter (sft.min_reward={s.min_reward}, sft.top_k={s.top_k}) out of "
+                       f"{record['samples_collected']} scored (best {max(rewards, default=float('nan')):.3f}): lower "
+                       "sft.min_reward, or use sft.min_reward=null sft.top_k=1")
     epochs = []
     for epoch in range(s.epochs):
         order = list(samples)
@@ -233,6 +320,10 @@ async def warm_start(config: Config, model: art.Model, reward: Any, train_docs: 
     await model.train_sft(epochs, config=art.TrainSFTConfig(learning_rate=s.lr, batch_size=s.batch_size))
     record.update(train_s=round(time.perf_counter() - started, 1), step=await model.get_step())
     write_json(sft_dir(config) / RECORD, record)  # before anything else can fail: SFT is never redone
+    # The stage's figures join the history at the SFT step: W&B mirrors it (its summary keeps the last values).
+    await model.log(split="train", step=record["step"], metrics={
+        "sft/samples_kept": float(record["samples_kept"]), "sft/samples_collected": float(record["samples_collected"]),
+        "sft/teacher_calls": float(record["teacher_calls"]), "sft/teacher_cost_usd": float(record["teacher_cost_usd"])})
     print(f"summrl: sft: {record['samples_kept']} of {record['samples_collected']} samples kept "
           f"(mean reward {record['mean_reward_kept']:.3f} vs {record['mean_reward_collected']:.3f} collected), "
           f"{s.epochs} epoch(s) in {record['train_s']}s -> step {record['step']}", flush=True)

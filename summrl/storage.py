@@ -5,10 +5,13 @@ Layout, under ``s3://<bucket>/<prefix>/<project>/<run name>/``::
     history.jsonl                      the run's metrics so far
     checkpoints/<step:04d>/<files>     one checkpoint folder, as the backend wrote it
     checkpoints/<step:04d>.complete    written last: the manifest (path -> size, md5) of that folder
+    sft/<files>                        sft=: the collected summaries, kept samples, teacher usage, stage record
 
 A checkpoint counts only once its marker exists, so an upload cut short (a crash, a preempted machine)
-is never restored. Credentials come from boto3's usual chain (AWS_* in the environment or .env); they
-are never logged or written.
+is never restored. ``sft/`` goes up during collection (every ``SFT_BACKUP_S``) and before each checkpoint, so a
+fresh machine never pays a teacher again; its ``record.json`` (SFT has trained) is restored only with its step's
+complete checkpoint, else SFT trains again from the restored samples. Credentials come from boto3's usual chain
+(AWS_* in the environment or .env); they are never logged or written.
 """
 
 from __future__ import annotations
@@ -17,11 +20,17 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 COMPLETE = ".complete"
+SFT_DIR = "sft"  # <run dir>/sft: the SFT stage's files (summrl.sft)
+SFT_RECORD = "record.json"  # sft/record.json: the SFT stage has trained, and its checkpoint's step
+SFT_BACKUP_S = 60.0  # during collection, sft/ goes up at most this often (and once collection ends)
 
 
 class StorageError(RuntimeError):
@@ -41,6 +50,19 @@ def bucket_label(storage: Any) -> str:
 def model_dir(config: Any) -> Path:
     """Where the backend keeps this run's ART state (ART's layout: <art path>/<project>/models/<name>)."""
     return Path(config.run.dir) / "art" / config.project / "models" / config.run.name
+
+
+def sft_dir(config: Any) -> Path:
+    """Where the SFT stage keeps its samples and record (summrl.sft)."""
+    return Path(config.run.dir) / SFT_DIR
+
+
+def sft_files(folder: Path) -> list[Path]:
+    """The SFT files to back up, in an order that keeps the backup consistent when read back: summaries before the
+    samples kept from them, samples before the documents marked done, the record last."""
+    order = {"summaries.jsonl": 0, "samples.jsonl": 1, "collected.jsonl": 2, SFT_RECORD: 9}
+    files = [p for p in folder.glob("*") if p.is_file() and not p.name.endswith(".tmp")] if folder.is_dir() else []
+    return sorted(files, key=lambda p: (order.get(p.name, 5), p.name))
 
 
 def local_steps(checkpoints: Path) -> list[int]:
@@ -81,8 +103,11 @@ class CheckpointBackup:
     local: Path  # the run's ART model dir
     every: int
     max_steps: int
+    sft_local: Optional[Path] = None  # the run's sft/ folder
     restore_enabled: bool = True
     uploaded: set[int] = field(default_factory=set)
+    sft_uploaded: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (size, mtime) last uploaded
+    sft_backed_up_at: float = 0.0
 
     @classmethod
     def open(cls, config: Any) -> "CheckpointBackup | NoBackup":
@@ -98,7 +123,8 @@ class CheckpointBackup:
         _ensure_bucket(client, bucket, bucket_label(storage), storage)
         root = "/".join(p for p in (storage.prefix, config.project, config.run.name) if p)
         return cls(client=client, bucket=bucket, label=bucket_label(storage), root=root, local=model_dir(config),
-                   every=storage.backup_every, max_steps=config.trainer.max_steps, restore_enabled=storage.restore)
+                   every=storage.backup_every, max_steps=config.trainer.max_steps, sft_local=sft_dir(config),
+                   restore_enabled=storage.restore)
 
     @property
     def url(self) -> str:
@@ -119,8 +145,12 @@ class CheckpointBackup:
         return sorted(steps)
 
     def restore(self) -> Optional[int]:
-        """With no local checkpoint, download the latest complete backup; the backend then resumes at its step."""
-        if not self.restore_enabled or local_steps(self.local / "checkpoints"):
+        """With no local checkpoint, download the latest complete backup; the backend then resumes at its step.
+        With no local sft/ folder, download the backed-up one (a collection continues without paying again)."""
+        if not self.restore_enabled:
+            return None
+        self._restore_sft()
+        if local_steps(self.local / "checkpoints"):
             return None
         steps = self.complete_steps()
         if not steps:
@@ -145,7 +175,50 @@ class CheckpointBackup:
         print(f"summrl: restored step {step} from {self.url}", flush=True)
         return step
 
+    def _restore_sft(self) -> None:
+        if self.sft_local is None or sft_files(self.sft_local):
+            return
+        prefix = f"{self.root}/sft/"
+        names = [obj["Key"][len(prefix):]
+                 for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+                 for obj in page.get("Contents", [])]
+        restored = []
+        for name in names:
+            if "/" in name:
+                continue
+            body = self._get(f"sft/{name}")
+            if name == SFT_RECORD and json.loads(body).get("step") not in self.complete_steps():
+                continue  # SFT trained, but its checkpoint never finished uploading: it trains again
+            self.sft_local.mkdir(parents=True, exist_ok=True)
+            (self.sft_local / name).write_bytes(body)
+            restored.append(name)
+        if restored:
+            print(f"summrl: restored sft/ ({', '.join(sorted(restored))}) from {self.url}", flush=True)
+
     # ------------------------------------------------------------------ backup
+
+    async def save_sft(self, *, force: bool = False) -> None:
+        """Back up sft/ during collection: at most every SFT_BACKUP_S seconds, or now (``force``). The files are
+        copied first, between two appends, so the upload (in a thread) sends a consistent snapshot."""
+        if self.sft_local is None or not (force or time.monotonic() - self.sft_backed_up_at >= SFT_BACKUP_S):
+            return
+        self.sft_backed_up_at = time.monotonic()
+        with tempfile.TemporaryDirectory() as snapshot:
+            files = [Path(shutil.copy2(p, Path(snapshot) / p.name)) for p in sft_files(self.sft_local)]
+            try:
+                await asyncio.to_thread(self._upload_sft, files)
+            except Exception as e:  # the next backup tries again; collection goes on
+                print(f"summrl: warning: backup of sft/ to {self.url} failed ({_describe(e, self.bucket, self.label)})",
+                      flush=True)
+
+    def _upload_sft(self, files: list[Path]) -> None:
+        """Upload the SFT files that changed since the last upload, in sft_files' order."""
+        for path in files:
+            stat = path.stat()
+            if self.sft_uploaded.get(path.name) == (stat.st_size, stat.st_mtime_ns):
+                continue
+            self._upload(path, f"{self.root}/sft/{path.name}")
+            self.sft_uploaded[path.name] = (stat.st_size, stat.st_mtime_ns)
 
     async def after_step(self, step: int, *, final: bool = False) -> None:
         """Back up ``step`` every ``backup_every`` steps and at the end; history goes up each time."""
@@ -155,6 +228,8 @@ class CheckpointBackup:
 
     def _backup(self, step: int) -> None:
         try:
+            if self.sft_local is not None:  # before the checkpoint: a record.json counts only with its checkpoint
+                self._upload_sft(sft_files(self.sft_local))
             if step not in self.uploaded and (self.local / "checkpoints" / f"{step:04d}").is_dir():
                 self._upload_checkpoint(step)
                 self.uploaded.add(step)
@@ -209,6 +284,9 @@ class NoBackup:
         return None
 
     def save_result(self, run_dir: str) -> None:
+        return None
+
+    async def save_sft(self, *, force: bool = False) -> None:
         return None
 
 

@@ -16,7 +16,7 @@ from summrl.config import Config
 from summrl.job import JobInfo
 from summrl.secrets import redact
 
-TAG_GROUPS = ("reward", "judge", "model", "backend", "algorithm")
+TAG_GROUPS = ("reward", "judge", "model", "backend", "algorithm", "sft")
 
 
 class Tracker:

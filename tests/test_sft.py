@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tests.conftest import ROOT, compose_config, run_cli
@@ -26,7 +28,9 @@ from tests.conftest import ROOT, compose_config, run_cli
         (["sft=distill"], "sft.teacher.model"),
         (["sft=best_of_n", "sft.samples_per_doc=0"], "sft.samples_per_doc"),
         (["sft=best_of_n", "sft.min_reward=1.5"], "sft.min_reward"),
+        (["sft=best_of_n", "reward=qa_rubric", "sft.min_reward=1.25"], "sft.min_reward"),
         (["sft=best_of_n", "sft.top_k=5", "sft.samples_per_doc=4"], "sft.top_k"),
+        (["sft=distill", "sft.teacher.model=openai/t", "sft.teacher.max_retries=-1"], "sft.teacher.max_retries"),
     ],
 )
 def test_bad_sft_config_fails_fast_naming_the_key(args, key, tmp_path):
@@ -37,6 +41,20 @@ def test_bad_sft_config_fails_fast_naming_the_key(args, key, tmp_path):
     assert f"config error: {key}:" in result.stderr + result.stdout
     assert not (tmp_path / "run" / "art").exists()  # nothing loaded
     assert elapsed < 10  # the process as a whole, interpreter start included (validation itself is well under 2 s)
+
+
+def test_min_reward_is_checked_against_the_rewards_own_range():
+    """A weighted reward reaches above 1 (qa + 0.2 x rubric: 1.2): a threshold in (1, 1.2] is reachable, one above
+    is refused with the range named."""
+    from summrl.config import ConfigError, reward_range
+
+    assert reward_range(compose_config(["experiment=local"]).reward) == (0.0, 1.0)
+    assert reward_range(compose_config(["experiment=local", "reward=qa_rubric"]).reward) == pytest.approx((0.0, 1.2))
+    low, high = reward_range(compose_config(["experiment=local", "reward=length_penalized"]).reward)
+    assert low == float("-inf") and high == 1.0  # a linear length penalty is unbounded below
+    assert compose_config(["experiment=local", "sft=best_of_n", "reward=qa_rubric", "sft.min_reward=1.1"]).sft.min_reward == 1.1
+    with pytest.raises(ConfigError, match=r"sft.min_reward: 1.3 is unreachable: reward=weighted lies in \[0, 1.2\]"):
+        compose_config(["experiment=local", "sft=best_of_n", "reward=qa_rubric", "sft.min_reward=1.3"])
 
 
 def test_sft_none_is_the_default_and_distill_takes_any_teacher():
@@ -55,36 +73,276 @@ def test_keep_filters_by_min_reward_or_top_k_and_never_keeps_a_missing_reward():
     assert keep([None, None], min_reward=None, top_k=1) == []
 
 
+# --------------------------------------------------------------------------- the teacher's key (preflight)
+
+
+def test_a_hosted_teachers_missing_key_stops_the_run_in_the_preflight(tmp_path):
+    """sft.teacher.api_key_env=null (distill.yaml's default) with a hosted teacher: litellm's own variable for it
+    is checked before anything loads (a subprocess run of the CLI)."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    result = subprocess.run([sys.executable, "-m", "summrl.train", "experiment=local", "sft=distill",
+                             "sft.teacher.model=gpt-4.1", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "sft.teacher.model=gpt-4.1 needs OPENAI_API_KEY" in result.stderr
+    assert not (tmp_path / "run" / "art").exists()
+
+
+def test_teacher_key_problems_and_the_secrets_a_remote_job_gets(monkeypatch):
+    from summrl.cloud.launch import secrets
+    from summrl.preflight import teacher_key_problems
+
+    for name in ("ANTHROPIC_API_KEY", "MY_TEACHER_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    hosted = compose_config(["experiment=local", "sft=distill", "sft.teacher.model=anthropic/claude-sonnet-4-20250514"])
+    assert teacher_key_problems(hosted) == [
+        "sft.teacher.model=anthropic/claude-sonnet-4-20250514 needs ANTHROPIC_API_KEY: export it or put it in .env "
+        "(or name another with sft.teacher.api_key_env)"]
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-planted")
+    assert teacher_key_problems(hosted) == []
+    assert secrets(hosted)["ANTHROPIC_API_KEY"] == "sk-ant-planted"  # forwarded: not one of the usual names
+    named = compose_config(["experiment=local", "sft=distill", "sft.teacher.model=openai/t",
+                            "sft.teacher.api_base=https://example.invalid/v1", "sft.teacher.api_key_env=MY_TEACHER_KEY"])
+    assert "MY_TEACHER_KEY" in teacher_key_problems(named)[0]
+    monkeypatch.setenv("MY_TEACHER_KEY", "planted-teacher-key")
+    assert teacher_key_problems(named) == [] and secrets(named)["MY_TEACHER_KEY"] == "planted-teacher-key"
+    local = compose_config(["experiment=local", "sft=distill", "sft.teacher.model=openai/t",
+                            "sft.teacher.api_base=http://127.0.0.1:8000/v1"])
+    assert teacher_key_problems(local) == []  # an endpoint of one's own needs no key
+    assert "ANTHROPIC_API_KEY" not in secrets(compose_config(["experiment=local"]))
+
+
 # --------------------------------------------------------------------------- teacher path (loopback server)
 
 
-def test_distill_collects_teacher_summaries_in_art_chat_format_and_never_calls_twice(tmp_path):
-    from summrl.data import load_splits
+def distill_config(tmp_path, server, *extra):
+    return compose_config(["experiment=local", "judge=lexical", "sft=distill", "sft.teacher.model=openai/teacher",
+                           f"sft.teacher.api_base={server.base_url}", "sft.confirm=false", "sft.samples_per_doc=2",
+                           "sft.max_docs=3", "sft.teacher.retry_base_s=0.01", "sft.teacher.retry_max_s=0.05",
+                           *extra, f"run.dir={tmp_path}"])
+
+
+def lexical_reward(config):
     from summrl.judges import build_judge
-    from summrl.judges.fake_server import FakeLLM
     from summrl.rewards import build_reward
-    from summrl.sft import COLLECTED, SAMPLES, collect, training_samples
+
+    return build_reward(config.reward, build_judge(config.judge), config.trainer.max_words)
+
+
+def train_split(config):
+    from summrl.data import load_splits
+
+    return load_splits(config.dataset)[1]
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_distill_collects_teacher_summaries_in_art_chat_format_and_never_calls_twice(tmp_path):
+    from summrl.judges.fake_server import FakeLLM
+    from summrl.sft import COLLECTED, SAMPLES, SUMMARIES, collect, training_samples
 
     with FakeLLM() as server:
-        config = compose_config(["experiment=local", "judge=lexical", "sft=distill", "sft.teacher.model=openai/teacher",
-                                 f"sft.teacher.api_base={server.base_url}", "sft.confirm=false",
-                                 "sft.samples_per_doc=2", "sft.max_docs=3", f"run.dir={tmp_path}"])
-        _, train = load_splits(config.dataset)
-        reward = build_reward(config.reward, build_judge(config.judge), config.trainer.max_words)
-        record = asyncio.run(collect(config, None, reward, train))
-        assert len(server.requests) == 6 and record["teacher_calls"] == 6
+        config = distill_config(tmp_path, server, "sft.max_docs=2")
+        train = train_split(config)
+        record = asyncio.run(collect(config, None, lexical_reward(config), train))
+        assert len(server.requests) == 4 and record["teacher_calls"] == 4
         assert {r["model"] for r in server.requests} == {"teacher"}
         assert "Write a summary of this document" in server.requests[0]["messages"][-1]["content"]
-        rows = [json.loads(line) for line in (tmp_path / "sft" / SAMPLES).read_text().splitlines()]
-        assert len(rows) == 3  # top_k=1 of 2 per document
+        assert len(lines(tmp_path / "sft" / SUMMARIES)) == 4  # every reply, kept or not
+        rows = lines(tmp_path / "sft" / SAMPLES)
+        assert len(rows) == 2  # top_k=1 of 2 per document
         for row in rows:
             assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant"]
             assert row["messages"][-1]["content"] == "A summary written by the fake policy."
-        assert len(training_samples(config)) == 3
-        # a rerun finds every document done: no teacher call is repeated
-        asyncio.run(collect(config, None, reward, train))
-        assert len(server.requests) == 6
-        assert len((tmp_path / "sft" / COLLECTED).read_text().splitlines()) == 3
+        assert len(training_samples(config)) == 2
+        # a rerun with one more document asks only for that one's summaries, and counts the run's calls so far
+        config = distill_config(tmp_path, server)
+        record = asyncio.run(collect(config, None, lexical_reward(config), train))
+        assert len(server.requests) == 6 and record["teacher_calls"] == 6
+        assert record["teacher_cost_usd"] == 0.0  # openai/teacher is not in litellm's cost map
+        assert len(lines(tmp_path / "sft" / COLLECTED)) == 3
+
+
+def test_an_empty_teacher_reply_is_refused_and_retried_never_trained_on(tmp_path):
+    """A thinking model can spend its tokens and return nothing: such a reply is asked again, and counted."""
+    from summrl.judges.fake_server import FakeLLM, Reply
+    from summrl.sft import SUMMARIES, collect, teacher_usage
+
+    with FakeLLM() as server:
+        server.script = [Reply(""), Reply("   \n")]
+        config = distill_config(tmp_path, server, "sft.max_docs=1", "sft.samples_per_doc=1")
+        record = asyncio.run(collect(config, None, lexical_reward(config), train_split(config)))
+    assert [row["summary"] for row in lines(tmp_path / "sft" / SUMMARIES)] == ["A summary written by the fake policy."]
+    assert (record["teacher_calls"], record["teacher_retries"]) == (3, 2)
+    assert teacher_usage(tmp_path / "sft")["calls"] == 3  # on disk with the samples
+
+
+def test_teacher_faults_are_retried_and_a_document_that_still_fails_stays_pending(tmp_path):
+    from summrl.judges.fake_server import FakeLLM, Faults, Reply
+    from summrl.sft import COLLECTED, SUMMARIES, SFTError, collect
+
+    # 1. A faulty teacher (429 with Retry-After, 500, hangs past the timeout): retried until every document is done.
+    # (seed 15 draws each of the three among the first six calls; the fault draws are a function of the seed)
+    with FakeLLM(faults=Faults(rate=0.4, seed=15, hang_s=1.0, retry_after_s="0")) as server:
+        config = distill_config(tmp_path / "faulty", server, "sft.teacher.timeout_s=0.5", "sft.teacher.max_retries=8")
+        record = asyncio.run(collect(config, None, lexical_reward(config), train_split(config)))
+        retried = sum(server.outcomes[kind] for kind in ("rate_limited", "server_error", "hang"))
+    assert min(server.outcomes[kind] for kind in ("rate_limited", "server_error", "hang")) >= 1
+    assert record["teacher_retries"] == retried and record["teacher_calls"] == 6
+    assert len(lines(tmp_path / "faulty" / "sft" / COLLECTED)) == 3
+
+    # 2. Three 500s against two retries per call: one of the first document's two summaries fails, the other arrives.
+    with FakeLLM() as server:
+        server.script = [Reply(status=500)] * 3
+        config = distill_config(tmp_path / "failing", server, "sft.max_docs=2", "sft.teacher.max_retries=1",
+                                "sft.teacher.max_concurrency=1")
+        train = train_split(config)
+        with pytest.raises(SFTError) as failure:
+            asyncio.run(collect(config, None, lexical_reward(config), train))
+        message = str(failure.value)
+        assert "1 of 2 documents failed after their retries (teacher InternalServerError x1" in message
+        assert "rerun the same command" in message and "min_reward" not in message and "\n" not in message
+        folder = tmp_path / "failing" / "sft"
+        (done,) = [row["document_id"] for row in lines(folder / COLLECTED)]  # the other document went on
+        written = [row["document_id"] for row in lines(folder / SUMMARIES)]
+        (pending,) = set(written) - {done}
+        assert written.count(pending) == 1 and written.count(done) == 2  # the reply that did arrive is kept
+        asked = len(server.requests)
+        asyncio.run(collect(config, None, lexical_reward(config), train))
+        assert len(server.requests) == asked + 1  # only the missing summary is asked for again
+        assert {row["document_id"] for row in lines(folder / COLLECTED)} == {done, pending}
+
+
+def test_a_document_whose_judge_failed_stays_pending_and_is_scored_again_without_the_teacher(tmp_path):
+    from summrl.judges import build_judge
+    from summrl.judges.fake_server import FakeLLM, Faults
+    from summrl.rewards import build_reward
+    from summrl.sft import COLLECTED, SFTError, collect
+
+    with FakeLLM() as teacher, FakeLLM(faults=Faults(rate=1.0, seed=0, hang_s=0.5, retry_after_s="0")) as judge:
+        config = distill_config(tmp_path, teacher, "sft.max_docs=2", "judge=openai_compatible",
+                                "judge.model=openai/judge", f"judge.api_base={judge.base_url}", "judge.cache_dir=null",
+                                "judge.max_retries=0", "judge.timeout_s=0.3", "sft.min_reward=0.0", "sft.top_k=null")
+        reward = build_reward(config.reward, build_judge(config.judge), config.trainer.max_words)
+        with pytest.raises(SFTError) as failure:
+            asyncio.run(collect(config, None, reward, train_split(config)))
+        assert "2 of 2 documents failed after their retries (judge " in str(failure.value)
+        assert "lower sft.min_reward" not in str(failure.value)
+        assert lines(tmp_path / "sft" / COLLECTED) == [] and len(teacher.requests) == 4
+        judge.faults = None  # the judge recovers: the rerun scores the summaries on disk, the teacher is not asked
+        asyncio.run(collect(config, None, reward, train_split(config)))
+        assert len(teacher.requests) == 4 and len(lines(tmp_path / "sft" / COLLECTED)) == 2
+
+
+def test_declining_the_teachers_cost_calls_nothing_and_loads_nothing(tmp_path):
+    """The plan and the question come right after the documents load: before the model, the val pass, any call."""
+    from summrl.judges.fake_server import FakeLLM
+
+    with FakeLLM() as server:
+        result = subprocess.run(
+            [sys.executable, "-m", "summrl.train", "experiment=local", "sft=distill", "sft.teacher.model=openai/teacher",
+             f"sft.teacher.api_base={server.base_url}", "sft.max_docs=3", f"hydra.run.dir={tmp_path / 'run'}"],
+            cwd=ROOT, input="n\n", capture_output=True, text=True, timeout=180,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert len(server.requests) == 0
+    assert result.returncode != 0
+    assert "summrl: sft plan: 3 teacher summaries for 3 documents (0 already written)" in result.stdout
+    assert "teacher openai/teacher: 3 calls" in result.stdout and "Proceed? [y/N]" in result.stdout
+    assert "the teacher's cost was not confirmed; nothing was called" in result.stderr
+    assert not (tmp_path / "run" / "art").exists()  # no model was loaded
+
+
+# --------------------------------------------------------------------------- S3: a fresh machine never pays again
+
+
+def test_collection_is_backed_up_to_s3_and_a_fresh_machine_continues_it(tmp_path, s3_endpoint, aws_env):
+    from summrl.judges.fake_server import FakeLLM
+    from summrl.sft import COLLECTED, RECORD, SAMPLES, SUMMARIES, USAGE, collect
+    from summrl.storage import COMPLETE, CheckpointBackup
+    from tests.conftest import keys, s3
+
+    with FakeLLM() as server:
+        storage = ["run.name=sft-s3", "storage.enabled=true", "storage.bucket=sft", f"storage.endpoint_url={s3_endpoint}"]
+        config = distill_config(tmp_path / "run", server, "sft.max_docs=2", *storage)
+        train = train_split(config)
+        asyncio.run(collect(config, None, lexical_reward(config), train, CheckpointBackup.open(config)))
+        assert {f"summrl/summrl/sft-s3/sft/{n}" for n in (SUMMARIES, SAMPLES, COLLECTED, USAGE)} <= set(keys(s3_endpoint, "sft"))
+
+        shutil.rmtree(tmp_path / "run")  # a fresh machine: the run folder is gone
+        config = distill_config(tmp_path / "run", server, *storage)
+        fresh = CheckpointBackup.open(config)
+        assert fresh.restore() is None  # no checkpoint yet, but sft/ is back
+        assert len(lines(tmp_path / "run" / "sft" / COLLECTED)) == 2
+        record = asyncio.run(collect(config, None, lexical_reward(config), train, fresh))
+        assert len(server.requests) == 6  # 4 before, then only the third document's 2
+        assert record["teacher_calls"] == 6  # the count survived the machine too
+
+    # record.json (SFT has trained) comes back only with its step's complete checkpoint
+    folder = tmp_path / "run" / "sft"
+    (folder / RECORD).write_text(json.dumps({"step": 1}))
+    checkpoint = fresh.local / "checkpoints" / "0001"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"sft weights")
+    fresh._upload_sft(sorted(folder.iterdir()))  # the upload got as far as sft/, not the checkpoint
+    shutil.rmtree(tmp_path / "run")
+    assert CheckpointBackup.open(config).restore() is None
+    assert not (folder / RECORD).exists() and (folder / SAMPLES).exists()  # SFT trains again, from the samples
+    shutil.rmtree(tmp_path / "run")
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"sft weights")
+    asyncio.run(fresh.after_step(1))
+    assert f"summrl/summrl/sft-s3/checkpoints/0001{COMPLETE}" in keys(s3_endpoint, "sft")
+    shutil.rmtree(tmp_path / "run")
+    assert CheckpointBackup.open(config).restore() == 1
+    assert json.loads((folder / RECORD).read_text()) == {"step": 1}
+    stored = s3(s3_endpoint).get_object(Bucket="sft", Key=f"summrl/summrl/sft-s3/sft/{SAMPLES}")["Body"].read()
+    assert stored == (folder / SAMPLES).read_bytes()
+
+
+# --------------------------------------------------------------------------- benchmark: base, SFT, GRPO side by side
+
+
+def test_benchmark_of_a_run_with_an_sft_stage_includes_its_sft_step_and_names_each_stage(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from summrl.benchmark.config import validate_benchmark
+    from summrl.benchmark.rows import Row, RowStore
+    from summrl.benchmark.runner import plan, write_outputs
+    from summrl.data import load_splits
+    from tests.conftest import CONF
+
+    run = tmp_path / "run"
+    for step in range(1, 6):  # step 1 is the SFT checkpoint, 2..5 are GRPO steps
+        folder = run / "art" / "summrl" / "models" / "sftrun" / "checkpoints" / f"{step:04d}"
+        folder.mkdir(parents=True)
+        (folder / "adapter_model.safetensors").write_bytes(b"")
+    (run / "sft").mkdir()
+    (run / "sft" / "record.json").write_text(json.dumps({"kind": "best_of_n", "step": 1}))
+    out = tmp_path / "out"
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("benchmark", overrides=["experiment=local", f"benchmark.run_dir={run}", "benchmark.every=4",
+                                              "benchmark.models=[]", "dataset.val_size=2",
+                                              f"benchmark.output_dir={out}"])
+    config = validate_benchmark(cfg)
+    assert config.benchmark.run.steps == [0, 1, 4, 5]  # base, SFT, every 4th, last
+    assert [config.benchmark.run.stage(s) for s in (0, 1, 4, 5)] == ["base", "sft", "grpo", "grpo"]
+
+    val = load_splits(config.dataset)[0]
+    out.mkdir()
+    store = RowStore(out / "rows.csv")
+    jobs = plan(config, val, store)
+    store.append([Row(model="sftrun", step=job.step, document_id=doc.id, rollout=r, score=0.1 * job.step,
+                      reward=0.1 * job.step, correct="[1, 0, 0, 0, 0]", questions=5, words=10, hallucinated=0,
+                      chars=60, model_calls=1, model_cost_usd=0.0, judge_calls=0.0, judge_cost_usd=0.0,
+                      ranking_calls=0, summary="s") for job in jobs for doc in val for r in range(2)])
+    table = write_outputs(config, jobs, out)
+    assert list(zip(table.step, table.stage)) == [(0, "base"), (1, "sft"), (4, "grpo"), (5, "grpo")]
+    saved = pd.read_csv(out / "summary.csv")
+    assert list(saved.stage) == ["base", "sft", "grpo", "grpo"]
+    assert "| sftrun | 1 | sft | 2 | 4 |" in (out / "summary.md").read_text()
+    assert (out / "models.png").stat().st_size > 0 and (out / "steps.png").stat().st_size > 0
 
 
 # --------------------------------------------------------------------------- embedded _train_sft
@@ -132,6 +390,41 @@ def test_embedded_train_sft_lowers_the_loss_and_raises_the_chosen_summaries_logp
     history = [json.loads(line) for line in
                (tmp_path / "art" / "summrl-tests" / "models" / "sft-test" / "history.jsonl").read_text().splitlines()]
     assert any("train/loss/train" in row or "loss/train" in row for row in history)
+
+
+@pytest.mark.slow
+def test_embedded_sft_loss_is_the_cross_entropy_of_the_assistant_tokens_only(tmp_path):
+    """The first batch's reported loss, computed before its update (lr 0), equals the mean negative log-probability
+    of the replies' tokens from a plain forward pass, and not the mean over the whole chat: the prompt's tokens
+    (system, document, instruction) are not trained on."""
+    import torch
+
+    from summrl.backends.embedded import EmbeddedBackend
+    from summrl.data import load_splits
+    from summrl.rollout import summary_messages
+
+    config = compose_config(["experiment=local"])
+    _, train = load_splits(config.dataset)
+    replies = ["The festival drew 120 visitors.", "A short summary of the second document, with two sentences. Done."]
+    chats = [[*summary_messages(doc, 50), {"role": "assistant", "content": text}] for doc, text in zip(train, replies)]
+    backend = EmbeddedBackend(config.backend, model=config.model, path=str(tmp_path / "art"))
+    engine = backend.engine
+    samples = [engine.chat_sample(chat) for chat in chats]
+    for (ids, prompt_len), text in zip(samples, replies):
+        assert engine.tokenizer.decode(ids[prompt_len:]).startswith(text)  # the split is at the reply
+        assert text not in engine.tokenizer.decode(ids[:prompt_len])
+
+    reply_nll, all_nll = [], []
+    with torch.no_grad():
+        for ids, prompt_len in samples:
+            logits = engine.model(input_ids=torch.tensor([ids])).logits[0].float()
+            nll = -torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)
+            reply_nll.append(nll[prompt_len - 1:])  # the prediction of token t+1 from position t
+            all_nll.append(nll)
+    expected_reply, expected_all = float(torch.cat(reply_nll).mean()), float(torch.cat(all_nll).mean())
+    (metrics,) = engine.train_sft([samples], [0.0])
+    assert metrics["loss/train"] == pytest.approx(expected_reply, abs=2e-3)
+    assert abs(expected_all - expected_reply) > 0.1  # the test could tell the two apart
 
 
 # --------------------------------------------------------------------------- end to end, killed during collection
@@ -184,6 +477,52 @@ def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tm
     assert third.returncode == 0, third.stderr[-3000:]
     assert "sft collection" not in third.stdout and "resuming at step 2" in third.stdout
     assert json.loads((run_dir / "result.json").read_text())["sft"]["samples_kept"] == 6
+
+
+@pytest.mark.slow
+def test_distill_run_killed_during_collection_pays_the_teacher_only_for_what_is_not_on_disk(tmp_path):
+    """A real SIGKILL of `python -m summrl.train sft=distill` while the loopback teacher writes; the rerun asks it only
+    for the summaries that are not on disk, trains both stages, and its record and W&B run count every call."""
+    from summrl.judges.fake_server import FakeLLM
+    from summrl.sft import SUMMARIES, teacher_usage
+    from tests.conftest import wandb_records
+
+    run_dir = tmp_path / "run"
+    with FakeLLM(default_delay_s=1.0) as server:  # one summary a second: the kill lands mid-collection
+        args = ["experiment=local", "sft=distill", "sft.teacher.model=openai/teacher",
+                f"sft.teacher.api_base={server.base_url}", "sft.confirm=false", "sft.samples_per_doc=2",
+                "sft.max_docs=4", "sft.teacher.max_concurrency=1", "trainer.max_steps=1", "trainer.groups_per_step=1",
+                "trainer.rollouts_per_group=2", "trainer.max_summary_tokens=8", "trainer.val_rollouts_per_doc=1",
+                "dataset.val_size=1", "run.name=distill-kill", f"hydra.run.dir={run_dir}"]
+        summaries = run_dir / "sft" / SUMMARIES
+        first = subprocess.Popen([sys.executable, "-m", "summrl.train", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                 start_new_session=True)
+        deadline = time.monotonic() + 600
+        while not (summaries.exists() and summaries.read_text().count("\n") >= 3):
+            assert first.poll() is None, first.stdout.read()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        on_disk = summaries.read_text().count("\n")
+        assert 3 <= on_disk < 8
+        asked, counted = len(server.requests), teacher_usage(run_dir / "sft")["calls"]
+        assert on_disk <= counted <= asked <= on_disk + 1  # at most the one call in flight is lost
+
+        second = run_cli([*args, "logger=wandb"], cwd=ROOT, env={"WANDB_MODE": "offline"})
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert len(server.requests) - asked == 8 - on_disk  # only what was not on disk
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["steps"] == 2
+    sft = result["sft"]
+    assert (sft["kind"], sft["documents"], sft["samples_collected"], sft["samples_kept"]) == ("distill", 4, 8, 4)
+    assert sft["teacher_calls"] == counted + 8 - on_disk  # both invocations' calls
+    run = wandb_records(run_dir)
+    assert "sft=distill" in run["tags"] and run["config"]["sft"] == "distill"
+    assert run["config"]["sft.teacher.model"] == "openai/teacher"
+    (row,) = [r for r in run["history"] if "train/sft/teacher_calls" in r]
+    assert row["train/sft/teacher_calls"] == sft["teacher_calls"] and row["train/sft/samples_kept"] == 4
 
 
 def test_only_the_last_attempt_of_a_document_is_trained_on(tmp_path):

@@ -35,7 +35,7 @@ def test_wandb_sweep_isolates_a_failing_job_and_reports(tmp_path):
     assert good["name"] == "dataset.train_size=2,dataset.val_size=1,trainer.eval_every=1,trainer.max_steps=1," \
                            "trainer.max_summary_tokens=8"
     assert set(good["tags"]) == {"reward=qa", "judge=local", "model=smollm2_135m", "backend=embedded",
-                                "algorithm=grpo"}
+                                "algorithm=grpo", "sft=none"}
     config = good["config"]
     assert config["reward"] == "qa" and config["judge"] == "local" and config["model.lr"] == 5e-4
     assert config["trainer.max_steps"] == 1 and config["seed"] == 80

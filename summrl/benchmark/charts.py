@@ -24,18 +24,18 @@ def _error(table: pd.DataFrame) -> list[list[float]]:
 
 
 def bar_chart(table: pd.DataFrame, trained: Optional[str], path: Path) -> Path:
-    """One bar per model: baselines, the base model (step 0) and the trained model's last step; 95% CI whiskers."""
+    """One bar per model: baselines, the base model (step 0), the SFT checkpoint (a run with an SFT stage) and the
+    trained model's last step; 95% CI whiskers."""
     checkpoints = table[table.model == trained] if trained else table.iloc[0:0]
     others = table[table.model != trained] if trained else table
     shown = [others]
     if not checkpoints.empty:
         steps = checkpoints.dropna(subset=["step"]).sort_values("step")
-        shown.append(steps[steps.step == steps.step.min()])
-        if steps.step.max() != steps.step.min():
-            shown.append(steps[steps.step == steps.step.max()])
+        wanted = {steps.step.min(), steps.step.max(), *steps.step[steps.stage == "sft"]}
+        shown.append(steps[steps.step.isin(wanted)])
     bars = pd.concat(shown, ignore_index=True)
-    labels = [m if pd.isna(s) else (f"{m}\nbase (step 0)" if s == 0 else f"{m}\nstep {s}")
-              for m, s in zip(bars.model, bars.step)]
+    labels = [m if pd.isna(s) else f"{m}\n{stage or 'step'} (step {s})"
+              for m, s, stage in zip(bars.model, bars.step, bars.stage)]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(bars) + 2), 4.5))
     colors = ["tab:orange" if m == trained else "tab:blue" for m in bars.model]
@@ -63,6 +63,8 @@ def step_chart(table: pd.DataFrame, trained: str, path: Path) -> Path:
     ax.plot(x, steps.answered_pct, marker="o", color="tab:orange", label=f"{trained} (step 0 = base)")
     ax.fill_between(x, steps.ci_low_pct.fillna(steps.answered_pct), steps.ci_high_pct.fillna(steps.answered_pct),
                     color="tab:orange", alpha=0.2)
+    for step in steps.step[steps.stage == "sft"]:  # GRPO starts from the SFT checkpoint
+        ax.axvline(int(step), linestyle=":", color="tab:gray", label=f"SFT checkpoint (step {int(step)})")
     cmap = plt.get_cmap("tab10")
     for i, line in enumerate(baselines.itertuples()):
         ax.axhline(line.answered_pct, linestyle="--", color=cmap((i + 2) % 10), label=f"{line.model} {line.answered_pct:.0f}%")

@@ -9,7 +9,7 @@ parsed here into :class:`ModelEntry` / :class:`BestOfNEntry`, and ``benchmark.ru
 from __future__ import annotations
 
 import difflib
-import os
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,9 +59,22 @@ class TrainedRun:
     name: str  # the ART model name (the run's run.name)
     checkpoints_dir: Path
     steps: list[int]
+    sft_step: Optional[int] = None  # the SFT checkpoint's step, for a run with an SFT stage (sft=...)
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints_dir / f"{step:04d}"
+
+    def stage(self, step: int) -> str:
+        """Which stage wrote a step's weights: base (step 0), sft (the SFT checkpoint) or grpo."""
+        return "base" if step == 0 else "sft" if step == self.sft_step else "grpo"
+
+
+def sft_step(run_dir: Path) -> Optional[int]:
+    """The step of a run's SFT checkpoint (sft/record.json, written once SFT has trained), or None."""
+    from summrl.storage import SFT_DIR, SFT_RECORD
+
+    path = run_dir / SFT_DIR / SFT_RECORD
+    return int(json.loads(path.read_text())["step"]) if path.is_file() else None
 
 
 @dataclass
@@ -239,8 +252,9 @@ def _trained_run(run_dir: Any, steps: Any, every: int) -> Optional[TrainedRun]:
         raise ConfigError(f"benchmark.run_dir: {path} is not a folder (a training run folder, e.g. runs/<run.name>)")
     name, checkpoints_dir = find_trained_model(path)
     available = checkpoint_steps(checkpoints_dir)
-    if steps is None:
-        chosen = {0, *(s for s in available if s % every == 0)}
+    sft = sft_step(path)
+    if steps is None:  # the base model, the SFT checkpoint, every `every`th step and the last
+        chosen = {0, *(s for s in available if s % every == 0 or s == sft)}
         if available:
             chosen.add(available[-1])
     else:
@@ -251,7 +265,7 @@ def _trained_run(run_dir: Any, steps: Any, every: int) -> Optional[TrainedRun]:
             raise ConfigError(f"benchmark.steps: step {missing[0]} has no checkpoint in {checkpoints_dir}; "
                               f"available: 0 (base), {', '.join(map(str, available)) or 'none'}")
         chosen = set(steps)
-    return TrainedRun(run_dir=path, name=name, checkpoints_dir=checkpoints_dir, steps=sorted(chosen))
+    return TrainedRun(run_dir=path, name=name, checkpoints_dir=checkpoints_dir, steps=sorted(chosen), sft_step=sft)
 
 
 def _check_cross(config: BenchmarkConfig, node: DictConfig) -> None:
@@ -316,21 +330,10 @@ def _saved_choice(run_dir: Path, group: str) -> Optional[str]:
     return OmegaConf.select(OmegaConf.load(hydra_yaml), f"hydra.runtime.choices.{group}")
 
 
-def missing_model_keys(entry: ModelEntry) -> list[str]:
-    """Variables a litellm model needs that are not set. A model on its own api_base needs only its api_key_env."""
-    if entry.api_key_env:
-        return [] if os.environ.get(entry.api_key_env) else [entry.api_key_env]
-    if entry.api_base:
-        return []
-    import litellm
-
-    env = litellm.validate_environment(model=entry.model)
-    return [] if env.get("keys_in_environment") else list(env.get("missing_keys") or [])
-
-
 def check_keys(config: BenchmarkConfig) -> None:
     """Every key a paid model or judge needs, before anything is loaded or called."""
     from summrl.judges import missing_keys
+    from summrl.preflight import missing_model_keys
 
     for name in missing_keys(config.judge):
         raise ConfigError(f"judge={config.choices.get('judge') or config.judge.kind} needs {name}: export it or put it in .env")

@@ -241,7 +241,9 @@ def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -
     rows = rows[[(m, None if pd.isna(s) else int(s)) in wanted for m, s in zip(rows.model, rows.step)]]
     if rows.empty:
         return None
-    table = summarize(rows, order=[(j.label, j.step) for j in jobs])
+    run = config.benchmark.run
+    stages = {(run.name, step): run.stage(step) for step in run.steps} if run else {}
+    table = summarize(rows, order=[(j.label, j.step) for j in jobs], stages=stages)
     table.to_csv(out_dir / "summary.csv", index=False)
     text = markdown(table)
     (out_dir / "summary.md").write_text(text)
@@ -334,7 +336,7 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
                     return len(rows)
 
             written = sum(await asyncio.gather(*(one(d) for d in job.pending)))
-            where = "" if job.step is None else f" step {job.step}"
+            where = "" if job.step is None else f" step {job.step} ({config.benchmark.run.stage(job.step)})"
             progress.write(f"summrl: {job.label}{where}: {written} of {sum(len(r) for r in job.pending.values())} "
                            "summaries scored")
         progress.close()

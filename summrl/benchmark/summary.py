@@ -24,15 +24,19 @@ def per_thousand(costs: pd.Series) -> float:
     return math.nan if costs.isna().any() else 1000.0 * float(costs.mean())
 
 
-def summarize(rows: pd.DataFrame, order: list[tuple[str, object]] | None = None) -> pd.DataFrame:
-    """One line per (model, step). ``order``: (model, step) pairs in the order to list them."""
+def summarize(rows: pd.DataFrame, order: list[tuple[str, object]] | None = None,
+              stages: dict[tuple[str, object], str] | None = None) -> pd.DataFrame:
+    """One line per (model, step). ``order``: (model, step) pairs in the order to list them. ``stages``: the
+    training stage (base, sft, grpo) of the trained run's (model, step) pairs; other models have none."""
     lines = []
     for (model, step), group in rows.groupby(["model", rows["step"].fillna(-1)], sort=False):
         by_doc = group.groupby("document_id")["score"].mean().to_numpy()
         ci = mean_ci(by_doc)
+        step = None if step == -1 else int(step)
         lines.append({
             "model": model,
-            "step": None if step == -1 else int(step),
+            "step": step,
+            "stage": (stages or {}).get((model, step), ""),
             "documents": len(by_doc),
             "summaries": len(group),
             "answered_pct": 100 * float(by_doc.mean()),
@@ -63,11 +67,13 @@ def _ci(low: float, high: float) -> str:
 
 
 def markdown(table: pd.DataFrame) -> str:
-    header = "| model | step | docs | summaries | % answered | 95% CI | reward | words | % inventing | $ / 1k summaries |"
-    lines = [header, "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    header = ("| model | step | stage | docs | summaries | % answered | 95% CI | reward | words | % inventing "
+              "| $ / 1k summaries |")
+    lines = [header, "| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
     for r in table.itertuples():
         step = "" if pd.isna(r.step) else str(r.step)
-        lines.append(f"| {r.model} | {step} | {r.documents} | {r.summaries} | {r.answered_pct:.1f} | "
+        lines.append(f"| {r.model} | {step} | {r.stage} | {r.documents} | {r.summaries} | {r.answered_pct:.1f} | "
                      f"{_ci(r.ci_low_pct, r.ci_high_pct)} | {r.mean_reward:.3f} | {r.mean_words:.0f} | {r.hallucination_pct:.1f} | {_money(r.usd_per_1k)} |")
-    return "\n".join(lines) + f"\n\nCI: {CI_METHOD}. % inventing: summaries stating a number, date or proper name " \
+    return "\n".join(lines) + f"\n\nStage: what wrote the trained model's weights at that step (base = no training, " \
+        f"sft = the SFT warm start's checkpoint, grpo = a GRPO step). CI: {CI_METHOD}. % inventing: summaries stating a number, date or proper name " \
         f"absent from the document. $ = model + judge calls from litellm's cost map (local models $0).\n"

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from summrl.errors import NETWORK_FIX, NetworkError, is_network, network_message
 from summrl.judges import missing_keys
-from summrl.preflight import PreflightError
+from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems
 from summrl.storage import resolve_bucket
 from summrl.tracking import wandb_mode
 
@@ -69,9 +69,7 @@ def preflight(config: Any) -> list[str]:
             problems.append(problem)
     for name in missing_keys(config.judge):
         problems.append(f"{name} (the judge's key) is not set: export it or put it in .env")
-    if config.sft.kind == "distill":
-        for name in missing_keys(config.sft.teacher):
-            problems.append(f"{name} (sft.teacher's key) is not set: export it or put it in .env")
+    problems += teacher_key_problems(config)
     online = getattr(config.logger, "kind", "none") == "wandb" and wandb_mode(config.logger) == "online"
     if online and not os.environ.get("WANDB_API_KEY"):
         problems.append("WANDB_API_KEY (logger=wandb, online) is not set: export it or put it in .env, "
@@ -109,8 +107,7 @@ def secrets(config: Any) -> dict[str, str]:
     names = list(SECRET_NAMES)
     if getattr(config.judge, "api_key_env", None):
         names.append(config.judge.api_key_env)
-    if config.sft.kind == "distill" and config.sft.teacher.api_key_env:
-        names.append(config.sft.teacher.api_key_env)
+    names += teacher_key_names(config)  # sft=distill: its api_key_env, or litellm's variable for a hosted teacher
     return {name: os.environ[name] for name in dict.fromkeys(names) if os.environ.get(name)}
 
 

@@ -365,7 +365,7 @@ def test_every_wrong_shape_the_fault_mode_injects_is_refused_for_every_judge_pro
     """A wrong-shape fault is a real fault whatever the prompt: QA answering and grading, RULER, rubric writing
     and rubric scoring each refuse it (and would retry it)."""
     from summrl.judges.fake_server import SHAPE_FAULTS, Faults
-    from summrl.rewards.rubric import JudgeRubrics, Rubrics
+    from summrl.judges import Rubrics
 
     rubrics = Rubrics(("Names who opened it.", "Gives the date."), ("Invents a cost.",))
     mismatch = Reply(json.dumps({"answers": ["Ruth", "March 14, 2024", "UNANSWERABLE"]}))  # needs a grading call
@@ -378,9 +378,9 @@ def test_every_wrong_shape_the_fault_mode_injects_is_refused_for_every_judge_pro
             (grading,) = asyncio.run(LLMJudge(judge).grade_group(["a summary"], DOC.questions))
             ruler = asyncio.run(RulerReward(judge, rubric="r", max_words=350).score_group(DOC, ["one", "two"]))
             with pytest.raises(JudgeError) as writing:
-                asyncio.run(JudgeRubrics(judge, max_rubrics=4).write(DOC))
+                asyncio.run(LLMJudge(judge).write_rubrics(DOC, max_rubrics=4))
             with pytest.raises(JudgeError) as scoring:
-                asyncio.run(JudgeRubrics(judge, max_rubrics=4).score(DOC, rubrics, ["one", "two"]))
+                asyncio.run(LLMJudge(judge).score_rubrics(DOC, rubrics, ["one", "two"]))
             assert server.outcomes == {fault: 5}, fault
         for error in (answering.value, grading, writing.value, scoring.value):
             assert isinstance(error, JudgeError) and error.kind == "ReplyShapeError", (fault, error)

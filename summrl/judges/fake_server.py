@@ -84,15 +84,16 @@ class Faults:
 def wrong_shape(fault: str, content: str) -> str:
     """A judge reply that parses but that no judge prompt accepts (a policy reply comes back unchanged).
     Every judge-like reply is ``{key: [items], ...}`` whose first list has the count its prompt asks for (answers,
-    verdicts, RULER scores, rubric score rows) or, from the rubric writer, one item where at least one is needed:
-    wrong_count drops its last item, wrong_types wraps each item in a list, missing_key drops the key."""
+    verdicts, RULER scores, rubric score rows) or, from the rubric writer, up to as many as asked, at least one:
+    wrong_count drops its last item (empties the writer's list), wrong_types wraps each item in a list,
+    missing_key drops the key."""
     try:
         reply = json.loads(content)
     except json.JSONDecodeError:
         return content
     key, items = next(iter(reply.items()))
     if fault == "wrong_count":
-        return json.dumps({**reply, key: items[:-1]})
+        return json.dumps({**reply, key: [] if key == "positive_rubrics" else items[:-1]})
     if fault == "wrong_types":
         return json.dumps({**reply, key: [[item] for item in items]})
     return json.dumps({k: v for k, v in reply.items() if k != key})

@@ -233,6 +233,18 @@ def test_offline_rubric_reward_ranks_an_invented_number_below_the_same_summary()
     assert json.loads(worse.metadata["rubric_scores"])[f"- {INVENTS_FACTS}"] == 1.0
 
 
+def test_the_cli_refuses_unreadable_dataset_rubrics_before_the_model_loads(repliqa_parquet, tmp_path):
+    from tests.conftest import ROOT, repliqa_rows, run_cli
+
+    data = [{**r, "positive_rubrics": ["Keeps the cost."], "negative_rubrics": [INVENTS_FACTS]} for r in repliqa_rows(4)]
+    result = run_cli(["experiment=local", "reward=rubric", f"dataset.files=[{repliqa_parquet(rows=data)}]",
+                      "dataset.train_size=2", "dataset.val_size=2", f"hydra.run.dir={tmp_path / 'run'}"],
+                     cwd=ROOT, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "can't read the dataset's positive_rubrics 'Keeps the cost.'" in result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run" / "art").exists()  # no model was loaded
+
+
 @pytest.mark.parametrize("judge", ["lexical", "local"])
 def test_offline_judges_refuse_dataset_rubrics_they_cannot_read(repliqa_parquet, judge):
     # Before any model loads (the loop checks the documents it loaded): the lexical scorer would score "Keeps the

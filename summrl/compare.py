@@ -74,14 +74,13 @@ class Paired:
             return math.nan
         return (float(stats.t.ppf((1 + CONFIDENCE) / 2, self.df)) + float(stats.t.ppf(POWER, self.df))) * self.se
 
-    @property
-    def verdict(self) -> str:
+    def verdict(self, lower_is_better: bool = False) -> str:
         if self.pairs < MIN_PAIRS or not math.isfinite(self.low):
             return "too few pairs to tell"
         if self.low > 0:
-            return "better"
+            return "worse" if lower_is_better else "better"
         if self.high < 0:
-            return "worse"
+            return "better" if lower_is_better else "worse"
         return "no detectable difference"
 
 

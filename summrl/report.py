@@ -34,6 +34,8 @@ COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_va
            "val_qa_after_sft", "sft_samples_kept", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
 SFT_COLUMNS = ["sft", "val_qa_before_sft", "val_qa_after_sft", "sft_samples_kept"]  # shown when a job has an SFT stage
 METRICS = {"qa_accuracy": "val QA accuracy (share of questions answered)", "reward": "val reward"}
+# Compared in the paired table beside the score when every job measured it (lower is better).
+SIDE_METRICS = {"hallucination_rate": "val hallucination rate (share of summaries inventing a fact; lower is better)"}
 
 
 def job_folders(folder: Path) -> list[Path]:
@@ -222,7 +224,8 @@ def matching_configuration(table: pd.DataFrame, results: dict, baseline: str) ->
     return matches.pop()
 
 
-def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str) -> pd.DataFrame:
+def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
+                 lower_is_better: bool = False) -> pd.DataFrame:
     """Each configuration's last val pass minus the baseline's, over the seeds both ran and the documents every one
     of those jobs scored (see summrl.compare). ``note`` says what could not be paired."""
     done = table[table.status == "completed"]
@@ -254,13 +257,13 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str)
             note.append("one seed: a comparison of these two trained checkpoints, not of the arms' training")
         rows.append({"configuration": configuration, "baseline": baseline, "seeds": result.seeds,
                      "documents": result.documents, "difference": result.difference, "ci_low": result.low,
-                     "ci_high": result.high, "verdict": result.verdict, "min_detectable": result.min_detectable,
+                     "ci_high": result.high, "verdict": result.verdict(lower_is_better), "min_detectable": result.min_detectable,
                      "noise": advice(result), "note": "; ".join(note)})
     return pd.DataFrame(rows, columns=["configuration", "baseline", "seeds", "documents", "difference", "ci_low",
                                        "ci_high", "verdict", "min_detectable", "noise", "note"])
 
 
-def paired_section(paired_rows: pd.DataFrame, metric: str) -> list[str]:
+def paired_section(paired_rows: pd.DataFrame, metric: str, side: dict[str, pd.DataFrame]) -> list[str]:
     return [
         f"## Difference from the baseline: final {METRICS[metric]}, paired over seeds and documents",
         "",
@@ -273,6 +276,9 @@ def paired_section(paired_rows: pd.DataFrame, metric: str) -> list[str]:
         " to raise. The verdict is `better` or `worse` when the CI excludes 0. `min_detectable` is the true"
         f" difference this noise and size find with {int(100 * 0.8)}% power: smaller ones are likely missed.",
         "",
+        *(line for name, rows in side.items() for line in (
+            f"## Difference from the baseline: final {SIDE_METRICS[name]}", "",
+            rows.drop(columns=["baseline"]).to_markdown(index=False, floatfmt=".3f"), "")),
     ]
 
 
@@ -306,10 +312,14 @@ def write_report(folder: Path, out: Path, baseline: str | None = None) -> pd.Dat
     plot_curves(curve_bands({job: c[metric] for job, c in curves.items()}, table, results, metric), metric,
                 out / "val_curves.png", sft_offsets(table, results))
     plot_best(stats, metric, out / "best_val.png")
-    paired = None
+    paired, side = None, {}
     if baseline:
-        paired = paired_table(table, results, metric, matching_configuration(table, results, baseline))
-        paired.to_csv(out / "paired.csv", index=False)
+        baseline = matching_configuration(table, results, baseline)
+        paired = paired_table(table, results, metric, baseline)
+        side = {name: paired_table(table, results, name, baseline, lower_is_better=True) for name in SIDE_METRICS
+                if all(per_doc(results[job], name) for job in table[table.status == "completed"].job)}
+        pd.concat([rows.assign(metric=name) for name, rows in {metric: paired, **side}.items()]).to_csv(
+            out / "paired.csv", index=False)
     hidden = (["overrides"] + (SFT_COLUMNS if (table.sft == "none").all() else [])
               + (["algorithm"] if (table.algorithm == "").all() else []))
     shown = table.drop(columns=hidden).astype(object).where(table.notna().drop(columns=hidden), "")
@@ -328,7 +338,7 @@ def write_report(folder: Path, out: Path, baseline: str | None = None) -> pd.Dat
         "",
         stats.reset_index().to_markdown(index=False, floatfmt=".3f") if len(stats) else "No completed job.",
         "",
-        *(paired_section(paired, metric) if paired is not None else []),
+        *(paired_section(paired, metric, side) if paired is not None else []),
         f"![{METRICS[metric]} by step, 95% CI bands](val_curves.png)",
         "",
         f"![best {METRICS[metric]} per configuration](best_val.png)",

@@ -37,9 +37,10 @@ SEEDS_DISAGREE = {
 
 
 def entry(step: int, docs: dict[str, float]) -> dict:
+    """A val pass; each document's hallucination rate is 1 - its QA accuracy (lower is better)."""
     mean = sum(docs.values()) / len(docs)
-    return {"step": step, "val_reward": mean, "val_qa_accuracy": mean,
-            "per_doc": {d: {"n": 2, "reward": v, "qa_accuracy": v} for d, v in docs.items()}}
+    return {"step": step, "val_reward": mean, "val_qa_accuracy": mean, "val_hallucination_rate": 1 - mean,
+            "per_doc": {d: {"n": 2, "reward": v, "qa_accuracy": v, "hallucination_rate": 1 - v} for d, v in docs.items()}}
 
 
 def write_sweep(sweep, final: dict) -> None:
@@ -72,7 +73,7 @@ def test_one_seed_paired_t_over_documents_matches_hand_computed_values(tmp_path)
     write_sweep(tmp_path / "sweep", ONE_SEED)
     done = report(tmp_path / "sweep", tmp_path / "out", "reward=qa")
     assert done.returncode == 0, done.stderr
-    paired = pd.read_csv(tmp_path / "out" / "paired.csv").set_index("configuration")
+    paired = pd.read_csv(tmp_path / "out" / "paired.csv").query("metric == 'qa_accuracy'").set_index("configuration")
     # +0.2 +0.2 +0.4 +0.2 0.0: mean 0.2, sd sqrt(0.08/4) = 0.141421, se 0.0632456; t(0.975, 4) = 2.776445 -> half
     # width 0.175598; t(0.8, 4) = 0.940965 -> min detectable (2.776445 + 0.940965) * se = 0.235110
     better = paired.loc["reward=length_penalized"]
@@ -86,11 +87,17 @@ def test_one_seed_paired_t_over_documents_matches_hand_computed_values(tmp_path)
     assert (same.difference, same.ci_low, same.ci_high) == pytest.approx((0.0, -0.248332, 0.248332), abs=1e-5)
     text = (tmp_path / "out" / "report.md").read_text()
     assert "Difference from the baseline" in text and "no detectable difference" in text
+    # The hallucination rate is paired too, and lower is better: -0.2 with CI [-0.376, -0.024] reads "better".
+    side = pd.read_csv(tmp_path / "out" / "paired.csv").query("metric == 'hallucination_rate'").set_index("configuration")
+    invents_less = side.loc["reward=length_penalized"]
+    assert (invents_less.difference, invents_less.ci_low, invents_less.ci_high) == pytest.approx(
+        (-0.2, -0.375598, -0.024402), abs=1e-5)
+    assert invents_less.verdict == "better" and "val hallucination rate" in text
 
 
 def test_seeds_by_documents_ci_matches_a_hand_computed_two_way_anova(sweep, tmp_path):
     assert report(sweep, tmp_path / "out", "reward=qa").returncode == 0
-    paired = pd.read_csv(tmp_path / "out" / "paired.csv").set_index("configuration")
+    paired = pd.read_csv(tmp_path / "out" / "paired.csv").query("metric == 'qa_accuracy'").set_index("configuration")
     # [[.1, .3], [.2, .2]]: grand mean .2; seed means .2 .2 -> MS_seed 0; document means .15 .25 -> MS_doc 2 * .005
     # = .01; residuals +-.05 -> MS_res .04 / 1 = .01. Neither component exceeds MS_res: Var = MS_res / 4 = .0025,
     # se .05, df 1, t(0.975, 1) = 12.706205 -> half width 0.635310. (The pooled t over 4 pairs said "better".)
@@ -111,7 +118,7 @@ def test_seeds_by_documents_ci_matches_a_hand_computed_two_way_anova(sweep, tmp_
 def test_training_seeds_that_disagree_are_not_pooled_into_a_verdict(tmp_path):
     write_sweep(tmp_path / "sweep", SEEDS_DISAGREE)
     assert report(tmp_path / "sweep", tmp_path / "out", "reward=qa").returncode == 0
-    (row,) = pd.read_csv(tmp_path / "out" / "paired.csv").itertuples()
+    (row,) = pd.read_csv(tmp_path / "out" / "paired.csv").query("metric == 'qa_accuracy'").itertuples()
     # seed means .2 and 0 -> MS_seed 8 * .02 = .16, MS_doc = MS_res = 0: Var = .16 / 16 = .01, se .1, df 1
     assert (row.difference, row.ci_low, row.ci_high) == pytest.approx((0.1, 0.1 - 1.270621, 0.1 + 1.270621), abs=1e-5)
     assert row.verdict == "no detectable difference" and "add seeds" in row.noise
@@ -129,7 +136,7 @@ def test_the_baseline_is_matched_by_group_choice_and_unpaired_jobs_are_named(swe
     write_result(sweep / "6", extra)
     done = report(sweep, tmp_path / "out", "'algorithm=grpo' reward=qa")  # a choice no job overrode, quoted
     assert done.returncode == 0, done.stderr
-    paired = pd.read_csv(tmp_path / "out" / "paired.csv").set_index("configuration")
+    paired = pd.read_csv(tmp_path / "out" / "paired.csv").query("metric == 'qa_accuracy'").set_index("configuration")
     assert paired.loc["reward=length_penalized"].documents == 1
     assert "1 document(s) not scored in every job" in paired.loc["reward=length_penalized"].note
     assert "seed 3 only in this arm" in paired.loc["reward=ruler"].note

@@ -233,6 +233,21 @@ def test_offline_rubric_reward_ranks_an_invented_number_below_the_same_summary()
     assert json.loads(worse.metadata["rubric_scores"])[f"- {INVENTS_FACTS}"] == 1.0
 
 
+def test_the_lexical_judge_scores_every_rubric_it_writes_for_the_sample():
+    """Offline rubrics are written from the document's facts: each must be one the lexical scorer can check (a
+    capitalized stop word such as "The" in "at The Anchor" is a name but leaves nothing to check)."""
+    from summrl.data import load_splits
+
+    config = compose_config(["experiment=local", "reward=rubric"])
+    val, train = load_splits(config.dataset)
+    judge = LexicalJudge()
+    for document in [*val, *train]:
+        rubrics = asyncio.run(judge.write_rubrics(document, max_rubrics=8))
+        assert len(rubrics.positive) == 8, document.id
+        table = asyncio.run(judge.score_rubrics(document, rubrics, [document.text]))
+        assert table[0][: len(rubrics.positive)] == [1.0] * len(rubrics.positive), document.id  # the text has them all
+
+
 def test_the_cli_refuses_unreadable_dataset_rubrics_before_the_model_loads(repliqa_parquet, tmp_path):
     from tests.conftest import ROOT, repliqa_rows, run_cli
 

@@ -100,8 +100,10 @@ class LexicalJudge:
         return {}
 
     async def write_rubrics(self, document: Document, max_rubrics: int) -> Rubrics:
-        # The document's most repeated facts first; a lone digit ("2 of them") is too common to be a rubric.
-        found = [f for f in facts(document.text) if not (f.isdigit() and len(f) == 1)]
+        # The document's most repeated facts first; a lone digit ("2 of them") is too common to be a rubric, and a
+        # capitalized stop word ("at The Anchor") leaves nothing to check.
+        found = [f for f in facts(document.text)
+                 if not (f.isdigit() and len(f) == 1) and readable_rubric(f"Mentions {f}.")]
         ranked = sorted(found, key=lambda f: -len(re.findall(rf"(?<!\w){re.escape(f)}(?!\w)", document.text)))
         return Rubrics(tuple(f"Mentions {f}." for f in ranked[:max_rubrics]), (INVENTS_FACTS,))
 

@@ -15,15 +15,16 @@ from summrl.config import AlgorithmConfig, ConfigError
 
 # The fields that are summrl's (not backend.train arguments).
 SCHEDULE_FIELDS = ("name", "lr_schedule", "warmup_steps", "min_lr_ratio")
-# backend.train arguments a backend does not accept (ART 0.5.18). skypilot runs local_gpu remotely.
+# backend.train arguments a backend does not accept, and whose train() that is. skypilot runs local_gpu remotely.
 UNSUPPORTED: dict[str, set[str]] = {
     "local_gpu": set(),
     "skypilot": set(),
     # ServerlessBackend.train has no KL penalty and no normalize_advantages alias (use scale_rewards).
     "serverless": {"kl_penalty_coef", "kl_penalty_reference_step", "normalize_advantages"},
-    # The embedded reference is the base model (LoRA disabled); an earlier checkpoint is not implemented.
-    "embedded": {"kl_penalty_reference_step"},
+    "embedded": set(),
 }
+TRAIN_OF = {"local_gpu": "ART 0.5.18's LocalBackend.train", "skypilot": "ART 0.5.18's LocalBackend.train",
+            "serverless": "ART 0.5.18's ServerlessBackend.train", "embedded": "summrl's embedded backend"}
 _DEFAULTS = AlgorithmConfig()
 
 
@@ -39,9 +40,8 @@ def changed_knobs(algorithm: AlgorithmConfig) -> dict[str, Any]:
 def check_backend_support(algorithm: AlgorithmConfig, backend: str) -> None:
     for knob in sorted(changed_knobs(algorithm)):
         if knob in UNSUPPORTED.get(backend, set()):
-            raise ConfigError(f"algorithm.{knob}: backend={backend} does not support it (ART 0.5.18's "
-                              f"{backend} backend.train has no such setting); leave it at its default or use "
-                              f"another backend")
+            raise ConfigError(f"algorithm.{knob}: backend={backend} does not support it ({TRAIN_OF[backend]} "
+                              f"has no such setting); leave it at its default or use another backend")
 
 
 def train_kwargs(algorithm: AlgorithmConfig, backend: str) -> dict[str, Any]:
@@ -55,8 +55,10 @@ def train_kwargs(algorithm: AlgorithmConfig, backend: str) -> dict[str, Any]:
 def learning_rate(algorithm: AlgorithmConfig, base_lr: float, step: int, max_steps: int) -> float:
     """The learning rate of training step ``step`` (0-based) of ``max_steps``.
 
-    Warmup rises linearly from base_lr/warmup at step 0 to base_lr at step ``warmup_steps``; then
-    constant, or linear/cosine decay reaching ``min_lr_ratio * base_lr`` at the last step (max_steps - 1).
+    During warmup (step < warmup_steps) it is ``base_lr * (step + 1) / (warmup_steps + 1)``, reaching base_lr at
+    step ``warmup_steps``; then constant, or linear/cosine decay reaching ``min_lr_ratio * base_lr`` at the last
+    step (max_steps - 1). Where the two meet (warmup_steps = max_steps - 1, or max_steps = 1) the last step
+    takes base_lr: validation keeps warmup_steps < max_steps, so base_lr is always reached.
     """
     warmup = algorithm.warmup_steps
     if step < warmup:

@@ -140,14 +140,18 @@ class AlgorithmConfig:
     epsilon: Optional[float] = None  # lower clip of the importance ratio; null = ART's: 1.0 (cispo), 0.2 (ppo)
     epsilon_high: Optional[float] = None  # upper clip; null = ART's: 4.0 (cispo), epsilon (ppo)
     kl_penalty_coef: float = 0.0  # KL-penalized advantages against the reference; 0 = no reference pass
-    kl_penalty_reference_step: Optional[int] = None  # null = the base model (LoRA disabled); N = checkpoint N
+    # null = the base model (LoRA disabled); N = this run's checkpoint N (1 = the SFT checkpoint with sft=)
+    kl_penalty_reference_step: Optional[int] = None
     advantage_balance: float = 0.0  # in [-1, 1]: > 0 shrinks negative advantages, < 0 positive ones
     scale_rewards: bool = True  # divide advantages by the group's reward std (false: Dr. GRPO)
-    normalize_advantages: bool = True  # LocalBackend's alias: false also turns scale_rewards off
+    # LocalBackend's older alias of scale_rewards: false is accepted only together with scale_rewards=false
+    normalize_advantages: bool = True
     importance_sampling_level: str = "token"  # token | sequence | average | geometric_average
+    # Caps the importance ratio (ART 0.5.18 caps every token's, whatever its advantage's sign); null = no cap
     max_negative_advantage_importance_sampling_weight: Optional[float] = None
-    # Learning rate per step, from model.lr: constant | linear | cosine decay to min_lr_ratio x model.lr at the
-    # last step, after warmup_steps of linear warmup from 0.
+    # Learning rate of GRPO step s (0-based), from model.lr: during warmup (s < warmup_steps)
+    # model.lr x (s + 1) / (warmup_steps + 1), reaching model.lr at s = warmup_steps; then constant, or
+    # linear/cosine decay reaching min_lr_ratio x model.lr at the last step (max_steps - 1).
     lr_schedule: str = "constant"
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
@@ -163,6 +167,14 @@ class AlgorithmConfig:
                  f"must be >= 0 (0 disables the KL penalty), got {self.kl_penalty_coef}")
         _require(self.kl_penalty_reference_step is None or self.kl_penalty_reference_step >= 0,
                  "algorithm.kl_penalty_reference_step", f"must be >= 0 or null, got {self.kl_penalty_reference_step}")
+        _require(self.kl_penalty_reference_step is None or self.kl_penalty_coef > 0,
+                 "algorithm.kl_penalty_reference_step",
+                 f"is {self.kl_penalty_reference_step} but algorithm.kl_penalty_coef is 0, so no KL penalty is "
+                 f"computed: set algorithm.kl_penalty_coef > 0 (e.g. algorithm=grpo_kl) or leave it null")
+        _require(self.normalize_advantages or not self.scale_rewards, "algorithm.normalize_advantages",
+                 "false turns off scale_rewards (LocalBackend's alias), but algorithm.scale_rewards is true: "
+                 "set algorithm.scale_rewards=false (the one setting for this) and leave normalize_advantages "
+                 "at true")
         _require(-1.0 <= self.advantage_balance <= 1.0, "algorithm.advantage_balance",
                  f"must be in [-1, 1], got {self.advantage_balance}")
         _require(self.importance_sampling_level in ("token", "sequence", "average", "geometric_average"),
@@ -744,8 +756,10 @@ def validate(cfg: DictConfig) -> Config:
     if config.backend.kind == "serverless" and config.storage.enabled:
         raise ConfigError("backend=serverless keeps its checkpoints on W&B, so there is nothing local to back up: "
                           "add storage.enabled=false")
-    _require(config.algorithm.warmup_steps <= config.trainer.max_steps, "algorithm.warmup_steps",
-             f"must be <= trainer.max_steps ({config.trainer.max_steps}), got {config.algorithm.warmup_steps}")
+    _require(config.algorithm.warmup_steps < config.trainer.max_steps,
+             "algorithm.warmup_steps",
+             f"must be < trainer.max_steps ({config.trainer.max_steps}) so that the learning rate reaches model.lr "
+             f"(at step warmup_steps), got {config.algorithm.warmup_steps}")
     from summrl.algorithm import check_backend_support
 
     check_backend_support(config.algorithm, config.backend.kind)

@@ -256,7 +256,7 @@ async def train_step(session: Session, documents: Sequence[Document], step: int)
     lr = algorithm.learning_rate(config.algorithm, config.model.lr, step, config.trainer.max_steps)
     result = await session.backend.train(session.model, scored.groups, learning_rate=lr,
                                          **algorithm.train_kwargs(config.algorithm, config.backend.kind))
-    result.metrics["algorithm/learning_rate"] = lr
+    result.metrics.setdefault("loss/learning_rate", lr)  # ART's key; set for a backend (or step) that reports none
     scored.timings["train_s"] = time.perf_counter() - started
     return scored, result
 

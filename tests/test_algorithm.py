@@ -4,9 +4,12 @@ bad values and unsupported knobs refused before anything loads, and a multirun o
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
 import math
+import random
+import shlex
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -53,10 +56,13 @@ def test_presets_compose_into_backend_train_arguments(preset, kwargs):
 def test_serverless_spells_the_loss_as_ppo_and_refuses_the_kl_penalty():
     ppo = compose_config([*LOCAL, "algorithm=ppo_clip"]).algorithm
     assert algorithm.train_kwargs(ppo, "serverless") == {"ppo": True, "epsilon": 0.2, "epsilon_high": 0.28}
-    with pytest.raises(ConfigError, match="algorithm.kl_penalty_coef: backend=serverless does not support it"):
-        compose_config([*LOCAL, "backend=serverless", "judge=lexical", "storage.enabled=false", "algorithm=grpo_kl"])
-    with pytest.raises(ConfigError, match="algorithm.kl_penalty_reference_step: backend=embedded"):
-        compose_config([*LOCAL, "algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=2"])
+    serverless = [*LOCAL, "backend=serverless", "judge=lexical", "storage.enabled=false"]
+    with pytest.raises(ConfigError, match=r"algorithm.kl_penalty_coef: backend=serverless does not support it "
+                                          r"\(ART 0.5.18's ServerlessBackend.train has no such setting\)"):
+        compose_config([*serverless, "algorithm=grpo_kl"])
+    # the embedded backend (summrl's own) takes every knob, a reference checkpoint included
+    embedded = compose_config([*LOCAL, "algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=1"]).algorithm
+    assert algorithm.train_kwargs(embedded, "embedded") == {"kl_penalty_coef": 0.001, "kl_penalty_reference_step": 1}
 
 
 def test_schedule_learning_rate_matches_its_formula():
@@ -64,7 +70,9 @@ def test_schedule_learning_rate_matches_its_formula():
     linear = AlgorithmConfig(lr_schedule="linear", warmup_steps=warmup, min_lr_ratio=0.1)
     cosine = AlgorithmConfig(lr_schedule="cosine", warmup_steps=warmup)
     for schedule in (linear, cosine):
+        # warmup: lr x (step + 1) / (warmup + 1), reaching lr at step `warmup`
         assert algorithm.learning_rate(schedule, lr, 0, steps) == pytest.approx(lr / (warmup + 1))
+        assert algorithm.learning_rate(schedule, lr, warmup - 1, steps) == pytest.approx(lr * warmup / (warmup + 1))
         assert algorithm.learning_rate(schedule, lr, warmup, steps) == pytest.approx(lr)  # end of warmup
     assert algorithm.learning_rate(linear, lr, steps - 1, steps) == pytest.approx(0.1 * lr)  # the last step
     assert algorithm.learning_rate(cosine, lr, steps - 1, steps) == pytest.approx(0.0, abs=1e-12)
@@ -72,55 +80,194 @@ def test_schedule_learning_rate_matches_its_formula():
     assert algorithm.learning_rate(cosine, lr, int(middle), steps) == pytest.approx(
         lr * 0.5 * (1 + math.cos(math.pi * (int(middle) - warmup) / (steps - 1 - warmup))))
     assert algorithm.learning_rate(AlgorithmConfig(), lr, 7, steps) == lr
+    # edges: one step, or warmup ending at the last step: that step trains at model.lr
+    for schedule in ("constant", "linear", "cosine"):
+        assert algorithm.learning_rate(AlgorithmConfig(lr_schedule=schedule), lr, 0, 1) == lr
+        late = AlgorithmConfig(lr_schedule=schedule, warmup_steps=steps - 1, min_lr_ratio=0.1)
+        assert algorithm.learning_rate(late, lr, steps - 1, steps) == pytest.approx(lr)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("algorithm.kl_penalty_coef=-0.1", "algorithm.kl_penalty_coef: must be >= 0"),
-    ("algorithm.epsilon=0", "algorithm.epsilon: must be > 0"),
-    ("algorithm.loss_fn=grpo", "algorithm.loss_fn: must be cispo or ppo"),
-    ("algorithm.warmup_steps=5", "algorithm.warmup_steps: must be <= trainer.max_steps (2)"),
+@pytest.mark.parametrize("overrides,message", [
+    (["algorithm.kl_penalty_coef=-0.1"], "algorithm.kl_penalty_coef: must be >= 0"),
+    (["algorithm.epsilon=0"], "algorithm.epsilon: must be > 0"),
+    (["algorithm.loss_fn=grpo"], "algorithm.loss_fn: must be cispo or ppo"),
+    (["algorithm.warmup_steps=5"], "algorithm.warmup_steps: must be < trainer.max_steps (2)"),
+    (["algorithm.warmup_steps=2"], "algorithm.warmup_steps: must be < trainer.max_steps (2)"),
+    (["algorithm.kl_penalty_reference_step=1"],
+     "algorithm.kl_penalty_reference_step: is 1 but algorithm.kl_penalty_coef is 0"),
+    (["algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=-1"],
+     "algorithm.kl_penalty_reference_step: must be >= 0"),
+    (["algorithm.normalize_advantages=false"], "algorithm.normalize_advantages: false turns off scale_rewards"),
 ])
-def test_bad_algorithm_values_fail_fast_naming_the_key(override, message, tmp_path):
+def test_bad_algorithm_values_fail_fast_naming_the_key(overrides, message, tmp_path):
     started = time.monotonic()
-    result = run_cli([*LOCAL, "trainer.max_steps=2", override, f"hydra.run.dir={tmp_path}/run"], cwd=ROOT, timeout=60)
+    result = run_cli([*LOCAL, "trainer.max_steps=2", *overrides, f"hydra.run.dir={tmp_path}/run"], cwd=ROOT,
+                     timeout=60)
     elapsed = time.monotonic() - started
     assert result.returncode == 2 and message in result.stderr
     assert elapsed < 2.0  # the whole process: nothing heavy is imported before validation
     assert not (tmp_path / "run" / "art").exists()
 
 
+def test_normalize_advantages_false_is_accepted_with_scale_rewards_false():
+    config = compose_config([*LOCAL, "algorithm=dr_grpo", "algorithm.normalize_advantages=false"]).algorithm
+    assert algorithm.train_kwargs(config, "local_gpu") == {"scale_rewards": False, "normalize_advantages": False}
+
+
+def test_skypilot_remote_command_carries_the_algorithm_choice_and_overrides():
+    """backend=skypilot runs this job remotely on local_gpu: the algorithm must arrive as it was set here."""
+    from summrl.cloud.launch import remote_command
+
+    overrides = ["algorithm=ppo_clip", "algorithm.epsilon_high=0.3", "algorithm.lr_schedule=cosine",
+                 "algorithm.warmup_steps=2", "trainer.max_steps=8"]
+    config = compose_config(["run.name=ablate", *overrides])
+    command = remote_command(config, overrides)
+    assert "algorithm=ppo_clip" in command and "algorithm.epsilon_high=0.3" in command
+    remote = compose_config(shlex.split(command)[3:])  # as the cluster composes it
+    assert remote.backend.kind == "local_gpu"
+    assert remote.algorithm == config.algorithm
+    assert algorithm.train_kwargs(remote.algorithm, "local_gpu") == {
+        "loss_fn": "ppo", "epsilon": 0.2, "epsilon_high": 0.3}
+    assert algorithm.learning_rate(remote.algorithm, remote.model.lr, 2, 8) == remote.model.lr
+
+
 # --------------------------------------------------------------------------- the embedded update, for real
+#
+# One loaded backend serves every knob test. Each run starts from the same LoRA weights (B = 0: the policy is the
+# base model) and a fresh AdamW, and trains on hand-made groups of 4 completions of 8-12 tokens whose sampler
+# log-probs are the base model's own, shifted by a chosen delta per token: the importance ratio the loss sees is
+# then exp(delta). Every run goes through EmbeddedBackend.train (ART's tokenization, packing and loss, AdamW);
+# the only addition is a recorder of the packed tensors that ART's preprocessing hands the engine.
 
 slow = pytest.mark.slow
 
+PROMPTS = [
+    "The Harbor Festival in Larkfield drew 300 visitors on June 2, 2024. Fireworks closed the night.",
+    "Larkfield's council approved a new library on Maple Street; it opens in March with 12,000 books.",
+]
+SUMMARIES = [
+    ["300 visitors came to the festival.", "Fireworks ended it.", "A festival in Larkfield.", "It rained."],
+    ["A library opens in March.", "The council met.", "Maple Street gets 12,000 books.", "Nothing happened."],
+]
+REWARDS = [1.0, 0.0, 0.75, 0.25]  # advantages +, -, +, - around the mean 0.5
+LN = math.log
 
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
+
+def fresh(advantage, j, n):
+    return 0.0
 
 
-@pytest.fixture(scope="module")
-def sampled(loop, tmp_path_factory):
-    """Two hand-rewarded groups of real rollouts (short), sampled once and reused by every test."""
-    import art
+def outward(advantage, j, n):  # positive advantages at ratio e, negative at 1/e
+    return 1.0 if advantage > 0 else -1.0
 
-    from summrl.data import load_splits
-    from summrl.rollout import rollout
 
-    config, backend, model = _backend(tmp_path_factory.mktemp("sample"), "sampler")
-    loop.run_until_complete(model.register(backend))
-    _, docs = load_splits(config.dataset)
-    groups = loop.run_until_complete(art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(model, d, max_words=350, max_tokens=16, temperature=1.0) for _ in range(4))
-         for d in docs[:2]], pbar_desc=None))
-    for t, r in zip(groups[0].trajectories, [0.0, 1.0, 0.5, 0.25]):
-        t.reward = r
-    for t, r in zip(groups[1].trajectories, [0.0, 0.1, 0.05, 0.0]):  # a 10x narrower spread
-        t.reward = r
-    yield groups, backend
-    loop.run_until_complete(backend.close())
+def far(advantage, j, n):  # ratios e^2 and e^-2
+    return 2.0 if advantage > 0 else -2.0
+
+
+def at_bounds(advantage, j, n):  # exactly 1 + 0.5 and 1 - 0.2
+    return LN(1.5) if advantage > 0 else LN(0.8)
+
+
+def alternating(advantage, j, n):  # token ratios e^0.5, e^-0.5, ...; the sequence's mean log-ratio is 0
+    return 0.0 if j == n - 1 and n % 2 else (0.5 if j % 2 == 0 else -0.5)
+
+
+def up_far(advantage, j, n):  # ratio 3: inside cispo's [0, 5]
+    return LN(3.0)
+
+
+def up_at_cap(advantage, j, n):
+    return LN(1.5)
+
+
+class Bench:
+    def __init__(self, tmp: Path):
+        import torch
+
+        self.loop = asyncio.new_event_loop()
+        _, self.backend, self.model = _backend(tmp, "knobs")
+        self.loop.run_until_complete(self.model.register(self.backend))
+        self.engine = engine = self.backend.engine
+        self.initial = engine.lora_state()
+        self.fresh_optimizer = copy.deepcopy(engine.optimizer.state_dict())
+        self.packed: list[dict] = []
+        train_packed = engine.train_packed
+
+        def recording(packed, *args, **kwargs):  # records what ART packed, then trains on it unchanged
+            self.packed.append(packed)
+            return train_packed(packed, *args, **kwargs)
+
+        engine.train_packed = recording
+        eos = engine.tokenizer.eos_token_id
+        self.messages = [[{"role": "system", "content": "Summarize the document in one sentence."},
+                          {"role": "user", "content": text}] for text in PROMPTS]
+        self.prompts = [engine.encode_chat(m) for m in self.messages]
+        self.completions = [[engine.tokenizer.encode(s, add_special_tokens=False) + [eos] for s in summaries]
+                            for summaries in SUMMARIES]
+        with torch.no_grad():
+            self.base = [[self.logprobs(p, c, adapter=False) for c in cs]
+                         for p, cs in zip(self.prompts, self.completions)]
+        self.cache: dict = {}
+
+    def logprobs(self, prompt: list[int], completion: list[int], adapter: bool = True) -> list[float]:
+        """The completion's token log-probs under the current policy (or the base model)."""
+        import contextlib
+
+        import torch
+
+        ids = torch.tensor([prompt + completion], device=self.engine.device)
+        with torch.no_grad(), (contextlib.nullcontext() if adapter else self.engine.model.disable_adapter()):
+            logits = self.engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        return torch.log_softmax(logits, -1).gather(1, ids[0, len(prompt):].unsqueeze(1)).squeeze(1).tolist()
+
+    def group(self, index: int, rewards: list[float], delta, sampled: list[list[float]] | None = None):
+        """Group ``index`` with these rewards; the sampler's log-probs are the base model's (or ``sampled``) - delta."""
+        import art
+        from openai.types.chat import ChatCompletionMessage, ChatCompletionTokenLogprob
+        from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+
+        mean = sum(rewards) / len(rewards)
+        trajectories = []
+        for completion, base, reward in zip(self.completions[index], sampled or self.base[index], rewards):
+            n = len(completion)
+            content = [ChatCompletionTokenLogprob(token=f"token_id:{t}", logprob=lp - delta(reward - mean, j, n),
+                                                  bytes=[], top_logprobs=[])
+                       for j, (t, lp) in enumerate(zip(completion, base))]
+            choice = Choice(finish_reason="stop", index=0, logprobs=ChoiceLogprobs(content=content),
+                            message=ChatCompletionMessage(role="assistant", content=self.engine.decode(completion)))
+            trajectories.append(art.Trajectory(messages_and_choices=[*self.messages[index], choice], reward=reward))
+        return art.TrajectoryGroup(trajectories)
+
+    def reset(self) -> None:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(self.engine.model, self.initial)
+        self.engine.optimizer.load_state_dict(copy.deepcopy(self.fresh_optimizer))
+
+    def train(self, groups, *, reset: bool = True, save_checkpoint: bool = False, **kwargs):
+        """One backend.train step (from the initial weights unless reset=False); its metrics and packed tensors."""
+        if reset:
+            self.reset()
+        random.seed(0)  # ART shuffles trajectories and packed rows: the same order in every run
+        self.packed.clear()
+        result = self.loop.run_until_complete(self.backend.train(
+            self.model, groups, learning_rate=kwargs.pop("learning_rate", 1e-4), save_checkpoint=save_checkpoint,
+            **kwargs))
+        return result.metrics, list(self.packed)
+
+    def run(self, delta, **kwargs) -> dict:
+        """Metrics of one step on the one-group batch (memoized: several tests share a run)."""
+        key = (delta.__name__, tuple(sorted(kwargs.items())))
+        if key not in self.cache:
+            self.cache[key] = self.train([self.group(0, REWARDS, delta)], **kwargs)[0]
+        return self.cache[key]
+
+    def drift(self) -> float:
+        """Mean |log-prob under the adapter - under the base| over the completions' tokens."""
+        diffs = [abs(a - b) for p, cs, bs in zip(self.prompts, self.completions, self.base)
+                 for c, base in zip(cs, bs) for a, b in zip(self.logprobs(p, c), base)]
+        return sum(diffs) / len(diffs)
 
 
 def _backend(tmp: Path, name: str):
@@ -137,85 +284,187 @@ def _backend(tmp: Path, name: str):
     return config, backend, model
 
 
-def _copy(groups):
-    return [g.model_copy(deep=True) for g in groups]
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    bench = Bench(tmp_path_factory.mktemp("knobs"))
+    yield bench
+    bench.loop.run_until_complete(bench.backend.close())
+    bench.loop.close()
+
+
+def same_update(a: dict, b: dict) -> bool:
+    return (a["loss/train"] == pytest.approx(b["loss/train"], rel=1e-3)
+            and a["loss/grad_norm"] == pytest.approx(b["loss/grad_norm"], rel=1e-3))
+
+
+PPO = {"loss_fn": "ppo", "epsilon": 0.2, "epsilon_high": 0.28}  # algorithm=ppo_clip
 
 
 @slow
-def test_scale_rewards_false_makes_advantages_reward_minus_group_mean(sampled):
-    groups, backend = sampled
-    for scale in (False, True):
-        expected = []
-        for g in groups:
-            rewards = [t.reward for t in g.trajectories]
+def test_ppo_clipped_surrogate_drops_the_gradient_beyond_the_clip_where_cispo_keeps_it(bench):
+    # Every ratio lies beyond the clip in its advantage's direction (e > 1.28 where A > 0, 1/e < 0.8 where A < 0):
+    # min(r A, clip(r) A) takes the constant clipped branch, so PPO's gradient is zero and the adapter stays put.
+    ppo = bench.run(outward, **PPO)
+    assert ppo["loss/grad_norm"] == 0.0 and ppo["loss/clipped_fraction"] == 1.0
+    # CISPO keeps every token's gradient, weighted by its clipped ratio (e and 1/e lie inside [0, 5]).
+    cispo = bench.run(outward)
+    assert cispo["loss/grad_norm"] > 1e-3 and cispo["loss/clipped_fraction"] == 0.0
+    # At ratio 1 both are the plain policy gradient: equal gradients, different loss values (-A r vs -A log p).
+    ppo_fresh, cispo_fresh = bench.run(fresh, **PPO), bench.run(fresh)
+    assert ppo_fresh["loss/grad_norm"] == pytest.approx(cispo_fresh["loss/grad_norm"], rel=1e-3)
+    assert ppo_fresh["loss/train"] != pytest.approx(cispo_fresh["loss/train"], rel=1e-2)
+
+
+@slow
+def test_a_ppo_step_with_every_token_clipped_leaves_the_adapter_where_cispo_moves_it(bench):
+    def moved() -> float:
+        after = bench.engine.lora_state()
+        return max(float((after[k] - bench.initial[k]).abs().max()) for k in after)
+
+    bench.train([bench.group(0, REWARDS, outward)], **PPO)
+    assert moved() == 0.0
+    bench.train([bench.group(0, REWARDS, outward)])
+    assert moved() > 0.0
+
+
+@slow
+def test_epsilon_and_epsilon_high_bound_the_ratio_the_loss_uses(bench):
+    # Ratios e^2 and e^-2 with the clip [1 - 0.2, 1 + 0.5] train exactly like ratios 1.5 and 0.8 unclipped.
+    tight = bench.run(far, epsilon=0.2, epsilon_high=0.5)
+    assert same_update(tight, bench.run(at_bounds))
+    assert tight["loss/clipped_fraction"] == 1.0 and bench.run(at_bounds)["loss/clipped_fraction"] == 0.0
+    assert not same_update(bench.run(at_bounds), bench.run(fresh))  # the ratio does change the update
+
+
+@slow
+def test_importance_sampling_level_sequence_uses_each_completions_mean_ratio(bench):
+    # Per-token ratios alternate e^0.5, e^-0.5 (outside [0.8, 1.2]); each completion's mean log-ratio is 0.
+    clip = {"epsilon": 0.2, "epsilon_high": 0.2}
+    token = bench.run(alternating, **clip)
+    sequence = bench.run(alternating, importance_sampling_level="sequence", **clip)
+    assert same_update(sequence, bench.run(fresh))  # the sequence ratio, exp(0) = 1, weighs every token
+    assert not same_update(token, bench.run(fresh))  # the token ratios are clipped to 1.2 and 0.8
+    lengths = [len(c) for c in bench.completions[0]]  # every token but an odd completion's last is clipped
+    assert sequence["loss/clipped_fraction"] == 0.0
+    assert token["loss/clipped_fraction"] == pytest.approx(sum(n - n % 2 for n in lengths) / sum(lengths))
+
+
+@slow
+def test_max_negative_advantage_importance_sampling_weight_caps_the_ratio(bench):
+    # Every ratio is 3 (inside cispo's [0, 5]); the cap 1.5 makes the step that of ratio 1.5. ART 0.5.18 caps
+    # every token's ratio, whatever its advantage's sign.
+    capped = bench.run(up_far, max_negative_advantage_importance_sampling_weight=1.5)
+    assert same_update(capped, bench.run(up_at_cap))
+    assert not same_update(bench.run(up_far), bench.run(up_at_cap))
+    assert capped["loss/clipped_fraction"] == 1.0 and bench.run(up_far)["loss/clipped_fraction"] == 0.0
+
+
+def _token_advantages(packed: list[dict]):
+    import torch
+
+    return torch.cat([p["advantages"][p["assistant_mask"]] for p in packed])
+
+
+@slow
+def test_advantage_balance_shrinks_negative_or_positive_advantages(bench):
+    import torch
+
+    group = [bench.group(0, REWARDS, fresh)]
+    balanced = _token_advantages(bench.train(group)[1])
+    negative, positive = balanced < 0, balanced > 0
+    for balance in (0.5, -0.5):
+        ratio = _token_advantages(bench.train(group, advantage_balance=balance)[1]) / balanced
+        # one factor per sign (ART then rescales all advantages to mean |A| = 1)
+        on_negative, on_positive = ratio[negative], ratio[positive]
+        assert torch.allclose(on_negative, on_negative[0]) and torch.allclose(on_positive, on_positive[0])
+        shrunk, kept = (on_negative[0], on_positive[0]) if balance > 0 else (on_positive[0], on_negative[0])
+        assert float(shrunk / kept) == pytest.approx(1 - abs(balance), rel=1e-4)
+
+
+@slow
+def test_scale_rewards_false_makes_advantages_reward_minus_group_mean(bench):
+    import torch
+
+    narrow = [r / 10 for r in REWARDS]  # a second group with a 10x narrower reward spread
+    groups = lambda: [bench.group(0, REWARDS, fresh), bench.group(1, narrow, fresh)]  # noqa: E731
+
+    def expected(scale: bool) -> torch.Tensor:  # each completion's advantage, once per token
+        out = []
+        for rewards, completions in ((REWARDS, bench.completions[0]), (narrow, bench.completions[1])):
             mean = sum(rewards) / len(rewards)
             std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-            expected += [(r - mean) / ((std + 1e-6) if scale else 1.0) for r in rewards if r != mean]
-        got = [r.advantage for r in backend.tokenize(_copy(groups), scale_rewards=scale)]
-        assert sorted(got) == pytest.approx(sorted(expected), abs=1e-6)
-    # packed: the narrow group's advantages stay 10x smaller without std scaling, equal in size with it
-    import torch
+            out += [(r - mean) / (std + 1e-6 if scale else 1.0) for r, c in zip(rewards, completions) for _ in c]
+        return torch.tensor(sorted(out))
 
-    def row_scale(packed, row):
-        adv = packed["advantages"][row][packed["assistant_mask"][row]]
-        return float(adv.abs().max())
-
-    flat = backend._pack(_copy(groups), scale_rewards=False)
-    scaled = backend._pack(_copy(groups), scale_rewards=True)
-    assert flat["tokens"].shape[0] == 2
-    ratio_flat = row_scale(flat, 1) / row_scale(flat, 0)
-    ratio_scaled = row_scale(scaled, 1) / row_scale(scaled, 0)
-    assert min(ratio_flat, 1 / ratio_flat) < 0.15 and min(ratio_scaled, 1 / ratio_scaled) > 0.5
-    assert torch.isfinite(flat["advantages"]).all()
+    runs = {"scaled": bench.train(groups())[1], "unscaled": bench.train(groups(), scale_rewards=False)[1],
+            "alias": bench.train(groups(), normalize_advantages=False)[1]}
+    for name, packed in runs.items():
+        got, want = _token_advantages(packed).sort().values, expected(name == "scaled")
+        factor = got.abs().mean() / want.abs().mean()  # ART's packing rescales all advantages to mean |A| = 1
+        assert torch.allclose(got, want * factor, rtol=1e-4, atol=1e-5), name
+    assert torch.equal(_token_advantages(runs["alias"]), _token_advantages(runs["unscaled"]))  # LocalBackend's alias
 
 
 @slow
-def test_epsilon_bounds_the_importance_ratio(loop, sampled, tmp_path):
-    groups, _ = sampled
-    stale = _copy(groups)
-    for g in stale:  # the sampler's log-probs one nat lower: every ratio is about e = 2.7
-        for t in g.trajectories:
-            for token in t.messages_and_choices[-1].logprobs.content:
-                token.logprob -= 1.0
-    clipped = {}
-    for name, kwargs in {"default": {}, "tight": {"epsilon": 0.2, "epsilon_high": 0.5}}.items():
-        _, backend, model = _backend(tmp_path / name, f"eps-{name}")
-        loop.run_until_complete(model.register(backend))
-        result = loop.run_until_complete(backend.train(model, _copy(stale), learning_rate=1e-4, **kwargs))
-        clipped[name] = result.metrics["loss/clipped_fraction"]
-        loop.run_until_complete(backend.close())
-    assert clipped["default"] == 0.0  # ART's cispo bounds [0, 5] hold e
-    assert clipped["tight"] > 0.9  # [0.8, 1.5] does not
+def test_kl_penalty_shifts_each_tokens_advantage_by_its_log_ratio_to_the_base_model(bench):
+    # ART's definition (art/loss.py): with k_t = log p(t) - log p_ref(t) over a packed sequence's completion tokens,
+    # each token's advantage gains coef x (mean k - k_t), and loss/kl_policy_ref logs mean k.
+    bench.reset()
+    for _ in range(2):  # move the policy away from the base
+        bench.train([bench.group(0, REWARDS, fresh)], reset=False, learning_rate=1e-3)
+    prompt, completions = bench.prompts[0], bench.completions[0]
+    policy = [bench.logprobs(prompt, c) for c in completions]
+    # sampled by this policy (ratio 1, weight 1); lr 0 measures the loss without moving the adapter
+    group = lambda: [bench.group(0, REWARDS, fresh, sampled=policy)]  # noqa: E731
+    plain = bench.train(group(), reset=False, learning_rate=0.0)[0]
+    coef = 0.5
+    penalized = bench.train(group(), reset=False, learning_rate=0.0, kl_penalty_coef=coef)[0]
+    k = [[x - ref for x, ref in zip(lp, base)] for lp, base in zip(policy, bench.base[0])]  # reference: the base
+    mean_k = sum(map(sum, k)) / sum(map(len, k))
+    assert penalized["loss/kl_policy_ref"] == pytest.approx(mean_k, rel=1e-3) and abs(mean_k) > 0.1
+    # cispo's loss, -sum(w A log p) / tokens with ART's per-completion weight w = tokens / (completions x its length)
+    # (each completion counts once), gains -coef/completions x sum over completions of mean((mean k - k_t) log p_t)
+    shift = -coef / len(k) * sum(sum((mean_k - kt) * lp for kt, lp in zip(ks, lps)) / len(ks)
+                                 for ks, lps in zip(k, policy))
+    assert penalized["loss/train"] - plain["loss/train"] == pytest.approx(shift, rel=1e-3, abs=1e-4)
+    assert abs(shift) > 1e-2 and "loss/kl_policy_ref" not in plain  # no reference pass without a penalty
 
 
 @slow
-def test_kl_penalty_keeps_the_adapter_closer_to_the_base(loop, sampled, tmp_path):
+def test_kl_reference_step_is_that_checkpoint_and_the_trained_adapter_is_put_back(bench):
     import torch
 
-    groups, _ = sampled
-    drift, kl_logged = {}, {}
-    for coef in (0.0, 5.0):
-        _, backend, model = _backend(tmp_path / str(coef), f"kl-{coef}")
-        loop.run_until_complete(model.register(backend))
-        for _ in range(4):
-            result = loop.run_until_complete(backend.train(model, _copy(groups), learning_rate=2e-3,
-                                                           kl_penalty_coef=coef, save_checkpoint=False))
-        kl_logged[coef] = result.metrics.get("loss/kl_policy_ref")
-        packed = backend._pack(_copy(groups))
-        engine = backend.engine
-        diffs = []
-        with torch.no_grad():
-            for row in range(packed["tokens"].shape[0]):
-                inputs = {k: v[row:row + 1] for k, v in packed.items() if isinstance(v, torch.Tensor)}
-                new = engine.completion_logprobs(inputs)
-                with engine.model.disable_adapter():
-                    base = engine.completion_logprobs(inputs)
-                mask = torch.nn.functional.pad(inputs["assistant_mask"][:, 1:], (0, 1), value=False)
-                diffs.append((new - base)[mask].abs())
-        drift[coef] = float(torch.cat(diffs).mean())
-        loop.run_until_complete(backend.close())
-    assert kl_logged[0.0] is None and kl_logged[5.0] is not None  # the reference pass runs only with a penalty
-    assert drift[5.0] < drift[0.0], drift
+    group = lambda: [bench.group(0, REWARDS, fresh)]  # noqa: E731
+    kl = {"kl_penalty_coef": 0.1, "learning_rate": 0.0}  # lr 0: measures the KL without moving the adapter
+    bench.train(group(), learning_rate=1e-3, save_checkpoint=True)  # checkpoint 1: the policy now
+    step = bench.loop.run_until_complete(bench.model.get_step())
+    at_checkpoint = bench.train(group(), reset=False, kl_penalty_reference_step=step, **kl)[0]["loss/kl_policy_ref"]
+    to_base = bench.train(group(), reset=False, **kl)[0]["loss/kl_policy_ref"]
+    # the policy is checkpoint `step`, and has moved from the base (the mean log-ratio on these fixed tokens)
+    assert abs(at_checkpoint) < 1e-4 < abs(to_base)
+    bench.train(group(), reset=False, learning_rate=1e-3)  # one more step past the checkpoint
+    before = bench.engine.lora_state()
+    moved = bench.train(group(), reset=False, kl_penalty_reference_step=step, **kl)[0]["loss/kl_policy_ref"]
+    after = bench.engine.lora_state()
+    assert abs(moved) > 1e-3  # measured from the trained adapter, not the checkpoint swapped in for the reference
+    assert all(torch.equal(before[k], after[k]) for k in before)  # and that adapter is put back exactly
+    with pytest.raises(ValueError, match=r"algorithm.kl_penalty_reference_step=99: this run has no checkpoint 99"):
+        bench.train(group(), reset=False, kl_penalty_reference_step=99, **kl)
+
+
+@slow
+def test_scheduled_learning_rate_reaches_the_optimizer(bench):
+    # AdamW's first step from a fresh state moves each weight by lr x g / (|g| + eps): the largest move is lr.
+    config = compose_config([*LOCAL, "trainer.max_steps=5", "model.lr=1e-3", "algorithm.lr_schedule=linear",
+                             "algorithm.warmup_steps=2", "algorithm.min_lr_ratio=0.1"])
+    for step, want in ((0, 1e-3 / 3), (2, 1e-3), (4, 1e-4)):  # step 0, the end of warmup, the last step
+        lr = algorithm.learning_rate(config.algorithm, config.model.lr, step, config.trainer.max_steps)
+        assert lr == pytest.approx(want)
+        metrics, _ = bench.train([bench.group(0, REWARDS, fresh)], learning_rate=lr)
+        after = bench.engine.lora_state()
+        moved = max(float((after[k] - bench.initial[k]).abs().max()) for k in after)
+        assert moved == pytest.approx(lr, rel=1e-3)
+        assert metrics["loss/learning_rate"] == pytest.approx(lr)
 
 
 @slow
@@ -230,4 +479,4 @@ def test_multirun_over_presets_records_each_choice(tmp_path):
         assert record["algorithm"]["name"] == preset
         assert record["algorithm"]["scale_rewards"] is (preset == "grpo")
         history = [json.loads(line) for line in next(sweep.glob(f"{job}/art/*/models/*/history.jsonl")).open()]
-        assert any(h.get("train/algorithm/learning_rate") == 5e-4 for h in history)
+        assert any(h.get("loss/learning_rate") == 5e-4 for h in history)

@@ -148,6 +148,7 @@ class EmbeddedBackend(Backend):
         loss_fn: str = "cispo",
         normalize_advantages: bool = True,
         kl_penalty_coef: float = 0.0,
+        kl_penalty_reference_step: int | None = None,
         epsilon: float | None = None,
         epsilon_high: float | None = None,
         advantage_balance: float = 0.0,
@@ -158,7 +159,8 @@ class EmbeddedBackend(Backend):
         **unsupported: Any,
     ) -> TrainResult:
         """One GRPO step as LocalBackend.train defines it: ART tokenizes, packs and computes the loss; AdamW
-        on the LoRA weights; then a checkpoint. With kl_penalty_coef > 0 the reference is the base model."""
+        on the LoRA weights; then a checkpoint. With kl_penalty_coef > 0 the reference is the base model, or
+        this model's checkpoint ``kl_penalty_reference_step`` (as LocalBackend resolves it)."""
         if loss_fn not in ("cispo", "ppo"):
             raise ValueError(f"the embedded backend supports loss_fn='cispo' or 'ppo', got {loss_fn!r}")
         ignored = {k: v for k, v in unsupported.items() if v not in (None, False, 0, 0.0)}
@@ -166,6 +168,7 @@ class EmbeddedBackend(Backend):
             raise ValueError(f"the embedded backend does not support {', '.join(sorted(ignored))}")
         if not normalize_advantages:  # LocalBackend's alias
             scale_rewards = False
+        reference = self._reference_checkpoint(model, kl_penalty_reference_step)
         started = time.monotonic()
         groups = list(trajectory_groups)
         trainable = [g for g in groups if has_reward_variance(g)]  # zero variance: no signal
@@ -183,7 +186,7 @@ class EmbeddedBackend(Backend):
         step_metrics: list[dict[str, float]] = []
         packed = await asyncio.to_thread(self._pack, trainable, scale_rewards, advantage_balance)
         if packed is not None:
-            step_metrics = await asyncio.to_thread(self.engine.train_packed, packed, config, dev_config)
+            step_metrics = await asyncio.to_thread(self.engine.train_packed, packed, config, dev_config, reference)
         step = get_step_from_dir(self.model_dir(model)) + 1
         if save_checkpoint:
             directory = Path(get_step_checkpoint_dir(self.model_dir(model), step))
@@ -195,6 +198,19 @@ class EmbeddedBackend(Backend):
         metrics["train/skipped_zero_variance_groups"] = float(len(groups) - len(trainable))
         metrics["train/packed_sequences"] = float(0 if packed is None else packed["tokens"].shape[0])
         return TrainResult(step=step, metrics=metrics)
+
+    def _reference_checkpoint(self, model: TrainableModel, step: int | None) -> Optional[Path]:
+        """Checkpoint ``step``'s folder as the KL reference; None = the base model. Step 0 is the base model: the
+        adapter starts as a no-op (LoRA's B = 0), and the embedded backend saves no step-0 checkpoint."""
+        if not step:
+            return None
+        directory = Path(get_step_checkpoint_dir(self.model_dir(model), step))
+        if not (directory / "adapter_model.safetensors").exists():
+            steps = sorted(int(p.name) for p in directory.parent.glob("[0-9]*") if p.name.isdigit())
+            raise ValueError(f"algorithm.kl_penalty_reference_step={step}: this run has no checkpoint {step} "
+                             f"(it has {steps or 'none yet'}); the reference must be a step already saved, e.g. "
+                             f"1 for the SFT checkpoint of sft=best_of_n or distill")
+        return directory
 
     def tokenize(self, groups: list[TrajectoryGroup], scale_rewards: bool = True) -> list:
         """ART's tokenization, which also computes each trajectory's GRPO advantage."""

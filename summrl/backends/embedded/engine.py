@@ -305,43 +305,43 @@ class Engine:
 
     # ------------------------------------------------------------------ training
 
-    def train_packed(self, packed: dict, config: Any, dev_config: dict) -> list[dict[str, float]]:
+    def train_packed(self, packed: dict, config: Any, dev_config: dict,
+                     reference: Optional[Path] = None) -> list[dict[str, float]]:
         """One optimizer step per packed sequence, as ART's Unsloth trainer does. Returns metrics per step.
 
         With a KL penalty the reference log-probabilities come from the same model with its LoRA adapter
-        disabled (the base model), one extra forward pass without gradients, as LocalBackend does.
+        disabled (the base model), or with checkpoint ``reference``'s adapter in place of its own: one extra
+        forward pass without gradients per packed sequence, as LocalBackend does.
         """
         from art.loss import loss_fn
 
         metrics = []
-        kl = dev_config.get("kl_penalty_coef", 0.0) > 0
-        low, high = clip_bounds(dev_config)
+        rows = [{k: v[row : row + 1].to(self.device) for k, v in packed.items() if isinstance(v, torch.Tensor)}
+                for row in range(packed["tokens"].shape[0])]
+        clipped = tokens = 0
         with self.lock:
             self._set_merged(False)
+            refs = self._reference_logprobs(rows, reference) if dev_config.get("kl_penalty_coef", 0.0) > 0 else None
             self.model.train()
             try:
                 for param_group in self.optimizer.param_groups:
                     param_group["lr"] = config.learning_rate
-                for row in range(packed["tokens"].shape[0]):
-                    inputs = {k: v[row : row + 1].to(self.device) for k, v in packed.items() if isinstance(v, torch.Tensor)}
-                    ref_logprobs = None
-                    if kl:
-                        with torch.no_grad(), self.model.disable_adapter():
-                            ref_logprobs = self.completion_logprobs(inputs)
+                for row, inputs in enumerate(rows):
                     new_logprobs = self.completion_logprobs(inputs)
-                    loss = loss_fn(inputs, new_logprobs, ref_logprobs, None, dev_config)
+                    loss = loss_fn(inputs, new_logprobs, None if refs is None else refs[row], None, dev_config)
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.policy_loss.backward()
                     grad_norm = torch.nn.utils.clip_grad_norm_(
                         [p for p in self.model.parameters() if p.requires_grad], max_norm=1.0
                     )
                     self.optimizer.step()
+                    row_clipped, row_tokens = clip_counts(inputs, new_logprobs.detach(), dev_config)
+                    clipped, tokens = clipped + row_clipped, tokens + row_tokens
                     step_metrics = {
                         "loss/train": float(loss.policy_loss.detach()),
                         "loss/grad_norm": float(grad_norm),
-                        "loss/learning_rate": float(config.learning_rate),
+                        "loss/learning_rate": float(self.optimizer.param_groups[0]["lr"]),
                         "loss/probs_corr": float(loss.probs_corr.detach()),
-                        "loss/clipped_fraction": clipped_fraction(inputs, new_logprobs.detach(), low, high),
                     }
                     if loss.kl_policy_ref is not None:
                         step_metrics["loss/kl_policy_ref"] = float(loss.kl_policy_ref)
@@ -349,7 +349,26 @@ class Engine:
             finally:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.model.eval()
+        for step_metrics in metrics:  # the step's share, weighted by tokens (ART averages rows: all rows hold it)
+            step_metrics["loss/clipped_fraction"] = clipped / max(tokens, 1)
         return metrics
+
+    @torch.no_grad()
+    def _reference_logprobs(self, rows: list[dict], reference: Optional[Path]) -> list[torch.Tensor]:
+        """Each packed row's log-probs under the KL reference (eval mode: no dropout): the base model, or the
+        adapter of checkpoint ``reference`` swapped in for the pass and the trained one put back."""
+        self.model.eval()
+        if reference is None:
+            with self.model.disable_adapter():
+                return [self.completion_logprobs(inputs) for inputs in rows]
+        own = self.lora_state()
+        self._load_adapter(reference)
+        try:
+            return [self.completion_logprobs(inputs) for inputs in rows]
+        finally:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, own)
 
     def completion_logprobs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Log-probability of each next token, computed only where the next token is a completion token.
@@ -436,15 +455,19 @@ class Engine:
             shutil.rmtree(directory)
         os.replace(tmp, directory)
 
-    def load_checkpoint(self, directory: Path) -> None:
+    def _load_adapter(self, directory: Path) -> None:
+        """Copy a checkpoint's LoRA weights into the adapter, in place (the optimizer keeps its parameters)."""
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
+        state = load_file(str(Path(directory) / "adapter_model.safetensors"), device=str(self.device))
+        set_peft_model_state_dict(self.model, state)
+
+    def load_checkpoint(self, directory: Path) -> None:
         directory = Path(directory)
         with self.lock:
             self._set_merged(False)
-            state = load_file(str(directory / "adapter_model.safetensors"), device=str(self.device))
-            set_peft_model_state_dict(self.model, state)
+            self._load_adapter(directory)
             optimizer_path = directory / "optimizer.pt"
             if optimizer_path.exists():
                 self.optimizer.load_state_dict(torch.load(optimizer_path, map_location=self.device))
@@ -479,16 +502,33 @@ def clip_bounds(dev_config: dict) -> tuple[float, float]:
     return 1 - epsilon, 1 + (epsilon if epsilon_high is None else epsilon_high)
 
 
-def clipped_fraction(inputs: dict, new_logprobs: torch.Tensor, low: float, high: float) -> float:
-    """The share of completion tokens whose (token-level) importance ratio falls outside the clip range."""
-    from art.loss import shift_tensor
+def clip_counts(inputs: dict, new_logprobs: torch.Tensor, dev_config: dict) -> tuple[int, int]:
+    """(clipped, total) completion tokens of a packed row: clipped where the loss bounds the importance ratio.
 
+    The ratio is the one art/loss.py 0.5.18 computes (importance_sampling_level, the
+    max_negative_advantage_importance_sampling_weight cap), mirrored here because the loss does not return it;
+    a token counts where that ratio lies outside [1 - epsilon, 1 + epsilon_high] or above the cap. For cispo
+    these are the tokens whose weight is clipped; for ppo it is PPO's usual clip fraction (the clip removes a
+    token's gradient when its advantage points outward).
+    """
+    from art.loss import shift_tensor
+    from art.utils.group_aggregate import group_aggregate
+
+    mask = shift_tensor(inputs["assistant_mask"], False)
     old = shift_tensor(inputs["logprobs"], float("nan"))
-    mask = shift_tensor(inputs["assistant_mask"], False) & ~torch.isnan(old)
-    if not mask.any():
-        return 0.0
-    ratio = torch.exp(new_logprobs[mask] - old[mask])
-    return float(((ratio < low) | (ratio > high)).float().mean())
+    diff = new_logprobs - torch.where(torch.isnan(old), new_logprobs, old)
+    ratio = torch.exp(diff)
+    level = dev_config.get("importance_sampling_level", "token")
+    if level != "token":
+        by = shift_tensor(inputs["group_ids"], 0) * mask.to(new_logprobs.dtype)
+        sequence = torch.exp(group_aggregate(diff, by=by, reduce="mean"))
+        ratio = {"sequence": sequence, "average": (ratio + sequence) / 2,
+                 "geometric_average": ratio**0.5 * sequence**0.5}[level]
+    low, high = clip_bounds(dev_config)
+    cap = dev_config.get("max_negative_advantage_importance_sampling_weight")
+    if cap:
+        high = min(high, cap)
+    return int(((ratio < low) | (ratio > high))[mask].sum()), int(mask.sum())
 
 
 def round_up(value: int, multiple: int) -> int:

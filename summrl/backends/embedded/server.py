@@ -100,6 +100,9 @@ class Batcher:
             for item in batch:
                 by_kind.setdefault((item.params.key(), item.use_lora), []).append(item)
             for items in by_kind.values():
+                # A row's logprobs depend (around 1e-6) on its place in the batch, and the update reads them: a fixed
+                # order, not the order requests happened to arrive in, keeps a repeated run's training identical.
+                items.sort(key=lambda i: (i.seed is None, i.seed or 0, i.prompt))
                 params = SamplingParams(
                     max_tokens=max(i.params.max_tokens for i in items),
                     temperature=items[0].params.temperature,

@@ -87,7 +87,9 @@ class WandbTracker(Tracker):
             record = json.loads(line)
             record.pop("recorded_at", None)
             record.pop("step", None)  # ART's copy of training_step; W&B's own step stays monotonic
-            self.run.log(record)
+            # Per-document val scores (val/doc/<id>/*, two panels per val document) stay in history.jsonl and
+            # result.json, where summrl.report reads them; W&B has them row by row in the val/samples table.
+            self.run.log({k: v for k, v in record.items() if not k.startswith("val/doc/")})
 
     def log_samples(self, step: int, groups: Sequence[Any]) -> None:
         if not self.samples:

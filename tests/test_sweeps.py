@@ -44,6 +44,7 @@ def test_wandb_sweep_isolates_a_failing_job_and_reports(tmp_path):
     assert any("val/reward" in row and "val/qa_accuracy" in row for row in steps)
     assert any("train/loss/train" in row or "train/reward" in row for row in steps)
     assert any(key.startswith("val/samples") for row in good["history"] for key in row)
+    assert not any(key.startswith("val/doc/") for row in good["history"] for key in row)  # kept out of W&B panels
     assert good["exit_code"] == 0 and bad["exit_code"] == 1
 
     for path in sweep.rglob("*"):

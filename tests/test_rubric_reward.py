@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from summrl.config import ConfigError, reward_range
-from summrl.data import DataError, Document, Question, group_documents
+from summrl.data import DataError, Document, group_documents
 from summrl.judges import Rubrics, build_judge
 from summrl.judges.fake_server import FakeLLM, Reply
 from summrl.judges.lexical import INVENTS_FACTS, LexicalJudge
@@ -20,14 +20,8 @@ from summrl.rewards import Missing, Score, build_reward, build_val_reward, check
 from summrl.rewards.rubric import RubricCache, RubricReward
 from summrl.rewards.weighted import WeightedReward
 from tests.conftest import compose_config
+from tests.test_facts import DOC, FAITHFUL  # the hand-made document and a faithful summary of it
 
-DOC = Document(
-    id="d1", topic="Local News",
-    text="Ruth Okafor opened the Hollis Footbridge on March 14, 2024. It cost 2.1 million dollars and Dunmore "
-         "Civil Works built it in 18 months.",
-    questions=(Question("d1-q1", "Who opened the bridge?", "Ruth Okafor", ""),),
-)
-FAITHFUL = "Ruth Okafor opened the Hollis Footbridge in March 2024; it cost 2.1 million dollars."
 
 
 @pytest.fixture

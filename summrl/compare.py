@@ -125,6 +125,8 @@ def paired(differences: np.ndarray) -> Paired:
 
 def advice(result: Paired) -> str:
     """What to raise to detect smaller differences, from where the noise comes from."""
+    if result.se == 0:  # every pair differed by the same amount: the arms' scores moved together
+        return "none: every pair differs by the same amount"
     if not result.shares:
         return ""
     biggest = max(result.shares, key=result.shares.get)

@@ -163,3 +163,15 @@ def test_curve_bands_are_over_seeds_or_over_documents(sweep, tmp_path):
     # the translucent band: pale tints of the line colours, neither white nor a line colour
     pale = ((image.min(axis=-1) > 0.6) & (image.max(axis=-1) < 0.98) & (image.max(axis=-1) - image.min(axis=-1) > 0.05))
     assert pale.mean() > 0.02
+
+
+def test_arms_that_scored_every_pair_alike_say_so_instead_of_a_noise_source():
+    import numpy as np
+
+    from summrl.compare import advice, paired
+
+    same = paired(np.zeros((2, 8)))  # e.g. algorithm=grpo_kl at coefficient 0.001 beside grpo, 8 steps
+    assert (same.difference, same.low, same.high, same.verdict()) == (0.0, 0.0, 0.0, "no detectable difference")
+    assert advice(same) == "none: every pair differs by the same amount"
+    assert advice(paired(np.array([[0.1, 0.3], [0.2, 0.2]]))).endswith("raise trainer.val_rollouts_per_doc or "
+                                                                       "dataset.val_size")

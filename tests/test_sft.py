@@ -430,6 +430,21 @@ def test_embedded_sft_loss_is_the_cross_entropy_of_the_assistant_tokens_only(tmp
 # --------------------------------------------------------------------------- end to end, killed during collection
 
 
+
+def kill_train_once_written(args: list[str], path, lines: int) -> None:
+    """Run `python -m summrl.train` and SIGKILL its process group once `path` holds `lines` lines (within 600 s)."""
+    run = subprocess.Popen([sys.executable, "-m", "summrl.train", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                           start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not (path.exists() and path.read_text().count("\n") >= lines):
+        assert run.poll() is None, run.stdout.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+
+
 @pytest.mark.slow
 def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tmp_path):
     """A real SIGKILL once the first documents are on disk; the rerun skips them and runs both stages."""
@@ -438,16 +453,7 @@ def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tm
             "trainer.max_steps=1", "trainer.max_summary_tokens=24", "trainer.rollouts_per_group=2",
             "trainer.val_rollouts_per_doc=2", "dataset.val_size=2", "run.name=sft-e2e", f"hydra.run.dir={run_dir}"]
     collected = run_dir / "sft" / "collected.jsonl"
-    first = subprocess.Popen([sys.executable, "-m", "summrl.train", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                             start_new_session=True)
-    deadline = time.monotonic() + 600
-    while not (collected.exists() and collected.read_text().count("\n") >= 2):
-        assert first.poll() is None, first.stdout.read()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait()
+    kill_train_once_written(args, collected, lines=2)
     done_before = collected.read_text().count("\n")
     assert 2 <= done_before < 6
 
@@ -495,16 +501,7 @@ def test_distill_run_killed_during_collection_pays_the_teacher_only_for_what_is_
                 "trainer.rollouts_per_group=2", "trainer.max_summary_tokens=8", "trainer.val_rollouts_per_doc=1",
                 "dataset.val_size=1", "run.name=distill-kill", f"hydra.run.dir={run_dir}"]
         summaries = run_dir / "sft" / SUMMARIES
-        first = subprocess.Popen([sys.executable, "-m", "summrl.train", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                 start_new_session=True)
-        deadline = time.monotonic() + 600
-        while not (summaries.exists() and summaries.read_text().count("\n") >= 3):
-            assert first.poll() is None, first.stdout.read()[-3000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
+        kill_train_once_written(args, summaries, lines=3)
         on_disk = summaries.read_text().count("\n")
         assert 3 <= on_disk < 8
         asked, counted = len(server.requests), teacher_usage(run_dir / "sft")["calls"]

@@ -314,6 +314,10 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
     backup: Optional[CheckpointBackup] = None
     try:
         backup = CheckpointBackup.open(config)  # S3: checks the bucket before any model loads
+        if not earlier:  # a fresh machine: the record the run's earlier invocations backed up
+            earlier = backup.restore_result(config.run.dir) or {}
+            earlier_wall_s = earlier.get("wall_s", 0.0)
+            history = list(earlier.get("val_history", []))
         seed_everything(config.seed)
         t = config.trainer
         val, train_docs = load_splits(config.dataset)

@@ -175,6 +175,18 @@ class CheckpointBackup:
         print(f"summrl: restored step {step} from {self.url}", flush=True)
         return step
 
+    def restore_result(self, run_dir: str) -> Optional[dict]:
+        """With no local result.json, the backed-up one: a fresh machine keeps the val scores (and wall time) its
+        earlier invocations recorded, as a local rerun does. Returns the record, or None."""
+        if not self.restore_enabled or (Path(run_dir) / "result.json").exists():
+            return None
+        data = self._get("result.json", missing_ok=True)
+        if data is None:
+            return None
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "result.json").write_bytes(data)
+        return json.loads(data)
+
     def _restore_sft(self) -> None:
         if self.sft_local is None or sft_files(self.sft_local):
             return
@@ -278,6 +290,9 @@ class NoBackup:
     """storage.enabled=false: nothing is backed up or restored."""
 
     def restore(self) -> None:
+        return None
+
+    def restore_result(self, run_dir: str) -> None:
         return None
 
     async def after_step(self, step: int, *, final: bool = False) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -17,6 +21,9 @@ CONF = ROOT / "conf"
 SAMPLE = ROOT / "summrl" / "data" / "repliqa_sample.jsonl"
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# One de-quantized copy of the GGUF model for every run of the session, subprocesses included, also those that
+# point HOME elsewhere (W&B tests): the first load writes it, every later one reads it in about a second.
+os.environ.setdefault("SUMMRL_CACHE_DIR", str(Path.home() / ".cache" / "summrl"))
 
 
 def compose_raw(overrides: list[str]):
@@ -85,7 +92,7 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "
                "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3_endpoint():
     from moto.server import ThreadedMotoServer
 
@@ -144,3 +151,68 @@ def wandb_records(run_dir: Path) -> dict:
         elif kind == "exit":
             out["exit_code"] = record.exit.exit_code
     return out
+
+
+# ---------------------------------------------------------------- train once, assert many times
+#
+# One small offline run through the real entry point (a subprocess), shared by the end-to-end tests of training,
+# resume, S3 backup and restore, the LLM judge's key handling, the run record and history. Two invocations:
+# steps 1-2, then, with the run folder deleted as on a fresh machine, step 3 resumed from the S3 backup.
+# reward=ruler on the loopback judge: a real LLM-judge client with a planted key, whose RULER scores (by
+# length) differ within a group, so the update has a signal; val also grades QA through the same judge.
+
+SHARED_SECRET = "sk-planted-judge-5f0e2d"
+SHARED_ARGS = ["experiment=local", "reward=ruler", "judge=openai_compatible", "judge.model=openai/gpt-4o-mini",
+               "judge.api_key_env=FAKE_JUDGE_KEY", "trainer.eval_every=1", "trainer.max_summary_tokens=16",
+               "trainer.groups_per_step=2", "trainer.rollouts_per_group=3", "trainer.val_rollouts_per_doc=2",
+               "dataset.val_size=2", "dataset.train_size=4", "storage.enabled=true", "storage.bucket=shared",
+               "run.name=shared"]
+
+
+@dataclass
+class SharedRun:
+    run_dir: Path
+    endpoint: str  # the S3 endpoint it backed up to (bucket "shared")
+    judge: Any  # the loopback judge (FakeLLM): requests and headers it saw
+    first: Any  # CompletedProcess of steps 1-2
+    second: Any  # CompletedProcess of step 3, resumed from S3 into an empty run folder
+    after_first: dict  # what the first invocation left: checkpoints, result, history rows, step-2 LoRA weights
+
+    @property
+    def model_dir(self) -> Path:
+        return self.run_dir / "art" / "summrl" / "models" / "shared"
+
+    def history(self) -> list[dict]:
+        return [json.loads(line) for line in (self.model_dir / "history.jsonl").read_text().splitlines()]
+
+    def result(self) -> dict:
+        return json.loads((self.run_dir / "result.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory, s3_endpoint) -> SharedRun:
+    from safetensors.torch import load_file
+
+    from summrl.judges.fake_server import FakeLLM
+
+    root = tmp_path_factory.mktemp("shared")
+    run_dir = root / "run"
+    env = {**CREDENTIALS, "FAKE_JUDGE_KEY": SHARED_SECRET, "LITELLM_LOG": "DEBUG"}
+    with FakeLLM() as judge:
+        args = [*SHARED_ARGS, f"judge.api_base={judge.base_url}", f"judge.cache_dir={root / 'judge-cache'}",
+                f"storage.endpoint_url={s3_endpoint}", f"hydra.run.dir={run_dir}"]
+        first = run_cli([*args, "trainer.max_steps=2"], cwd=ROOT, env=env)
+        assert first.returncode == 0, first.stderr[-3000:]
+        model_dir = run_dir / "art" / "summrl" / "models" / "shared"
+        after_first = {
+            "checkpoints": sorted(p.name for p in (model_dir / "checkpoints").iterdir()),
+            "result": json.loads((run_dir / "result.json").read_text()),
+            "history": [json.loads(line) for line in (model_dir / "history.jsonl").read_text().splitlines()],
+            "lora_step2": load_file(model_dir / "checkpoints" / "0002" / "adapter_model.safetensors"),
+            "files": {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in run_dir.rglob("*")
+                      if p.is_file() and p.stat().st_size < 50_000_000},
+        }
+        shutil.rmtree(run_dir)  # a fresh machine: only the S3 backup is left
+        second = run_cli([*args, "trainer.max_steps=3"], cwd=ROOT, env=env)
+        assert second.returncode == 0, second.stderr[-3000:]
+    return SharedRun(run_dir, s3_endpoint, judge, first, second, after_first)

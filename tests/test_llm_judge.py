@@ -283,25 +283,26 @@ def test_fault_mode_is_seeded_counts_every_outcome_and_is_survived_with_retries(
 
 
 @pytest.mark.slow
-def test_training_run_with_an_llm_judge_keeps_the_key_out_of_every_file(fake, tmp_path):
-    from tests.conftest import ROOT, run_cli
+def test_training_run_with_an_llm_judge_keeps_the_key_out_of_every_file(shared_run):
+    """The shared run (conftest.shared_run) was judged by the loopback judge with a planted key, LITELLM_LOG=DEBUG."""
+    from tests.conftest import SHARED_SECRET
 
-    run_dir = tmp_path / "run"
-    result = run_cli(
-        ["experiment=local", "judge=openai_compatible", "judge.model=openai/gpt-4o-mini", f"judge.api_base={fake.base_url}",
-         "judge.api_key_env=FAKE_JUDGE_KEY", f"judge.cache_dir={tmp_path / 'cache'}", "trainer.max_steps=1",
-         "trainer.max_summary_tokens=16", "trainer.val_rollouts_per_doc=1", "dataset.val_size=1",
-         "run.name=llm-judge", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, env={"FAKE_JUDGE_KEY": SECRET, "LITELLM_LOG": "DEBUG"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert SECRET not in result.stdout + result.stderr
-    assert fake.headers and all(h["authorization"] == f"Bearer {SECRET}" for h in fake.headers)
-    files = [p for p in run_dir.rglob("*") if p.is_file()]
-    assert any(p.name == "config.yaml" for p in files)
-    for path in files:
-        assert SECRET.encode() not in path.read_bytes(), path
-    rows = [json.loads(line) for line in (run_dir / "art" / "summrl" / "models" / "llm-judge" / "history.jsonl").read_text().splitlines()]
+    for invocation in (shared_run.first, shared_run.second):
+        assert SHARED_SECRET not in invocation.stdout + invocation.stderr
+    judge = shared_run.judge
+    assert judge.headers and all(h["authorization"] == f"Bearer {SHARED_SECRET}" for h in judge.headers)
+    files = {**shared_run.after_first["files"],  # the first invocation's folder, then the resumed one's
+             **{p.relative_to(shared_run.run_dir).as_posix(): p.read_bytes()
+                for p in shared_run.run_dir.rglob("*") if p.is_file()}}
+    assert any(name.endswith("config.yaml") for name in files)
+    for name, data in files.items():
+        assert SHARED_SECRET.encode() not in data, name
+    from tests.conftest import keys, s3
+
+    for key in keys(shared_run.endpoint, "shared"):  # nor anything backed up
+        body = s3(shared_run.endpoint).get_object(Bucket="shared", Key=key)["Body"].read()
+        assert SHARED_SECRET.encode() not in body, key
+    rows = shared_run.history()
     # ART files the judge's counts under the split they were spent on
     assert sum(r.get("train/judge/calls", 0) for r in rows) > 0 and sum(r.get("val/judge/calls", 0) for r in rows) > 0
     assert any("train/judge/cost_usd" in r for r in rows)

@@ -9,11 +9,7 @@ import shutil
 import pytest
 
 from summrl.storage import COMPLETE, CheckpointBackup, StorageError
-from tests.conftest import CREDENTIALS, ROOT, compose_config, keys, run_cli, s3
-
-TINY = ["experiment=local", "trainer.eval_every=1", "trainer.max_summary_tokens=8",
-        "dataset.val_size=1", "dataset.train_size=2"]
-
+from tests.conftest import compose_config, keys, s3
 
 def storage_config(tmp_path, endpoint, bucket, *extra):
     return compose_config(["experiment=local", "run.name=r1", "storage.enabled=true", f"storage.bucket={bucket}",
@@ -89,29 +85,36 @@ def test_backup_every_n_steps_and_always_the_last(tmp_path, s3_endpoint, aws_env
 
 
 @pytest.mark.slow
-def test_embedded_run_backs_up_each_step_and_resumes_from_s3(tmp_path, s3_endpoint):
-    """A real 2-step embedded run backs up both steps; with its run folder gone, a rerun resumes at step 2 from S3."""
-    run_dir = tmp_path / "run"
-    args = [*TINY, "run.name=s3run", "storage.enabled=true", "storage.bucket=resume",
-            f"storage.endpoint_url={s3_endpoint}", f"hydra.run.dir={run_dir}"]
-    first = run_cli([*args, "trainer.max_steps=2"], cwd=ROOT, env=CREDENTIALS)
-    assert first.returncode == 0, first.stderr[-3000:]
-    stored = keys(s3_endpoint, "resume", "summrl/summrl/s3run/")
-    assert {f"summrl/summrl/s3run/checkpoints/000{s}{COMPLETE}" for s in (1, 2)} <= set(stored)
-    assert "summrl/summrl/s3run/history.jsonl" in stored
+def test_embedded_run_backs_up_each_step_and_resumes_from_s3(shared_run):
+    """The shared run (conftest.shared_run) backs up both steps; with its run folder gone, the rerun resumes at step 2
+    from S3, with the val scores and history its first invocation recorded."""
+    endpoint, first, second = shared_run.endpoint, shared_run.first, shared_run.second
+    prefix = "summrl/summrl/shared/"
+    stored = keys(endpoint, "shared", prefix)
+    assert {f"{prefix}checkpoints/000{s}{COMPLETE}" for s in (1, 2, 3)} <= set(stored)
+    assert f"{prefix}history.jsonl" in stored
     assert "step 1 backed up" in first.stdout and "step 2 backed up" in first.stdout
 
-    shutil.rmtree(run_dir)
-    second = run_cli([*args, "trainer.max_steps=3"], cwd=ROOT, env=CREDENTIALS)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "restored step 2 from s3://resume/summrl/summrl/s3run" in second.stdout
+    assert "restored step 2 from s3://shared/summrl/summrl/shared" in second.stdout
     assert "resuming at step 2 of 3" in second.stdout
-    result = json.loads((run_dir / "result.json").read_text())
+    result = shared_run.result()
     assert result["status"] == "completed" and result["steps"] == 3
-    assert f"summrl/summrl/s3run/checkpoints/0003{COMPLETE}" in keys(s3_endpoint, "resume")
-    stored_result = s3(s3_endpoint).get_object(Bucket="resume", Key="summrl/summrl/s3run/result.json")
+    stored_result = s3(endpoint).get_object(Bucket="shared", Key=f"{prefix}result.json")
     assert json.loads(stored_result["Body"].read()) == result
     # The restored history carries step 1 and 2's training rows into the resumed run's history.
-    rows = [json.loads(line) for line in
-            (run_dir / "art" / "summrl" / "models" / "s3run" / "history.jsonl").read_text().splitlines()]
+    rows = shared_run.history()
     assert {r.get("step") for r in rows if any(k.startswith("train/") for k in r)} == {1, 2, 3}
+
+
+def test_restore_brings_back_the_run_record_only_into_an_empty_run_folder(tmp_path, s3_endpoint, aws_env):
+    config = storage_config(tmp_path, s3_endpoint, "records")
+    backup = CheckpointBackup.open(config)
+    run_dir = tmp_path / "run"
+    assert backup.restore_result(str(run_dir)) is None  # nothing backed up yet
+    run_dir.mkdir()
+    (run_dir / "result.json").write_text(json.dumps({"status": "completed", "steps": 2, "val_history": []}))
+    backup.save_result(str(run_dir))
+    assert backup.restore_result(str(run_dir)) is None  # a local record wins: nothing downloaded
+    (run_dir / "result.json").unlink()
+    assert backup.restore_result(str(run_dir)) == {"status": "completed", "steps": 2, "val_history": []}
+    assert json.loads((run_dir / "result.json").read_text())["steps"] == 2

@@ -13,52 +13,48 @@ from tests.conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.slow
 
-# experiment=local, shrunk so that two steps take about a minute on 2 cores. Four groups per step make
-# it near-certain that some group has reward variance (flat groups are skipped: they carry no signal).
-SMALL = ["experiment=local", "trainer.eval_every=2", "trainer.max_summary_tokens=48", "trainer.groups_per_step=4",
-         "dataset.val_size=2"]
-
-
 def history(model_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (model_dir / "history.jsonl").read_text().splitlines()]
 
 
-def test_local_run_trains_checkpoints_logs_val_and_resumes(tmp_path):
-    run_dir = tmp_path / "run"
-    args = [*SMALL, "run.name=e2e", f"hydra.run.dir={run_dir}"]
-    first = run_cli([*args, "trainer.max_steps=2"], cwd=ROOT)
-    assert first.returncode == 0, first.stderr[-3000:]
-    model_dir = run_dir / "art" / "summrl" / "models" / "e2e"
-    checkpoints = model_dir / "checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["0001", "0002"]
+def test_a_run_trains_checkpoints_logs_val_and_records_its_result(shared_run):
+    """Steps 1-2 of the shared run (conftest.shared_run), as the first invocation left them."""
+    first, after = shared_run.first, shared_run.after_first
+    assert after["checkpoints"] == ["0001", "0002"]
     assert "starting at step 0" in first.stdout
     # peft's warning at every checkpoint (it can't look the base model's config up) is noise: silenced
     assert "Could not find a config file" not in first.stderr
 
     # the LoRA weights moved away from their initialization (B starts at zero)
-    lora_b = {k: v for k, v in load_file(checkpoints / "0002" / "adapter_model.safetensors").items() if "lora_B" in k}
+    lora_b = {k: v for k, v in after["lora_step2"].items() if "lora_B" in k}
     assert lora_b and any(v.abs().sum() > 0 for v in lora_b.values())
 
-    rows = history(model_dir)
-    assert {r["step"] for r in rows if "val/reward" in r} == {0, 2}
+    rows = after["history"]
+    assert {r["step"] for r in rows if "val/reward" in r} == {0, 1, 2}
     assert {r["step"] for r in rows if "train/reward" in r} == {1, 2}
-    result = json.loads((run_dir / "result.json").read_text())
+    assert any(r.get("data/step_num_groups_trainable", 0) > 0 for r in rows)  # RULER's scores differ in a group
+    result = after["result"]
     assert result["status"] == "completed" and result["steps"] == 2
     assert result["final_val_score"] == pytest.approx(next(r["val/reward"] for r in rows if r["step"] == 2 and "val/reward" in r))
+    assert [h["step"] for h in result["val_history"]] == [0, 1, 2]
     # Hydra kept the resolved config and the overrides in the run folder
-    assert "run.name=e2e" in (run_dir / ".hydra" / "overrides.yaml").read_text()
-    assert (run_dir / ".hydra" / "config.yaml").exists()
+    assert "run.name=shared" in after["files"][".hydra/overrides.yaml"].decode()
+    assert ".hydra/config.yaml" in after["files"]
 
-    second = run_cli([*args, "trainer.max_steps=3"], cwd=ROOT)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resuming at step 2" in second.stdout
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["0001", "0002", "0003"]
-    resumed_result = json.loads((run_dir / "result.json").read_text())
-    assert resumed_result["steps"] == 3
-    assert [h["step"] for h in resumed_result["val_history"]] == [0, 2, 3]  # the first run's val scores are kept
-    step3 = next(r for r in history(model_dir) if r["step"] == 3 and "train/reward" in r)
-    resumed = load_file(checkpoints / "0003" / "adapter_model.safetensors")
-    changed = any(not torch.equal(resumed[k], v) for k, v in lora_b.items())
+
+def test_a_rerun_resumes_at_the_last_step_and_keeps_the_earlier_val_scores(shared_run):
+    """Step 3: the rerun (here from the S3 backup, see test_storage) resumes at step 2 and keeps steps 0-2's val."""
+    second = shared_run.second
+    assert "resuming at step 2 of 3" in second.stdout
+    assert sorted(p.name for p in (shared_run.model_dir / "checkpoints").iterdir()) == ["0002", "0003"]
+    resumed = shared_run.result()
+    assert resumed["status"] == "completed" and resumed["steps"] == 3
+    assert [h["step"] for h in resumed["val_history"]] == [0, 1, 2, 3]  # the first invocation's val scores are kept
+    assert resumed["val_history"][:3] == shared_run.after_first["result"]["val_history"]
+    assert resumed["wall_s"] > shared_run.after_first["result"]["wall_s"]  # both invocations' time
+    step3 = next(r for r in shared_run.history() if r["step"] == 3 and "train/reward" in r)
+    weights = load_file(shared_run.model_dir / "checkpoints" / "0003" / "adapter_model.safetensors")
+    changed = any(not torch.equal(weights[k], v) for k, v in shared_run.after_first["lora_step2"].items())
     assert changed == (step3["data/step_num_groups_trainable"] > 0)
 
 

@@ -65,20 +65,60 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
+def dequantized_cache(gguf: Path, dtype: torch.dtype) -> Path:
+    """Where a .gguf file's de-quantized weights and tokenizer are kept after the first load.
+
+    transformers de-quantizes a GGUF file on every load (about 15 s for SmolLM2-135M on 2 cores, most of a
+    short run's start); the saved copy loads in about a second. Keyed by the file (path, size, mtime), the
+    dtype and the transformers version, so a changed file or library makes a new copy.
+    ``$SUMMRL_CACHE_DIR`` moves the cache (default ``~/.cache/summrl``).
+    """
+    import hashlib
+
+    import transformers
+
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{dtype}:{transformers.__version__}"
+    root = Path(os.environ.get("SUMMRL_CACHE_DIR") or Path.home() / ".cache" / "summrl")
+    return root / "dequantized" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _save_dequantized(tokenizer: Any, model: Any, target: Path) -> None:
+    """Write the copy beside its final place, then rename it in: a concurrent job sees all of it or none."""
+    import tempfile
+
+    partial: Optional[Path] = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        tokenizer.save_pretrained(partial)
+        model.save_pretrained(partial)
+        os.replace(partial, target)
+    except OSError:  # another job saved it first, or no room or no write access: the run goes on without a copy
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+
+
 def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, device: torch.device):
-    """Load tokenizer and model from ``weights`` (folder, .gguf file, ``pkg:`` path) or the hub id."""
+    """Load tokenizer and model from ``weights`` (folder, .gguf file, ``pkg:`` path) or the hub id.
+    A .gguf file is de-quantized once and read from :func:`dequantized_cache` after that."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     _register_attention()
     kwargs: dict[str, Any] = {}
+    cache: Optional[Path] = None
     if weights:
         path = resolve_path(weights)
         if not path.exists():
             raise FileNotFoundError(f"model.weights={weights}: {path} does not exist")
         if path.suffix == ".gguf":
-            source, kwargs["gguf_file"] = str(path.parent), path.name
+            cache = dequantized_cache(path, dtype)
+            if (cache / "config.json").exists():
+                source, cache = str(cache), None
+            else:
+                source, kwargs["gguf_file"] = str(path.parent), path.name
         else:
             source = str(path)
     else:
@@ -90,6 +130,8 @@ def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, 
         raise RuntimeError(
             f"could not load {source!r} ({e}). With no network, point model.weights at a local folder or .gguf file."
         ) from e
+    if cache is not None:
+        _save_dequantized(tokenizer, model, cache)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer, model.to(device)

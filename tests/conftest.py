@@ -216,3 +216,39 @@ def shared_run(tmp_path_factory, s3_endpoint) -> SharedRun:
         second = run_cli([*args, "trainer.max_steps=3"], cwd=ROOT, env=env)
         assert second.returncode == 0, second.stderr[-3000:]
     return SharedRun(run_dir, s3_endpoint, judge, first, second, after_first)
+
+
+# One multirun of four jobs through the real entry point, shared by the sweep, comparison and algorithm tests:
+# two arms (algorithm=grpo,dr_grpo) that train a step each, and, for each, a job that fails (more train documents
+# than the sample has) after its W&B run started. W&B offline, with planted keys that must leak nowhere.
+SWEEP_PLANTED = {"GEMINI_API_KEY": "planted-gemini-7c1d2f", "AWS_SECRET_ACCESS_KEY": "planted-aws-9e8f7a"}
+SWEEP_ARGS = ["experiment=local", "trainer.max_steps=1", "trainer.eval_every=1", "trainer.max_summary_tokens=8",
+              "dataset.val_size=2", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2", "seed=5",
+              "logger=wandb", "run.name=wb"]
+SWEEP_ARMS = ["algorithm=grpo,dr_grpo", "dataset.train_size=2,999"]
+
+
+@dataclass
+class SharedSweep:
+    folder: Path  # hydra.sweep.dir, named like Hydra's default (<date>/<time>)
+    process: Any  # CompletedProcess of the multirun
+
+    def jobs(self) -> dict[tuple[str, int], Path]:
+        """(algorithm, train_size) -> the job's folder."""
+        out = {}
+        for job in sorted(p for p in self.folder.iterdir() if p.is_dir() and p.name.isdigit()):
+            overrides = json.loads((job / "result.json").read_text())["overrides"]
+            algo = next(o.split("=")[1] for o in overrides if o.startswith("algorithm="))
+            size = next(int(o.split("=")[1]) for o in overrides if o.startswith("dataset.train_size="))
+            out[(algo, size)] = job
+        return out
+
+
+@pytest.fixture(scope="session")
+def shared_sweep(tmp_path_factory) -> SharedSweep:
+    folder = tmp_path_factory.mktemp("sweep") / "multirun" / "2026-11-22" / "05-10-00"
+    process = run_cli(["-m", *SWEEP_ARGS, *SWEEP_ARMS, f"hydra.sweep.dir={folder}"], cwd=ROOT,
+                      env={**SWEEP_PLANTED, "WANDB_API_KEY": ""})
+    assert process.returncode != 0, "two of the four jobs fail"
+    assert len(list(folder.glob("[0-9]/result.json"))) == 4, process.stderr[-3000:]
+    return SharedSweep(folder, process)

@@ -468,15 +468,14 @@ def test_scheduled_learning_rate_reaches_the_optimizer(bench):
 
 
 @slow
-def test_multirun_over_presets_records_each_choice(tmp_path):
-    sweep = tmp_path / "sweep"
-    result = run_cli(["-m", *LOCAL, "algorithm=grpo,dr_grpo", "trainer.max_steps=1", "trainer.max_summary_tokens=8",
-                      "dataset.val_size=1", "trainer.val_rollouts_per_doc=2", f"hydra.sweep.dir={sweep}"], cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-2000:]
-    for job, preset in (("0", "grpo"), ("1", "dr_grpo")):
-        record = json.loads((sweep / job / "result.json").read_text())
+def test_multirun_over_presets_records_each_choice(shared_sweep):
+    """conftest.shared_sweep runs algorithm=grpo,dr_grpo."""
+    jobs = shared_sweep.jobs()
+    for preset in ("grpo", "dr_grpo"):
+        job = jobs[(preset, 2)]
+        record = json.loads((job / "result.json").read_text())
         assert record["status"] == "completed" and record["choices"]["algorithm"] == preset
         assert record["algorithm"]["name"] == preset
         assert record["algorithm"]["scale_rewards"] is (preset == "grpo")
-        history = [json.loads(line) for line in next(sweep.glob(f"{job}/art/*/models/*/history.jsonl")).open()]
+        history = [json.loads(line) for line in next(job.glob("art/*/models/*/history.jsonl")).open()]
         assert any(h.get("loss/learning_rate") == 5e-4 for h in history)

@@ -238,3 +238,38 @@ def test_embedded_judge_grades_a_group(loop, session):
     for verdicts in results:
         assert not isinstance(verdicts, JudgeError), verdicts
         assert len(verdicts) == len(docs[0].questions) and all(isinstance(v, bool) for v in verdicts)
+
+
+def test_seeded_sampling_draws_each_token_from_the_models_distribution(session):
+    """Seeded rows sample from softmax(logits / T), each from its own generator: the first tokens of 600 rows of one
+    prompt, one seed each, fit the model's next-token distribution (chi-square); and a training group's rollouts,
+    seeded sample_seed(seed, "train", step, document, i), are independent draws, not copies of one another."""
+    from scipy import stats
+
+    from summrl.backends.embedded.engine import SamplingParams
+    from summrl.rollout import sample_seed
+
+    backend, model, docs, _ = session
+    engine = backend.engine
+    prompt = engine.encode_chat([{"role": "user", "content": "Name one animal, in one word."}])
+    temperature, rows = 0.7, 600
+    with torch.no_grad(), engine.model.disable_adapter():
+        logits = engine.model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    expected = torch.softmax(logits / temperature, dim=-1)
+    drawn = engine.generate([prompt] * rows, SamplingParams(max_tokens=1, temperature=temperature), use_lora=False,
+                            seeds=list(range(rows)))
+    counts = torch.bincount(torch.tensor([c.token_ids[0] for c in drawn]), minlength=len(expected)).float()
+    top = torch.argsort(expected, descending=True)
+    bins = top[: int((expected[top] * rows >= 5).sum())]  # tokens expected at least 5 times; the rest lumped
+    observed = [*counts[bins].tolist(), rows - float(counts[bins].sum())]
+    wanted = (expected[bins].double() * rows).tolist()
+    wanted.append(rows - sum(wanted))
+    assert len(bins) >= 3 and len(set(c.token_ids[0] for c in drawn)) >= 3
+    assert stats.chisquare(observed, wanted).pvalue > 1e-3, (observed, wanted)
+    greedy = [rows if i == 0 else 0 for i in range(len(wanted))]  # the test can tell: argmax decoding fails it
+    assert stats.chisquare(greedy, wanted).pvalue < 1e-6
+
+    seeds = [sample_seed(0, "train", 1, docs[0].id, i) for i in range(4)]
+    group = engine.generate([engine.encode_chat([{"role": "user", "content": docs[0].text}])] * 4,
+                            SamplingParams(max_tokens=12, temperature=1.0), seeds=seeds)
+    assert len({tuple(c.token_ids) for c in group}) == 4

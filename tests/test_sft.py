@@ -450,8 +450,8 @@ def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tm
     """A real SIGKILL once the first documents are on disk; the rerun skips them and runs both stages."""
     run_dir = tmp_path / "run"
     args = ["experiment=local", "sft=best_of_n", "sft.samples_per_doc=2", "sft.max_docs=6", "trainer.groups_per_step=1",
-            "trainer.max_steps=1", "trainer.max_summary_tokens=24", "trainer.rollouts_per_group=2",
-            "trainer.val_rollouts_per_doc=2", "dataset.val_size=2", "run.name=sft-e2e", f"hydra.run.dir={run_dir}"]
+            "trainer.max_steps=1", "trainer.max_summary_tokens=8", "trainer.rollouts_per_group=2",
+            "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", "run.name=sft-e2e", f"hydra.run.dir={run_dir}"]
     collected = run_dir / "sft" / "collected.jsonl"
     kill_train_once_written(args, collected, lines=2)
     done_before = collected.read_text().count("\n")

@@ -65,8 +65,8 @@ def test_ruler_with_the_embedded_judge_runs_offline(tmp_path, judge):
     run_dir = tmp_path / "ruler"
     # Short JSON strings (answers, RULER explanations): the 135M judge writes a few tokens a second on 2 cores.
     result = run_cli(["experiment=local", "reward=ruler", f"judge={judge}", "model.lr=1e-5", "trainer.max_steps=1",
-                      "dataset.val_size=1", "backend.json_max_string_chars=40",
-                      "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=1", "trainer.max_summary_tokens=48",
+                      "dataset.val_size=1", "backend.json_max_string_chars=16", "trainer.rollouts_per_group=2",
+                      "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=1", "trainer.max_summary_tokens=16",
                       f"judge.cache_dir={tmp_path / 'cache'}", "run.name=ruler", f"hydra.run.dir={run_dir}"], cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = history(run_dir / "art" / "summrl" / "models" / "ruler")
@@ -84,8 +84,8 @@ def test_weighted_qa_plus_rubric_trains_offline_and_logs_terms_and_hallucination
     """experiment=local with qa + 0.2 x rubric (offline rubrics): each term logged as train/reward_<term>, and the val
     hallucination rate in the history, result.json's val history and its final figure."""
     run_dir = tmp_path / "rubric"
-    result = run_cli(["experiment=local", "reward=qa_rubric", "trainer.max_steps=1", "dataset.val_size=2",
-                      "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=2", "trainer.max_summary_tokens=32",
+    result = run_cli(["experiment=local", "reward=qa_rubric", "trainer.max_steps=1", "dataset.val_size=1",
+                      "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=2", "trainer.max_summary_tokens=16",
                       "run.name=rubric", f"hydra.run.dir={run_dir}"], cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "val hallucination rate" in result.stdout

@@ -1,0 +1,41 @@
+"""The held-out gain of `experiment=local`: base (step 0) vs the last step, from the benchmark's rows.csv files.
+
+    python experiments/heldout_local/gain.py runs/heldout_local/s*/heldout/rows.csv
+
+Per seed and pooled: the share of questions answered at each step and the gain, with a 95% t-interval over
+documents (each document's mean over its summaries, and over seeds when pooled): the pairs are the documents.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+from scipy import stats
+
+
+def gain(frame: pd.DataFrame) -> dict:
+    by_doc = frame.groupby(["document_id", "step"]).score.mean().unstack("step")
+    base, last = by_doc.columns.min(), by_doc.columns.max()
+    diff = by_doc[last] - by_doc[base]
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / len(diff) ** 0.5
+    return {"documents": len(diff), "base_step": int(base), "last_step": int(last),
+            "base_pct": 100 * by_doc[base].mean(), "last_pct": 100 * by_doc[last].mean(),
+            "gain_pts": 100 * diff.mean(), "ci_low": 100 * (diff.mean() - half), "ci_high": 100 * (diff.mean() + half)}
+
+
+def main(paths: list[str]) -> None:
+    frames = []
+    for path in paths:
+        frame = pd.read_csv(path)
+        frame = frame[frame.step.notna()].assign(source=path)
+        frames.append(frame)
+        print(f"{path}: " + " | ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in gain(frame).items()))
+    if len(frames) > 1:
+        pooled = gain(pd.concat(frames))
+        print("pooled over seeds: " + " | ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                                 for k, v in pooled.items()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

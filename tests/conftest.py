@@ -153,9 +153,35 @@ def wandb_records(run_dir: Path) -> dict:
     return out
 
 
+# ---------------------------------------------------------------- a tiny model for plumbing
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tmp_path_factory) -> str:
+    """``model.weights=<folder>``: SmolLM2-135M's tokenizer and config with 2 of its 30 layers, randomly initialised
+    (seeded). For runs whose text does not matter (storage, resume, sweeps, records, failures): a run takes about half
+    the time. Its summaries are random tokens, always max_summary_tokens long. Tests where the text, a judge's
+    reply or learning matters keep SmolLM2 itself."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from summrl.backends.embedded.engine import load_causal_lm
+
+    config = compose_config(["experiment=local"])
+    tokenizer, model = load_causal_lm(config.model.base_model, config.model.weights, torch.float32,
+                                      torch.device("cpu"))
+    shape = AutoConfig.for_model(**{**model.config.to_dict(), "num_hidden_layers": 2})
+    del model
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-model")
+    AutoModelForCausalLM.from_config(shape).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return f"model.weights={folder}"
+
+
 # ---------------------------------------------------------------- train once, assert many times
 #
-# One small offline run through the real entry point (a subprocess), shared by the end-to-end tests of training,
+# One small offline run (tiny model) through the real entry point (a subprocess), shared by the end-to-end tests of training,
 # resume, S3 backup and restore, the LLM judge's key handling, the run record and history. Two invocations:
 # steps 1-2, then, with the run folder deleted as on a fresh machine, step 3 resumed from the S3 backup.
 # reward=ruler on the loopback judge: a real LLM-judge client with a planted key, whose RULER scores (by
@@ -190,7 +216,7 @@ class SharedRun:
 
 
 @pytest.fixture(scope="session")
-def shared_run(tmp_path_factory, s3_endpoint) -> SharedRun:
+def shared_run(tmp_path_factory, s3_endpoint, tiny_weights) -> SharedRun:
     from safetensors.torch import load_file
 
     from summrl.judges.fake_server import FakeLLM
@@ -199,7 +225,7 @@ def shared_run(tmp_path_factory, s3_endpoint) -> SharedRun:
     run_dir = root / "run"
     env = {**CREDENTIALS, "FAKE_JUDGE_KEY": SHARED_SECRET, "LITELLM_LOG": "DEBUG"}
     with FakeLLM() as judge:
-        args = [*SHARED_ARGS, f"judge.api_base={judge.base_url}", f"judge.cache_dir={root / 'judge-cache'}",
+        args = [*SHARED_ARGS, tiny_weights, f"judge.api_base={judge.base_url}", f"judge.cache_dir={root / 'judge-cache'}",
                 f"storage.endpoint_url={s3_endpoint}", f"hydra.run.dir={run_dir}"]
         first = run_cli([*args, "trainer.max_steps=2"], cwd=ROOT, env=env)
         assert first.returncode == 0, first.stderr[-3000:]
@@ -219,7 +245,7 @@ def shared_run(tmp_path_factory, s3_endpoint) -> SharedRun:
 
 
 # One multirun of four jobs through the real entry point, shared by the sweep, comparison and algorithm tests:
-# two arms (algorithm=grpo,dr_grpo) that train a step each, and, for each, a job that fails (more train documents
+# on the tiny model, two arms (algorithm=grpo,dr_grpo) that train a step each, and, for each, a job that fails (more train documents
 # than the sample has) after its W&B run started. W&B offline, with planted keys that must leak nowhere.
 SWEEP_PLANTED = {"GEMINI_API_KEY": "planted-gemini-7c1d2f", "AWS_SECRET_ACCESS_KEY": "planted-aws-9e8f7a"}
 SWEEP_ARGS = ["experiment=local", "trainer.max_steps=1", "trainer.eval_every=1", "trainer.max_summary_tokens=8",
@@ -232,6 +258,7 @@ SWEEP_ARMS = ["algorithm=grpo,dr_grpo", "dataset.train_size=2,999"]
 class SharedSweep:
     folder: Path  # hydra.sweep.dir, named like Hydra's default (<date>/<time>)
     process: Any  # CompletedProcess of the multirun
+    weights: str  # the tiny_weights override its jobs ran with
 
     def jobs(self) -> dict[tuple[str, int], Path]:
         """(algorithm, train_size) -> the job's folder."""
@@ -245,10 +272,10 @@ class SharedSweep:
 
 
 @pytest.fixture(scope="session")
-def shared_sweep(tmp_path_factory) -> SharedSweep:
+def shared_sweep(tmp_path_factory, tiny_weights) -> SharedSweep:
     folder = tmp_path_factory.mktemp("sweep") / "multirun" / "2026-11-22" / "05-10-00"
-    process = run_cli(["-m", *SWEEP_ARGS, *SWEEP_ARMS, f"hydra.sweep.dir={folder}"], cwd=ROOT,
+    process = run_cli(["-m", *SWEEP_ARGS, tiny_weights, *SWEEP_ARMS, f"hydra.sweep.dir={folder}"], cwd=ROOT,
                       env={**SWEEP_PLANTED, "WANDB_API_KEY": ""})
     assert process.returncode != 0, "two of the four jobs fail"
     assert len(list(folder.glob("[0-9]/result.json"))) == 4, process.stderr[-3000:]
-    return SharedSweep(folder, process)
+    return SharedSweep(folder, process, tiny_weights)

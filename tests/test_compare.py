@@ -40,7 +40,8 @@ def test_arms_share_step0_val_per_doc_and_a_repeated_run_gives_the_same_val(shar
     assert all(s["qa_accuracy"] is not None for s in step0.values())
 
     again = tmp_path / "again"
-    repeat = run_cli([*[a for a in SWEEP_ARGS if a != "logger=wandb"], "algorithm=grpo", "dataset.train_size=2",
+    repeat = run_cli([*[a for a in SWEEP_ARGS if a != "logger=wandb"], shared_sweep.weights, "algorithm=grpo",
+                      "dataset.train_size=2",
                       f"run.dir={again}"], cwd=ROOT)
     assert repeat.returncode == 0, repeat.stderr[-3000:]
     assert val_history(again) == first  # every val pass, per document: train rollouts are seeded per step too

@@ -110,13 +110,13 @@ def test_a_failed_config_does_not_overwrite_an_earlier_record(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_judge_that_refuses_the_key_ends_the_run_with_one_judge_line(tmp_path):
+def test_a_judge_that_refuses_the_key_ends_the_run_with_one_judge_line(tmp_path, tiny_weights):
     from summrl.judges.fake_server import FakeLLM, Reply
 
     run_dir = tmp_path / "run"
     with FakeLLM() as fake:
         fake.script = [Reply(status=401)] * 200
-        result = run_cli(["experiment=local", "judge=openai_compatible", "judge.model=openai/fake-judge",
+        result = run_cli(["experiment=local", tiny_weights, "judge=openai_compatible", "judge.model=openai/fake-judge",
                           f"judge.api_base={fake.base_url}", "judge.api_key_env=FAKE_JUDGE_KEY", "judge.cache_dir=null",
                           "trainer.max_steps=1", "trainer.max_summary_tokens=8", "dataset.val_size=1",
                           f"hydra.run.dir={run_dir}"],

@@ -18,8 +18,12 @@ def history(run_dir) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_judge_failing_30_percent_of_calls_costs_retries_not_the_run(tmp_path):
-    run = fault_run(0.3, seed=1, run_dir=tmp_path)
+def test_a_judge_failing_30_percent_of_calls_costs_retries_not_the_run(tmp_path, tiny_weights):
+    """One-line documents (as in the 90% run below): the policy reads short prompts; this is a test of the judge."""
+    data = tmp_path / "short_documents.parquet"
+    pd.DataFrame(repliqa_rows(12)).to_parquet(data)
+    run = fault_run(0.3, seed=1, run_dir=tmp_path, overrides=[tiny_weights, f"dataset.files=[{data}]",
+                                                                 "dataset.train_size=8"])
     assert run["returncode"] == 0, run["stderr"][-3000:]
     result, outcomes = run["result"], run["judge_outcomes"]
     assert result["status"] == "completed" and result["steps"] == 2
@@ -39,7 +43,7 @@ def test_a_judge_failing_30_percent_of_calls_costs_retries_not_the_run(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_judge_failing_90_percent_of_calls_stops_the_run_saying_why(tmp_path):
+def test_a_judge_failing_90_percent_of_calls_stops_the_run_saying_why(tmp_path, tiny_weights):
     """At the run's default retries (judge.max_retries=5) and missing-reward limit (more than 20% of a window of 64
     rollouts, i.e. 13 missing). Only the scale differs from the 30% run: its first step ends with 12 rollouts (4 val +
     8 train), too few to be past the limit, so 4 documents a step instead (20 rollouts by the end of step 1), and
@@ -47,7 +51,7 @@ def test_a_judge_failing_90_percent_of_calls_stops_the_run_saying_why(tmp_path):
     data = tmp_path / "short_documents.parquet"
     pd.DataFrame(repliqa_rows(12)).to_parquet(data)
     run = fault_run(0.9, seed=1, run_dir=tmp_path / "run", overrides=[
-        "trainer.groups_per_step=4", "trainer.max_steps=4", f"dataset.files=[{data}]", "dataset.train_size=8",
+        tiny_weights, "trainer.groups_per_step=4", "trainer.max_steps=4", f"dataset.files=[{data}]", "dataset.train_size=8",
         "dataset.val_size=2"])
     stderr, result = run["stderr"], run["result"]
     assert run["returncode"] == KINDS["judge"][0] == 4, stderr[-3000:]

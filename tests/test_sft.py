@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -360,7 +361,9 @@ def test_embedded_train_sft_lowers_the_loss_and_raises_the_chosen_summaries_logp
 
     config = compose_config(["experiment=local"])
     _, train = load_splits(config.dataset)
-    chosen = [" ".join(doc.text.split()[:40]) for doc in train[:4]]  # summaries the base model would not write
+    # Short documents keep the forward passes small; the test is about which tokens SFT trains on, not length.
+    train = [dataclasses.replace(doc, text=" ".join(doc.text.split()[:80])) for doc in train[:4]]
+    chosen = [" ".join(doc.text.split()[:30]) for doc in train]  # summaries the base model would not write
     trajectories = [art.Trajectory(messages_and_choices=[*summary_messages(doc, 50),
                                                          {"role": "assistant", "content": text}], reward=1.0)
                     for doc, text in zip(train, chosen)]
@@ -446,10 +449,10 @@ def kill_train_once_written(args: list[str], path, lines: int) -> None:
 
 
 @pytest.mark.slow
-def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tmp_path):
+def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tmp_path, tiny_weights):
     """A real SIGKILL once the first documents are on disk; the rerun skips them and runs both stages."""
     run_dir = tmp_path / "run"
-    args = ["experiment=local", "sft=best_of_n", "sft.samples_per_doc=2", "sft.max_docs=6", "trainer.groups_per_step=1",
+    args = ["experiment=local", tiny_weights, "sft=best_of_n", "sft.samples_per_doc=2", "sft.max_docs=6", "trainer.groups_per_step=1",
             "trainer.max_steps=1", "trainer.max_summary_tokens=8", "trainer.rollouts_per_group=2",
             "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", "run.name=sft-e2e", f"hydra.run.dir={run_dir}"]
     collected = run_dir / "sft" / "collected.jsonl"
@@ -486,7 +489,7 @@ def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tm
 
 
 @pytest.mark.slow
-def test_distill_run_killed_during_collection_pays_the_teacher_only_for_what_is_not_on_disk(tmp_path):
+def test_distill_run_killed_during_collection_pays_the_teacher_only_for_what_is_not_on_disk(tmp_path, tiny_weights):
     """A real SIGKILL of `python -m summrl.train sft=distill` while the loopback teacher writes; the rerun asks it only
     for the summaries that are not on disk, trains both stages, and its record and W&B run count every call."""
     from summrl.judges.fake_server import FakeLLM
@@ -495,7 +498,7 @@ def test_distill_run_killed_during_collection_pays_the_teacher_only_for_what_is_
 
     run_dir = tmp_path / "run"
     with FakeLLM(default_delay_s=1.0) as server:  # one summary a second: the kill lands mid-collection
-        args = ["experiment=local", "sft=distill", "sft.teacher.model=openai/teacher",
+        args = ["experiment=local", tiny_weights, "sft=distill", "sft.teacher.model=openai/teacher",
                 f"sft.teacher.api_base={server.base_url}", "sft.confirm=false", "sft.samples_per_doc=2",
                 "sft.max_docs=4", "sft.teacher.max_concurrency=1", "trainer.max_steps=1", "trainer.groups_per_step=1",
                 "trainer.rollouts_per_group=2", "trainer.max_summary_tokens=8", "trainer.val_rollouts_per_doc=1",

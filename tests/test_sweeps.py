@@ -27,15 +27,17 @@ def test_wandb_sweep_isolates_a_failing_job_and_reports(shared_sweep, tmp_path):
     ok, failed = (json.loads((jobs[("grpo", size)] / "result.json").read_text()) for size in (2, 999))
     assert ok["status"] == "completed" and ok["steps"] == 1  # ...after running the rest
     assert ok["run_name"] == f"wb-{jobs[('grpo', 2)].name}"
-    assert ok["overrides"] == [*SWEEP_ARGS, "algorithm=grpo", "dataset.train_size=2"]
+    assert ok["overrides"] == [*SWEEP_ARGS, shared_sweep.weights, "algorithm=grpo", "dataset.train_size=2"]
     assert ok["final_val_qa_accuracy"] is not None and ok["judge_cost_usd"] == 0.0 and ok["wall_s"] > 0
     assert failed["status"] == "failed" and "train_size" in failed["error"]
 
     good, bad = wandb_records(jobs[("grpo", 2)]), wandb_records(jobs[("grpo", 999)])
     assert good["project"] == "summrl" and good["group"] == "2026-11-22_05-10-00" == bad["group"]
-    assert good["name"] == "algorithm=grpo,dataset.train_size=2,dataset.val_size=2,trainer.eval_every=1," \
-                           "trainer.groups_per_step=1,trainer.max_steps=1,trainer.max_summary_tokens=8," \
-                           "trainer.rollouts_per_group=2"
+    # the overrides that define the configuration, sorted: without seed, run name, logger and experiment
+    assert good["name"] == ",".join(sorted([
+        "algorithm=grpo", "dataset.train_size=2", "dataset.val_size=2", shared_sweep.weights, "trainer.eval_every=1",
+        "trainer.groups_per_step=1", "trainer.max_steps=1", "trainer.max_summary_tokens=8",
+        "trainer.rollouts_per_group=2"]))
     assert set(good["tags"]) == {"reward=qa", "judge=local", "model=smollm2_135m", "backend=embedded",
                                 "algorithm=grpo", "sft=none"}
     config = good["config"]
@@ -74,10 +76,10 @@ def run_cli_report(folder: Path, out: Path) -> str:
     return (out / "report.md").read_text()
 
 
-def test_optuna_searches_the_learning_rate_with_trials_in_parallel_joblib_processes(tmp_path):
+def test_optuna_searches_the_learning_rate_with_trials_in_parallel_joblib_processes(tmp_path, tiny_weights):
     """hydra/sweeper=optuna over model.lr, its trials launched by hydra/launcher=joblib, two at a time."""
     sweep = tmp_path / "multirun"
-    result = run_cli(["-m", *TINY, "dataset.train_size=2", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
+    result = run_cli(["-m", *TINY, tiny_weights, "dataset.train_size=2", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
                       "hydra.sweeper.n_jobs=2", "hydra.sweeper.direction=maximize", "hydra.sweeper.sampler.seed=1",
                       "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "run.name=par",
                       "model.lr=interval(0.0001,0.001)", f"hydra.sweep.dir={sweep}"], cwd=ROOT)

@@ -342,6 +342,7 @@ def test_checkpoint_scored_by_the_embedded_judge(trained_run, tmp_path):
     result = run_benchmark_cli([
         "experiment=local", "judge=embedded", f"judge.cache_dir={tmp_path / 'cache'}", f"benchmark.run_dir={trained_run}",
         "benchmark.steps=[2]", "dataset.val_size=1", "benchmark.rollouts_per_doc=1", "trainer.max_summary_tokens=16",
+        "backend.json_max_string_chars=24",  # short answers: the 135M judge writes a few tokens a second
         "benchmark.models=[]", f"hydra.run.dir={out}"], stdin="")  # all local: no question asked
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Proceed?" not in result.stdout and "local, $0" in result.stdout

@@ -51,7 +51,7 @@ def test_a_judge_failing_90_percent_of_calls_stops_the_run_saying_why(tmp_path, 
     data = tmp_path / "short_documents.parquet"
     pd.DataFrame(repliqa_rows(12)).to_parquet(data)
     run = fault_run(0.9, seed=1, run_dir=tmp_path / "run", overrides=[
-        tiny_weights, "trainer.groups_per_step=4", "trainer.max_steps=4", f"dataset.files=[{data}]", "dataset.train_size=8",
+        tiny_weights, "judge.timeout_s=0.5", "trainer.groups_per_step=4", "trainer.max_steps=4", f"dataset.files=[{data}]", "dataset.train_size=8",
         "dataset.val_size=2"])
     stderr, result = run["stderr"], run["result"]
     assert run["returncode"] == KINDS["judge"][0] == 4, stderr[-3000:]

@@ -9,9 +9,11 @@ positions, which is where the loss needs log-probabilities.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
+import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
@@ -73,9 +75,7 @@ def dequantized_cache(gguf: Path, dtype: torch.dtype) -> Path:
     dtype and the transformers version, so a changed file or library makes a new copy.
     ``$SUMMRL_CACHE_DIR`` moves the cache (default ``~/.cache/summrl``).
     """
-    import hashlib
-
-    import transformers
+    import transformers  # heavy: kept off the import path of this module's light users
 
     stat = gguf.stat()
     key = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{dtype}:{transformers.__version__}"
@@ -85,8 +85,6 @@ def dequantized_cache(gguf: Path, dtype: torch.dtype) -> Path:
 
 def _save_dequantized(tokenizer: Any, model: Any, target: Path) -> None:
     """Write the copy beside its final place, then rename it in: a concurrent job sees all of it or none."""
-    import tempfile
-
     partial: Optional[Path] = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

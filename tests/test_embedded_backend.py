@@ -307,3 +307,39 @@ def test_offline_judges_rank_with_the_embedded_base_model_and_grade_qa(loop, ses
     assert usage["judge/calls"] >= 1 and usage.get("judge/cost_usd", 0.0) == 0.0
     if judge_choice == "local":  # the lexical grader: the document's first 30 words answer at least what "Nothing" does
         assert scores[0].metrics["qa_accuracy"] >= scores[1].metrics["qa_accuracy"]
+
+
+def test_a_gguf_is_dequantized_once_and_every_copy_of_it_loads_the_saved_weights(session, tmp_path):
+    """The de-quantized copy is keyed by the GGUF's content: a copy of the file elsewhere (another venv, a fresh
+    clone) loads the saved folder, not a second de-quantization, with the same weights; another dtype or a changed
+    file gets its own entry."""
+    import os
+    import shutil
+
+    from summrl.backends.embedded.engine import dequantized_cache, load_causal_lm
+    from summrl.data import resolve_path
+
+    backend, _, _, _ = session
+    gguf = resolve_path(compose_config(["experiment=local"]).model.weights)
+    saved = dequantized_cache(gguf, torch.float32)
+    assert (saved / "config.json").exists()  # the session's engine load wrote it
+    copy = tmp_path / "elsewhere" / gguf.name
+    copy.parent.mkdir()
+    shutil.copyfile(gguf, copy)
+    assert dequantized_cache(copy, torch.float32) == saved
+    assert dequantized_cache(copy, torch.bfloat16) != saved
+    entries = sorted(saved.parent.iterdir())
+    written = os.stat(saved / "config.json").st_mtime_ns
+    _, model = load_causal_lm("unused", str(copy), torch.float32, torch.device("cpu"))
+    assert sorted(saved.parent.iterdir()) == entries and os.stat(saved / "config.json").st_mtime_ns == written
+    with backend.engine.model.disable_adapter():
+        base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+                for k, v in backend.engine.model.state_dict().items() if "lora_" not in k}
+    loaded = model.state_dict()
+    assert len(loaded) > 100 and set(loaded) <= set(base) and all(torch.equal(loaded[k], base[k]) for k in loaded)
+    with copy.open("r+b") as f:  # one changed byte: a different file
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    assert dequantized_cache(copy, torch.float32) != saved

@@ -58,14 +58,15 @@ def test_a_rerun_resumes_at_the_last_step_and_keeps_the_earlier_val_scores(share
     assert changed == (step3["data/step_num_groups_trainable"] > 0)
 
 
-def test_ruler_with_the_embedded_judge_runs_offline(tmp_path):
-    """reward=ruler judged by the embedded base model, no key, no network: experiment=local's judge=local (lexical QA
-    grading beside it). judge=embedded, where the embedded model grades val QA accuracy too, is built and scores a
-    group the same way in test_embedded_backend (in-process, on the shared engine)."""
+def test_ruler_with_the_embedded_judge_runs_offline(tmp_path, tiny_weights):
+    """reward=ruler judged by the embedded base model, no key, no network, through the real entry point:
+    experiment=local's judge=local (lexical QA grading beside it), on the tiny model (the plumbing; its rankings are
+    noise). That SmolLM2 itself ranks a group and grades QA, for judge=local and judge=embedded, is checked in
+    test_embedded_backend (in-process, on the shared engine)."""
     judge = "local"
     run_dir = tmp_path / "ruler"
     # Short JSON strings (answers, RULER explanations): the 135M judge writes a few tokens a second on 2 cores.
-    result = run_cli(["experiment=local", "reward=ruler", f"judge={judge}", "model.lr=1e-5", "trainer.max_steps=1",
+    result = run_cli(["experiment=local", tiny_weights, "reward=ruler", f"judge={judge}", "model.lr=1e-5", "trainer.max_steps=1",
                       "dataset.val_size=1", "backend.json_max_string_chars=24", "trainer.rollouts_per_group=2",
                       "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=1", "trainer.max_summary_tokens=24",
                       f"judge.cache_dir={tmp_path / 'cache'}", "run.name=ruler", f"hydra.run.dir={run_dir}"], cwd=ROOT)

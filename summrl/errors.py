@@ -9,10 +9,13 @@ module, so classifying imports none of the libraries that raised them.
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from dataclasses import dataclass
 from typing import Iterator, NoReturn, Optional
+
+log = logging.getLogger(__name__)
 
 # kind -> (exit code, how the line names it). 1 stays Python's own: an unexpected error, with its traceback.
 # Two kinds share a code on purpose: a failed SFT stage is the config/data code, and a refused cost estimate
@@ -187,5 +190,5 @@ def exit_on(e: BaseException) -> NoReturn:
     failure = classify(e)
     if failure is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise e
-    print(failure.line, file=sys.stderr, flush=True)
+    log.error(failure.line)  # stderr, and the run folder's log file (summrl.logs)
     sys.exit(failure.exit_code)

@@ -7,6 +7,7 @@ or which reward it runs with.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 import traceback
@@ -32,6 +33,8 @@ from summrl.rollout import rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
 from summrl.storage import CheckpointBackup, model_dir
 from summrl.tracking import Tracker, open_tracker
+
+log = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -242,7 +245,7 @@ async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict
     accuracy = "" if scores["val_qa_accuracy"] is None else f" | val qa accuracy {scores['val_qa_accuracy']:.3f}"
     invented = ("" if scores["val_hallucination_rate"] is None
                 else f" | val hallucination rate {scores['val_hallucination_rate']:.3f}")
-    print(f"summrl: step {step} | val reward {scores['val_reward']:.3f}{accuracy}{invented}", flush=True)
+    log.info(f"summrl: step {step} | val reward {scores['val_reward']:.3f}{accuracy}{invented}")
     return scores
 
 
@@ -327,8 +330,8 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         session = await open_session(config, tracker)
         step = await session.model.get_step()
         history = earlier_val_history(earlier, step)
-        print(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
-              f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}", flush=True)
+        log.info(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
+                 f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}")
 
         def save_progress() -> None:  # survives a crash
             write_result(config.run.dir, {**result, "val_history": history,
@@ -352,7 +355,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
             step = trained.step
             await backup.after_step(step)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
-            print(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}", flush=True)
+            log.info(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}")
         if not scored_at(history, step):
             history.append(await evaluate(session, val, step))
         await backup.after_step(step, final=True)  # the final val rows reach the backed-up history

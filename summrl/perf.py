@@ -155,7 +155,7 @@ async def bench_judge(documents: int, group_size: int, delay_s: float) -> dict:
     import litellm
 
     from summrl.data import load_splits
-    from summrl.judges.fake_server import FakeLLM, token_count
+    from summrl.testing import FakeLLM, token_count
     from summrl.judges.llm import JudgeClient, LLMJudge
     from summrl.rewards.qa import QAReward
 
@@ -256,7 +256,7 @@ FAULT_RUN_OVERRIDES = [
 def fault_run(rate: float, seed: int, run_dir: Path, overrides: list[str] = ()) -> dict:
     """One training run against a judge that fails at ``rate``: its exit code, output, result.json, wall time
     and the judge's calls by outcome."""
-    from summrl.judges.fake_server import Faults, FakeLLM
+    from summrl.testing import Faults, FakeLLM
 
     started = time.perf_counter()
     with FakeLLM(faults=Faults(rate=rate, seed=seed, hang_s=3.0)) as judge:

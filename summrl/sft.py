@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import time
@@ -36,6 +37,8 @@ from summrl.rewards import Missing
 from summrl.rollout import rollout, sample_seed, summary_messages, summary_of
 from summrl.storage import SFT_RECORD as RECORD
 from summrl.storage import CheckpointBackup, NoBackup, sft_dir
+
+log = logging.getLogger(__name__)
 
 SUMMARIES = "summaries.jsonl"
 SAMPLES = "samples.jsonl"
@@ -175,7 +178,7 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
     """sft=distill: print the teacher's calls still to make and their price (the benchmark's cost guard), and ask
     before any of them (``sft.confirm=false`` skips the question). Called before the model loads, so a refusal
     costs nothing. Raises CostNotConfirmed."""
-    from summrl.benchmark.cost import Calls, Work, confirmed, estimate, needs_confirmation, render
+    from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render
 
     s, t = config.sft, config.trainer
     if s.kind != "distill" or saved_record(config):
@@ -198,8 +201,8 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
                      qa_calls=llm_judge)
     calls = sum(pending.values())
     plan = render(lines, calls, 0).split("\n", 1)[1]
-    print(f"summrl: sft plan: {calls} teacher summaries for {len(pending)} documents "
-          f"({sum(len(v) for v in written.values())} already written)\n{plan}", flush=True)
+    log.info(f"summrl: sft plan: {calls} teacher summaries for {len(pending)} documents "
+             f"({sum(len(v) for v in written.values())} already written)\n{plan}")
     if s.confirm and needs_confirmation(lines) and not confirmed():
         raise CostNotConfirmed("sft: the teacher's cost was not confirmed; nothing was called "
                                "(sft.confirm=false skips the question)")
@@ -219,8 +222,7 @@ async def collect(config: Config, model: Optional[art.Model], reward: Any, train
     docs = collection_documents(config, train_docs)
     done = {row["document_id"] for row in read_jsonl(folder / COLLECTED)}
     pending = [d for d in docs if d.id not in done]
-    print(f"summrl: sft collection ({s.kind}): {len(docs) - len(pending)} of {len(docs)} documents already collected",
-          flush=True)
+    log.info(f"summrl: sft collection ({s.kind}): {len(docs) - len(pending)} of {len(docs)} documents already collected")
     writer = Teacher(config) if s.kind == "distill" else Policy(model, config)
     written = written_summaries(folder)
     # best_of_n: a few documents at a time, so the embedded endpoint batches their rollouts
@@ -324,7 +326,7 @@ async def warm_start(config: Config, model: art.TrainableModel, reward: Any, tra
     await model.log(split="train", step=record["step"], metrics={
         "sft/samples_kept": float(record["samples_kept"]), "sft/samples_collected": float(record["samples_collected"]),
         "sft/teacher_calls": float(record["teacher_calls"]), "sft/teacher_cost_usd": float(record["teacher_cost_usd"])})
-    print(f"summrl: sft: {record['samples_kept']} of {record['samples_collected']} samples kept "
-          f"(mean reward {record['mean_reward_kept']:.3f} vs {record['mean_reward_collected']:.3f} collected), "
-          f"{s.epochs} epoch(s) in {record['train_s']}s -> step {record['step']}", flush=True)
+    log.info(f"summrl: sft: {record['samples_kept']} of {record['samples_collected']} samples kept "
+             f"(mean reward {record['mean_reward_kept']:.3f} vs {record['mean_reward_collected']:.3f} collected), "
+             f"{s.epochs} epoch(s) in {record['train_s']}s -> step {record['step']}")
     return record

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -26,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
+log = logging.getLogger(__name__)
 
 COMPLETE = ".complete"
 SFT_DIR = "sft"  # <run dir>/sft: the SFT stage's files (summrl.sft)
@@ -172,7 +175,7 @@ class CheckpointBackup:
         if history is not None and not (self.local / "history.jsonl").exists():
             (self.local / "history.jsonl").write_bytes(history)
         self.uploaded.add(step)
-        print(f"summrl: restored step {step} from {self.url}", flush=True)
+        log.info(f"summrl: restored step {step} from {self.url}")
         return step
 
     def restore_result(self, run_dir: str) -> Optional[dict]:
@@ -205,7 +208,7 @@ class CheckpointBackup:
             (self.sft_local / name).write_bytes(body)
             restored.append(name)
         if restored:
-            print(f"summrl: restored sft/ ({', '.join(sorted(restored))}) from {self.url}", flush=True)
+            log.info(f"summrl: restored sft/ ({', '.join(sorted(restored))}) from {self.url}")
 
     # ------------------------------------------------------------------ backup
 
@@ -220,8 +223,7 @@ class CheckpointBackup:
             try:
                 await asyncio.to_thread(self._upload_sft, files)
             except Exception as e:  # the next backup tries again; collection goes on
-                print(f"summrl: warning: backup of sft/ to {self.url} failed ({_describe(e, self.bucket, self.label)})",
-                      flush=True)
+                log.warning(f"summrl: warning: backup of sft/ to {self.url} failed ({_describe(e, self.bucket, self.label)})")
 
     def _upload_sft(self, files: list[Path]) -> None:
         """Upload the SFT files that changed since the last upload, in sft_files' order."""
@@ -249,9 +251,8 @@ class CheckpointBackup:
             if history.exists():
                 self._upload(history, f"{self.root}/history.jsonl")
         except Exception as e:  # a failed backup must not end a paid run: the next one retries
-            print(f"summrl: warning: backup of step {step} to {self.url} failed "
-                  f"({_describe(e, self.bucket, self.label)}); training goes on and the next backup tries again",
-                  flush=True)
+            log.warning(f"summrl: warning: backup of step {step} to {self.url} failed "
+                        f"({_describe(e, self.bucket, self.label)}); training goes on and the next backup tries again")
 
     def save_result(self, run_dir: str) -> None:
         """Upload result.json (status, val scores), so that the launcher of a remote run can read it."""
@@ -260,8 +261,8 @@ class CheckpointBackup:
             if path.exists():
                 self._upload(path, f"{self.root}/result.json")
         except Exception as e:
-            print(f"summrl: warning: upload of result.json to {self.url} failed "
-                  f"({_describe(e, self.bucket, self.label)})", flush=True)
+            log.warning(f"summrl: warning: upload of result.json to {self.url} failed "
+                        f"({_describe(e, self.bucket, self.label)})")
 
     def _upload_checkpoint(self, step: int) -> None:
         folder = self.local / "checkpoints" / f"{step:04d}"
@@ -272,7 +273,7 @@ class CheckpointBackup:
         # Last: the marker that makes this checkpoint count.
         body = json.dumps({"step": step, "files": files}, indent=1).encode()
         self.client.put_object(Bucket=self.bucket, Key=f"{self.root}/checkpoints/{step:04d}{COMPLETE}", Body=body)
-        print(f"summrl: step {step} backed up to {self.url}", flush=True)
+        log.info(f"summrl: step {step} backed up to {self.url}")
 
     def _upload(self, path: Path, key: str) -> dict:
         return upload_verified(self.client, self.bucket, self.label, path, key)
@@ -371,4 +372,4 @@ def _ensure_bucket(client: Any, bucket: str, label: str, storage: Any) -> None:
     region = storage.region or client.meta.region_name
     extra = {"CreateBucketConfiguration": {"LocationConstraint": region}} if region and region != "us-east-1" else {}
     client.create_bucket(Bucket=bucket, **extra)
-    print(f"summrl: created bucket {label}{where}", flush=True)
+    log.info(f"summrl: created bucket {label}{where}")

@@ -11,8 +11,8 @@ In a multirun a failing job raises an ordinary exception: Hydra runs the sweep's
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -23,6 +23,8 @@ from omegaconf import DictConfig
 from summrl.config import Config, validate
 from summrl.errors import KINDS, Failure, classify, exit_on
 from summrl.job import JobInfo, read_result, write_result
+
+log = logging.getLogger(__name__)
 
 
 def load_config(cfg: DictConfig) -> Config:
@@ -70,7 +72,7 @@ def main(cfg: DictConfig) -> float | None:
             exit_on(e)  # its one line and exit code (its traceback with HYDRA_FULL_ERROR=1)
         # SystemExit would end the whole sweep; an exception fails this job only. Hydra prints a compact one
         # as its message alone when the sweep ends, not as a traceback.
-        print(failure.line, file=sys.stderr, flush=True)
+        log.error(failure.line)
         raise JobFailed(failure.line) from e
 
 

@@ -179,6 +179,11 @@ def tiny_weights(tmp_path_factory) -> str:
     return f"model.weights={folder}"
 
 
+def said(caplog, level: int) -> str:
+    """What summrl logged at exactly ``level``: under Hydra, INFO and WARNING lines go to stdout, ERROR to stderr
+    (summrl.logs). The subprocess tests read the real console."""
+    return "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("summrl") and r.levelno == level)
+
 # ---------------------------------------------------------------- train once, assert many times
 #
 # One small offline run (tiny model) through the real entry point (a subprocess), shared by the end-to-end tests of training,
@@ -219,7 +224,7 @@ class SharedRun:
 def shared_run(tmp_path_factory, s3_endpoint, tiny_weights) -> SharedRun:
     from safetensors.torch import load_file
 
-    from summrl.judges.fake_server import FakeLLM
+    from summrl.testing import FakeLLM
 
     root = tmp_path_factory.mktemp("shared")
     run_dir = root / "run"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import math
 import os
 import subprocess
@@ -23,9 +24,9 @@ from summrl.benchmark.rows import read_rows
 from summrl.benchmark.runner import run
 from summrl.config import ConfigError
 from summrl.data import load_splits
-from summrl.judges.fake_server import FakeLLM, Reply
+from summrl.testing import FakeLLM, Reply
 from summrl.judges.lexical import LexicalJudge
-from tests.conftest import CONF, ROOT, keys, wandb_records
+from tests.conftest import CONF, ROOT, keys, said, wandb_records
 
 T_975 = {1: 12.7062, 2: 4.3027, 3: 3.1824}  # Student-t quantiles from a printed table, for the hand computation
 
@@ -180,7 +181,9 @@ def test_fake_frontier_rows_table_confidence_intervals_resume_and_charts(tmp_pat
         assert set(again.summary) <= written  # no summary was kept cut short
 
 
-def test_a_failed_model_call_leaves_its_row_undone_for_the_rerun_and_never_shows_the_key(tmp_path, monkeypatch, capsys):
+def test_a_failed_model_call_leaves_its_row_undone_for_the_rerun_and_never_shows_the_key(tmp_path, monkeypatch, capsys,
+                                                                                        caplog):
+    caplog.set_level(logging.INFO, logger="summrl")
     monkeypatch.setenv("FAKE_KEY", "sk-secret-77")
     with FakeLLM() as fake:
         fake.script = [Reply(status=400), Reply("A summary.")]  # the hostile fake echoes the key in its error body
@@ -193,9 +196,9 @@ def test_a_failed_model_call_leaves_its_row_undone_for_the_rerun_and_never_shows
         assert asyncio.run(run(config)) == 0
         assert len(fake.requests) == 3
     assert sorted(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary.", "Another summary."]
-    printed = capsys.readouterr()
-    assert "could not be made or scored" in printed.err and "rerun the same command" in printed.err
-    assert "sk-secret-77" not in printed.out + printed.err
+    printed, errors = capsys.readouterr(), said(caplog, logging.ERROR)
+    assert "could not be made or scored" in errors and "rerun the same command" in errors
+    assert "sk-secret-77" not in printed.out + printed.err + caplog.text
     assert "sk-secret-77" not in "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.suffix != ".png")
 
 

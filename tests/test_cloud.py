@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, compose_config
+from tests.conftest import ROOT, compose_config, said
 
 # SkyPilot fixes its runtime dir (catalogs, state) at import: point it at a private copy of the fixture catalog.
 SKY_RUNTIME = Path(tempfile.mkdtemp(prefix="summrl-sky-"))
@@ -209,7 +209,8 @@ def test_dry_run_multirun_names_a_cluster_per_job(cloud_env, tmp_path):
         assert f"seed={seed} dataset.train_size=3500 dataset.val_size=91 run.name=sweep-{job} " in result.stdout
 
 
-def test_cluster_is_reused_and_kept_with_autostop_down(cloud_env, monkeypatch, capsys):
+def test_cluster_is_reused_and_kept_with_autostop_down(cloud_env, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="summrl")
     fake = FakeSky(monkeypatch)
     for _ in range(2):
         run_on_cluster(launcher_config(), [], None)
@@ -217,7 +218,7 @@ def test_cluster_is_reused_and_kept_with_autostop_down(cloud_env, monkeypatch, c
     assert [c[2] for c in launches] == [{"cluster_name": "summrl", "idle_minutes_to_autostop": 10, "down": True}] * 2
     assert ("tail_logs", "summrl", 7, True) in fake.calls
     assert "down" not in fake.names()
-    assert "python -m summrl.cluster down summrl" in capsys.readouterr().out
+    assert "python -m summrl.cluster down summrl" in said(caplog, logging.INFO)
 
 
 def test_a_finished_job_returns_its_val_score_from_the_s3_backup(cloud_env, monkeypatch, s3_endpoint):
@@ -267,21 +268,21 @@ def test_multirun_jobs_drive_their_own_clusters(cloud_env, monkeypatch):
     assert "run.name=sweep-1" in fake.calls[0][1].run
 
 
-def test_ctrl_c_cancels_the_job_and_says_how_to_take_the_cluster_down(cloud_env, monkeypatch, capsys):
+def test_ctrl_c_cancels_the_job_and_says_how_to_take_the_cluster_down(cloud_env, monkeypatch, caplog):
     fake = FakeSky(monkeypatch, interrupt=True)
     with pytest.raises(KeyboardInterrupt):
         run_on_cluster(launcher_config("backend.down_after_run=true"), [], None)
     assert ("cancel", "summrl", [7]) in fake.calls and "down" not in fake.names()
-    err = capsys.readouterr().err
+    err = said(caplog, logging.ERROR)  # stderr under Hydra (summrl.logs)
     assert "cancelled job 7 on summrl" in err and "python -m summrl.cluster down summrl" in err
 
 
-def test_ctrl_c_while_provisioning_cancels_the_launch(cloud_env, monkeypatch, capsys):
+def test_ctrl_c_while_provisioning_cancels_the_launch(cloud_env, monkeypatch, caplog):
     fake = FakeSky(monkeypatch, interrupt_provisioning=True)
     with pytest.raises(KeyboardInterrupt):
         run_on_cluster(launcher_config(), [], None)
     assert ("api_cancel", "launch-request") in fake.calls and "tail_logs" not in fake.names()
-    assert "python -m summrl.cluster down summrl" in capsys.readouterr().err
+    assert "python -m summrl.cluster down summrl" in said(caplog, logging.ERROR)
 
 
 def test_preflight_lists_every_missing_item_before_provisioning(tmp_path, monkeypatch):

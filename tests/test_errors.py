@@ -111,7 +111,7 @@ def test_a_failed_config_does_not_overwrite_an_earlier_record(tmp_path):
 
 @pytest.mark.slow
 def test_a_judge_that_refuses_the_key_ends_the_run_with_one_judge_line(tmp_path, tiny_weights):
-    from summrl.judges.fake_server import FakeLLM, Reply
+    from summrl.testing import FakeLLM, Reply
 
     run_dir = tmp_path / "run"
     with FakeLLM() as fake:
@@ -330,7 +330,7 @@ def test_a_wandb_key_refused_at_the_start_records_a_complete_failed_run_keeping_
 def test_the_benchmark_ends_like_training_with_one_line_and_its_exit_code(tmp_path, monkeypatch):
     """python -m summrl.benchmark: W&B refuses the key when the finished benchmark is logged. The rows are on disk;
     the run ends with the one W&B line and its exit code, not a traceback."""
-    from summrl.judges.fake_server import FakeLLM
+    from summrl.testing import FakeLLM
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     out = tmp_path / "out"

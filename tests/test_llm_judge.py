@@ -20,7 +20,7 @@ from summrl.rewards import Missing
 from summrl.rewards.qa import QAReward
 from summrl.rewards.ruler import RulerReward
 from tests.conftest import compose_config
-from summrl.judges.fake_server import FakeLLM, Reply
+from summrl.testing import FakeLLM, Reply
 
 SECRET = "sk-test-SECRET-4242"
 DOC = Document(
@@ -260,7 +260,7 @@ def test_a_failed_grading_call_fails_only_the_summaries_it_grades(fake, secret_e
 def test_fault_mode_is_seeded_counts_every_outcome_and_is_survived_with_retries(secret_env):
     from collections import Counter
 
-    from summrl.judges.fake_server import OUTCOMES, Faults
+    from summrl.testing import OUTCOMES, Faults
 
     def run(seed: int) -> tuple[Counter, list]:
         with FakeLLM(faults=Faults(rate=0.3, seed=seed, hang_s=3.0, retry_after_s="0")) as server:
@@ -365,7 +365,7 @@ def test_ruler_retries_http_errors_on_the_clients_own_loop_and_counts_them(fake,
 def test_every_wrong_shape_the_fault_mode_injects_is_refused_for_every_judge_prompt(secret_env):
     """A wrong-shape fault is a real fault whatever the prompt: QA answering and grading, RULER, rubric writing
     and rubric scoring each refuse it (and would retry it)."""
-    from summrl.judges.fake_server import SHAPE_FAULTS, Faults
+    from summrl.testing import SHAPE_FAULTS, Faults
     from summrl.judges import Rubrics
 
     rubrics = Rubrics(("Names who opened it.", "Gives the date."), ("Invents a cost.",))

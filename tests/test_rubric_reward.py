@@ -13,7 +13,7 @@ import pytest
 from summrl.config import ConfigError, reward_range
 from summrl.data import DataError, Document, group_documents
 from summrl.judges import Rubrics, build_judge
-from summrl.judges.fake_server import FakeLLM, Reply
+from summrl.testing import FakeLLM, Reply
 from summrl.judges.lexical import INVENTS_FACTS, LexicalJudge
 from summrl.judges.llm import JudgeClient, LLMJudge
 from summrl.rewards import Missing, Score, build_reward, build_val_reward, check_documents

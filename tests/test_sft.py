@@ -141,7 +141,7 @@ def lines(path: Path) -> list[dict]:
 
 
 def test_distill_collects_teacher_summaries_in_art_chat_format_and_never_calls_twice(tmp_path):
-    from summrl.judges.fake_server import FakeLLM
+    from summrl.testing import FakeLLM
     from summrl.sft import COLLECTED, SAMPLES, SUMMARIES, collect, training_samples
 
     with FakeLLM() as server:
@@ -168,7 +168,7 @@ def test_distill_collects_teacher_summaries_in_art_chat_format_and_never_calls_t
 
 def test_an_empty_teacher_reply_is_refused_and_retried_never_trained_on(tmp_path):
     """A thinking model can spend its tokens and return nothing: such a reply is asked again, and counted."""
-    from summrl.judges.fake_server import FakeLLM, Reply
+    from summrl.testing import FakeLLM, Reply
     from summrl.sft import SUMMARIES, collect, teacher_usage
 
     with FakeLLM() as server:
@@ -181,7 +181,7 @@ def test_an_empty_teacher_reply_is_refused_and_retried_never_trained_on(tmp_path
 
 
 def test_teacher_faults_are_retried_and_a_document_that_still_fails_stays_pending(tmp_path):
-    from summrl.judges.fake_server import FakeLLM, Faults, Reply
+    from summrl.testing import FakeLLM, Faults, Reply
     from summrl.sft import COLLECTED, SUMMARIES, SFTError, collect
 
     # 1. A faulty teacher (429 with Retry-After, 500, hangs past the timeout): retried until every document is done.
@@ -218,7 +218,7 @@ def test_teacher_faults_are_retried_and_a_document_that_still_fails_stays_pendin
 
 def test_a_document_whose_judge_failed_stays_pending_and_is_scored_again_without_the_teacher(tmp_path):
     from summrl.judges import build_judge
-    from summrl.judges.fake_server import FakeLLM, Faults
+    from summrl.testing import FakeLLM, Faults
     from summrl.rewards import build_reward
     from summrl.sft import COLLECTED, SFTError, collect
 
@@ -239,7 +239,7 @@ def test_a_document_whose_judge_failed_stays_pending_and_is_scored_again_without
 
 def test_declining_the_teachers_cost_calls_nothing_and_loads_nothing(tmp_path):
     """The plan and the question come right after the documents load: before the model, the val pass, any call."""
-    from summrl.judges.fake_server import FakeLLM
+    from summrl.testing import FakeLLM
 
     with FakeLLM() as server:
         result = subprocess.run(
@@ -259,7 +259,7 @@ def test_declining_the_teachers_cost_calls_nothing_and_loads_nothing(tmp_path):
 
 
 def test_collection_is_backed_up_to_s3_and_a_fresh_machine_continues_it(tmp_path, s3_endpoint, aws_env):
-    from summrl.judges.fake_server import FakeLLM
+    from summrl.testing import FakeLLM
     from summrl.sft import COLLECTED, RECORD, SAMPLES, SUMMARIES, USAGE, collect
     from summrl.storage import COMPLETE, CheckpointBackup
     from tests.conftest import keys, s3
@@ -492,7 +492,7 @@ def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tm
 def test_distill_run_killed_during_collection_pays_the_teacher_only_for_what_is_not_on_disk(tmp_path, tiny_weights):
     """A real SIGKILL of `python -m summrl.train sft=distill` while the loopback teacher writes; the rerun asks it only
     for the summaries that are not on disk, trains both stages, and its record and W&B run count every call."""
-    from summrl.judges.fake_server import FakeLLM
+    from summrl.testing import FakeLLM
     from summrl.sft import SUMMARIES, teacher_usage
     from tests.conftest import wandb_records
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 
 import pytest
 
 from summrl.storage import COMPLETE, CheckpointBackup, StorageError
-from tests.conftest import compose_config, keys, s3
+from tests.conftest import compose_config, keys, s3, said
 
 def storage_config(tmp_path, endpoint, bucket, *extra):
     return compose_config(["experiment=local", "run.name=r1", "storage.enabled=true", f"storage.bucket={bucket}",
@@ -37,7 +38,8 @@ def test_backups_on_need_a_bucket(tmp_path, aws_env):
         CheckpointBackup.open(config)
 
 
-def test_bucket_comes_from_backup_bucket_env_and_is_not_echoed(tmp_path, s3_endpoint, aws_env, monkeypatch, capsys):
+def test_bucket_comes_from_backup_bucket_env_and_is_not_echoed(tmp_path, s3_endpoint, aws_env, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="summrl")
     monkeypatch.setenv("BACKUP_BUCKET", "env-bucket-4Qz")
     config = compose_config(["experiment=local", "run.name=r1", "storage.enabled=true",
                              f"storage.endpoint_url={s3_endpoint}", f"run.dir={tmp_path / 'run'}"])
@@ -45,7 +47,7 @@ def test_bucket_comes_from_backup_bucket_env_and_is_not_echoed(tmp_path, s3_endp
     write_checkpoint(config, 1, b"weights")
     asyncio.run(backup.after_step(1))
     assert backup.bucket == "env-bucket-4Qz" and backup.complete_steps() == [1]
-    out = capsys.readouterr().out
+    out = said(caplog, logging.INFO)
     assert "step 1 backed up to s3://$BACKUP_BUCKET/summrl/summrl/r1" in out and "env-bucket-4Qz" not in out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,20 @@ def test_a_run_trains_checkpoints_logs_val_and_records_its_result(shared_run):
     # Hydra kept the resolved config and the overrides in the run folder
     assert "run.name=shared" in after["files"][".hydra/overrides.yaml"].decode()
     assert ".hydra/config.yaml" in after["files"]
+
+
+def test_the_run_folders_log_file_holds_every_line_the_run_printed_with_timestamps(shared_run):
+    """train.log (Hydra's job log, summrl.logs): the console's summrl lines, each with its time and module, for both
+    invocations (the second wrote its own into the folder restored from S3)."""
+    for process, text in [(shared_run.first, shared_run.after_first["files"]["train.log"].decode()),
+                          (shared_run.second, (shared_run.run_dir / "train.log").read_text())]:
+        printed = [line for line in (process.stdout + process.stderr).splitlines() if line.startswith("summrl: ")]
+        assert any("| train reward" in line for line in printed), process.stdout
+        logged = re.findall(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]\[(summrl\.[\w.]+)\]\[\w+\] - (.*)$", text,
+                            re.M)
+        assert [line for _, line in logged if line.startswith("summrl: ")] == printed
+        assert ("summrl.loop", next(line for line in printed if "| val reward" in line)) in logged
+    assert "summrl: restored step 2 from s3://" in shared_run.second.stdout
 
 
 def test_a_rerun_resumes_at_the_last_step_and_keeps_the_earlier_val_scores(shared_run):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict
 from pathlib import Path
 
 from summrl.secrets import redact
+
+log = logging.getLogger(__name__)
 
 
 def publish(config, out_dir: Path) -> None:
@@ -17,10 +20,10 @@ def publish(config, out_dir: Path) -> None:
         url = publish_folder(config.storage, f"{config.project}/benchmarks/{config.benchmark.name}", out_dir,
                              skip=("wandb",))
         if url:
-            print(f"summrl: benchmark results uploaded to {url}", flush=True)
+            log.info(f"summrl: benchmark results uploaded to {url}")
     except Exception as e:
-        print(f"summrl: warning: benchmark results not uploaded ({type(e).__name__}: {redact(str(e))}); "
-              f"they are in {out_dir}", flush=True)
+        log.warning(f"summrl: warning: benchmark results not uploaded ({type(e).__name__}: {redact(str(e))}); "
+                    f"they are in {out_dir}")
     if config.logger.kind == "wandb":
         log_to_wandb(config, out_dir)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import sys
@@ -15,13 +16,15 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from summrl.benchmark.config import EMBEDDED_JUDGES, BenchmarkConfig, BestOfNEntry, ModelEntry
-from summrl.benchmark.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
+from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
 from summrl.benchmark.publish import publish
 from summrl.benchmark.rows import Row, RowStore, correctness, read_rows, row_key
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
 from summrl.config import ConfigError, LexicalJudgeConfig, RulerRewardConfig
 from summrl.data import Document, Question, all_documents, load_splits
 from summrl.rollout import word_count
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -247,7 +250,7 @@ def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -
     table.to_csv(out_dir / "summary.csv", index=False)
     text = markdown(table)
     (out_dir / "summary.md").write_text(text)
-    print(text, flush=True)
+    log.info(text)
     trained = config.benchmark.run.name if config.benchmark.run else None
     bar_chart(table, trained, out_dir / "models.png")
     if trained and (table.model == trained).any():
@@ -268,18 +271,18 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
     total = len(jobs) * len(val) * config.benchmark.rollouts_per_doc
     todo = [j for j in jobs if j.pending]
     lines = cost_plan(config, todo, val)
-    print(render(lines, total, total - sum(len(r) for j in todo for r in j.pending.values())), flush=True)
+    log.info(render(lines, total, total - sum(len(r) for j in todo for r in j.pending.values())))
     if todo and config.benchmark.confirm and needs_confirmation(lines) and not confirmed(stdin):
-        print("summrl: benchmark not confirmed; nothing was called. Rerun with benchmark.confirm=false to skip "
-              "the question.", file=sys.stderr)
+        log.error("summrl: benchmark not confirmed; nothing was called. Rerun with benchmark.confirm=false to skip "
+                  "the question.")
         return 3
     failures = await run_jobs(config, todo, val, store) if todo else []
     write_outputs(config, jobs, out_dir)
-    print(f"summrl: benchmark output in {out_dir}", flush=True)
+    log.info(f"summrl: benchmark output in {out_dir}")
     publish(config, out_dir)
     if failures:
-        print(f"summrl: {len(failures)} summaries could not be made or scored (first: {failures[0]}); rerun the same "
-              "command to retry only those", file=sys.stderr)
+        log.error(f"summrl: {len(failures)} summaries could not be made or scored (first: {failures[0]}); rerun the same "
+                  "command to retry only those")
         return 1
     return 0
 

@@ -28,6 +28,8 @@ from summrl.preflight import PreflightError, teacher_key_names, teacher_key_prob
 from summrl.storage import resolve_bucket
 from summrl.tracking import wandb_mode
 
+log = logging.getLogger(__name__)
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 # Forwarded to the cluster as secrets when set here (environment or .env).
@@ -237,7 +239,7 @@ def run_from_hydra(config: Any) -> Optional[float]:
     except RemoteJobFailed as e:
         if job_num is not None:
             raise  # a sweep records the failed job and goes on
-        print(f"summrl: {e}", file=sys.stderr, flush=True)
+        log.error(f"summrl: {e}")
         sys.exit(e.exit_code)  # a single run exits as the remote job did
 
 
@@ -264,7 +266,7 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
     name, _, count = b.accelerators.partition(":")
     asked = {"infra": b.infra, "accelerators": {name: int(count or 1)}, "disk_size": b.disk_size} if unreachable else None
     if b.dry_run:
-        print(f"summrl: dry run: cluster {cluster}, {b.accelerators} on {b.infra}\n{describe(task, asked)}", flush=True)
+        log.info(f"summrl: dry run: cluster {cluster}, {b.accelerators} on {b.infra}\n{describe(task, asked)}")
     with quiet_sky():
         try:
             task.validate()  # workdir, resources, run: before any money is spent
@@ -280,19 +282,19 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
         if problems:
             raise PreflightError(_listing(b, [*problems, note]))
         if b.dry_run:
-            print(f"summrl: dry run: {note}; nothing was launched", flush=True)
+            log.info(f"summrl: dry run: {note}; nothing was launched")
             return None
         raise NetworkError(note)
     if problems:
         raise PreflightError(_listing(b, problems))
     if b.dry_run:
-        print("summrl: dry run: the task is valid; nothing was launched", flush=True)
+        log.info("summrl: dry run: the task is valid; nothing was launched")
         return None
 
     import sky
 
-    print(f"summrl: launching run {config.run.name} on cluster {cluster} ({b.accelerators} on {b.infra}); "
-          f"reused if it is up, taken down after {b.idle_minutes_to_autostop} idle minutes", flush=True)
+    log.info(f"summrl: launching run {config.run.name} on cluster {cluster} ({b.accelerators} on {b.infra}); "
+             f"reused if it is up, taken down after {b.idle_minutes_to_autostop} idle minutes")
     request = job_id = None
     try:
         request = sky.launch(task, cluster_name=cluster, idle_minutes_to_autostop=b.idle_minutes_to_autostop,
@@ -302,20 +304,19 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
     except KeyboardInterrupt:
         if job_id is not None:
             sky.get(sky.cancel(cluster, job_ids=[job_id]))
-            print(f"\nsummrl: cancelled job {job_id} on {cluster}.", file=sys.stderr)
+            log.error(f"\nsummrl: cancelled job {job_id} on {cluster}.")
         elif request is not None:  # still provisioning: SkyPilot's API server would carry on without us
             sky.get(sky.api_cancel(request, silent=True))
-            print(f"\nsummrl: cancelled the launch of {cluster}.", file=sys.stderr)
-        print(f"summrl: the cluster {cluster} stays up until {b.idle_minutes_to_autostop} idle minutes pass. "
-              f"Take it down now: python -m summrl.cluster down {cluster}  (or: sky down {cluster})",
-              file=sys.stderr, flush=True)
+            log.error(f"\nsummrl: cancelled the launch of {cluster}.")
+        log.error(f"summrl: the cluster {cluster} stays up until {b.idle_minutes_to_autostop} idle minutes pass. "
+                  f"Take it down now: python -m summrl.cluster down {cluster}  (or: sky down {cluster})")
         raise
     if b.down_after_run:
-        print(f"summrl: taking cluster {cluster} down (backend.down_after_run=true)", flush=True)
+        log.info(f"summrl: taking cluster {cluster} down (backend.down_after_run=true)")
         sky.stream_and_get(sky.down(cluster))
     else:
-        print(f"summrl: cluster {cluster} stays up for the next run and goes down after "
-              f"{b.idle_minutes_to_autostop} idle minutes; now: python -m summrl.cluster down {cluster}", flush=True)
+        log.info(f"summrl: cluster {cluster} stays up for the next run and goes down after "
+                 f"{b.idle_minutes_to_autostop} idle minutes; now: python -m summrl.cluster down {cluster}")
     if code != 0:
         raise RemoteJobFailed(int(code), cluster, job_id)
     return remote_result(config)
@@ -328,15 +329,14 @@ def remote_result(config: Any) -> Optional[float]:
     try:
         result = fetch_result(config)
     except Exception as e:  # the run itself succeeded; only the summary is out of reach (the bucket stays unnamed)
-        print(f"summrl: warning: can't read the run's result.json from the S3 backup ({type(e).__name__})", flush=True)
+        log.warning(f"summrl: warning: can't read the run's result.json from the S3 backup ({type(e).__name__})")
         return None
     if result is None:
         return None
     path = Path(config.run.dir) / "result.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"summrl: run {config.run.name} {result.get('status')}: final val reward {result.get('final_val_score')}",
-          flush=True)
+    log.info(f"summrl: run {config.run.name} {result.get('status')}: final val reward {result.get('final_val_score')}")
     return result.get("final_val_score")
 
 

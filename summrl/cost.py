@@ -1,5 +1,6 @@
-"""The cost guard: before anything is called, the estimated model and judge calls and their price from
-litellm's cost map; a prompt on stdin unless ``benchmark.confirm=false``.
+"""The cost guard, shared by the benchmark and sft=distill: before anything is called, the estimated model,
+teacher and judge calls and their price from litellm's cost map; a prompt on stdin unless ``benchmark.confirm=false``
+(``sft.confirm=false``).
 
 Token counts are upper bounds where they depend on what a model writes: every summary is taken to be
 ``trainer.max_summary_tokens`` long. A model missing from litellm's cost map is priced "unknown", never $0.

@@ -1,4 +1,5 @@
-"""A scripted, counting OpenAI-compatible server on 127.0.0.1: the judge for tests and `summrl.perf judge`.
+"""Test double, not product: a scripted, counting OpenAI-compatible server on 127.0.0.1, the judge for the tests
+and `summrl.perf judge`. Training, the benchmark and the judges never import it.
 
 Real HTTP, so the real litellm client path runs. Each request pops the next scripted reply (a JSON
 reply, an HTTP status with headers, a delay, raw text); when the script is empty it answers like a
@@ -13,7 +14,7 @@ failed call draws again. A wrong shape is one of SHAPE_FAULTS (the wrong item co
 a missing key), drawn the same way, and is a reply no judge prompt accepts: QA answers and grades, RULER's
 scores, rubric writing and rubric scoring. ``outcomes`` counts the calls by outcome (a wrong shape by its
 variant). For a subprocess run:
-``python -m summrl.judges.fake_server --fault-rate 0.3 --seed 1`` prints its base URL; GET /stats returns
+``python -m summrl.testing --fault-rate 0.3 --seed 1`` prints its base URL; GET /stats returns
 the counts.
 """
 

@@ -1,27 +1,34 @@
-"""Typed schemas for every config group, and the one function that validates a composed config.
+"""Typed schemas for every config group, registered in Hydra's ConfigStore, and the one validation pass.
 
-Hydra composes ``conf/``; :func:`validate` turns the result into these dataclasses or raises
-:class:`ConfigError` with a message that names the key and the fix. It imports nothing heavy,
-so a bad value fails in well under 2 s, before any model, cluster or API is touched.
+Hydra composes ``conf/`` against these dataclasses (:func:`register_configs`), so an unknown key or a value of the
+wrong type fails while it composes, naming the key's full path. Each field's own rule lives in its dataclass's
+``__post_init__``; :func:`validate` types the composed config and checks the rules that span groups
+(:func:`check`). Errors are :class:`summrl.errors.ConfigError`, one line naming the key and the fix
+(:func:`config_error` words Hydra's). Nothing heavy is imported, so a bad value fails in well under 2 s, before any
+model, cluster or API is touched.
 
-Groups whose options differ in shape (judge, reward, backend, logger) carry a ``kind`` that
-selects the schema.
+Groups whose options differ in shape (judge, reward, backend, logger) have a schema per kind: an option's YAML
+starts from ``base_<kind>`` and holds only what differs from its defaults. The ``kind`` field says which schema a
+section has; the option chooses it.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
+from summrl.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A config value a user must fix. The message names the key and how to fix it."""
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the config tree Hydra composes
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -190,6 +197,37 @@ class AlgorithmConfig:
                  f"must be in [0, 1], got {self.min_lr_ratio}")
 
 
+# The fields that are summrl's (not backend.train arguments).
+SCHEDULE_FIELDS = ("name", "lr_schedule", "warmup_steps", "min_lr_ratio")
+# backend.train arguments a backend does not accept, and whose train() that is. skypilot runs local_gpu remotely.
+UNSUPPORTED: dict[str, set[str]] = {
+    "local_gpu": set(),
+    "skypilot": set(),
+    # ServerlessBackend.train has no KL penalty and no normalize_advantages alias (use scale_rewards).
+    "serverless": {"kl_penalty_coef", "kl_penalty_reference_step", "normalize_advantages"},
+    "embedded": set(),
+}
+TRAIN_OF = {"local_gpu": "ART 0.5.18's LocalBackend.train", "skypilot": "ART 0.5.18's LocalBackend.train",
+            "serverless": "ART 0.5.18's ServerlessBackend.train", "embedded": "summrl's embedded backend"}
+_DEFAULTS = AlgorithmConfig()
+
+
+def changed_knobs(algorithm: AlgorithmConfig) -> dict[str, Any]:
+    """The backend.train arguments whose value differs from ART's default."""
+    return {
+        f.name: getattr(algorithm, f.name)
+        for f in fields(AlgorithmConfig)
+        if f.name not in SCHEDULE_FIELDS and getattr(algorithm, f.name) != getattr(_DEFAULTS, f.name)
+    }
+
+
+def check_backend_support(algorithm: AlgorithmConfig, backend: str) -> None:
+    for knob in sorted(changed_knobs(algorithm)):
+        if knob in UNSUPPORTED.get(backend, set()):
+            raise ConfigError(f"algorithm.{knob}: backend={backend} does not support it ({TRAIN_OF[backend]} "
+                              f"has no such setting); leave it at its default or use another backend")
+
+
 # --------------------------------------------------------------------------- judge
 
 
@@ -355,11 +393,45 @@ class WeightedTerm:
 @dataclass
 class WeightedRewardConfig:
     """A weighted sum of rewards: ``terms`` maps a term's name (logged as reward/<name>) to a reward config plus
-    its ``weight``, e.g. {qa: {kind: qa, weight: 1.0}, rubric: {kind: rubric, weight: 0.2}}. After validation
-    each term is a :class:`WeightedTerm`."""
+    its ``weight``, e.g. {qa: {kind: qa, weight: 1.0}, rubric: {kind: rubric, weight: 0.2}}. Each term's kind picks
+    its schema (TERM_SCHEMAS), which Hydra can't express in a dict, so the terms are typed here: after
+    construction each is a :class:`WeightedTerm`."""
 
     kind: str = "weighted"
     terms: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.terms and all(isinstance(t, WeightedTerm) for t in self.terms.values()):
+            return  # already typed (as_weighted)
+        _require(len(self.terms) > 0, "reward.terms",
+                 "must name at least one term, e.g. reward.terms={qa: {kind: qa, weight: 1.0}, "
+                 "rubric: {kind: rubric, weight: 0.2}}")
+        self.terms = {str(name): _typed_term(f"reward.terms.{name}", term) for name, term in self.terms.items()}
+        factors = [name for name, term in self.terms.items() if _is_factor(term.reward)]
+        if len(factors) == len(self.terms):
+            raise ConfigError(f"reward.terms.{factors[0]}.shape: hard multiplies the other terms' sum (by 0 beyond "
+                              "trainer.max_words), and there is none: add one, e.g. +reward.terms.qa.kind=qa")
+
+
+def _typed_term(key: str, term: Any) -> WeightedTerm:
+    """One term of reward=weighted: its reward config (by kind) plus a numeric weight."""
+    if isinstance(term, WeightedTerm):
+        return term
+    _require(isinstance(term, (dict, DictConfig)), key, f"must be a mapping with kind and weight, got {term!r}")
+    body = dict(term)
+    weight = body.pop("weight", 1.0)
+    _require(isinstance(weight, (int, float)) and not isinstance(weight, bool), f"{key}.weight",
+             f"must be a number, got {weight!r}")
+    kind = body.get("kind")
+    _require(kind in TERM_SCHEMAS, f"{key}.kind", f"must be one of {', '.join(TERM_SCHEMAS)}, got {kind!r}")
+    try:
+        reward = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TERM_SCHEMAS[kind]), body))
+    except OmegaConfBaseException as e:
+        raise config_error(e, prefix=key) from None
+    except ConfigError as e:  # the schemas' own checks name reward.<key>: point at the term instead
+        message = str(e)
+        raise ConfigError(f"{key}.{message[len('reward.'):]}" if message.startswith("reward.") else message) from None
+    return WeightedTerm(weight=float(weight), reward=reward)
 
 
 # --------------------------------------------------------------------------- backend
@@ -560,116 +632,57 @@ class SFTConfig:
 
 @dataclass
 class RunConfig:
-    name: str  # ART model name (and W&B run id): one per run; rerunning with it resumes
-    dir: str  # the run folder: resolved config, overrides, history, checkpoints
+    name: str = MISSING  # ART model name (and W&B run id): one per run; rerunning with it resumes
+    dir: str = MISSING  # the run folder: resolved config, overrides, history, checkpoints
 
 
-@dataclass
-class Config:
-    project: str
-    seed: int  # the training seed: data order, sampling, LoRA init (the val/train split has dataset.seed)
-    run: RunConfig
-    model: ModelConfig
-    dataset: DatasetConfig
-    trainer: TrainerConfig
-    algorithm: AlgorithmConfig
-    reward: QARewardConfig | RulerRewardConfig | RubricRewardConfig | WeightedRewardConfig
-    judge: LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig | LocalJudgeConfig
-    backend: EmbeddedBackendConfig | SkyPilotBackendConfig | LocalGPUBackendConfig | ServerlessBackendConfig
-    logger: NoLoggerConfig | WandbLoggerConfig
-    storage: StorageConfig
-    sft: SFTConfig = field(default_factory=SFTConfig)
-
-
-# Schemas for groups whose options differ in shape, by ``kind``.
+# Groups whose options differ in shape: each option's YAML starts from its kind's schema, registered in Hydra's
+# ConfigStore as <group>/base_<kind> (conf/judge/gemini_flash.yaml: defaults: [base_litellm, _self_]).
 KIND_SCHEMAS: dict[str, dict[str, type]] = {
     "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig, "embedded": EmbeddedJudgeConfig,
               "local": LocalJudgeConfig},
     "reward": {"qa": QARewardConfig, "ruler": RulerRewardConfig, "rubric": RubricRewardConfig,
                "weighted": WeightedRewardConfig, "length_penalized": LengthPenalizedRewardConfig},
-    "backend": {
-        "embedded": EmbeddedBackendConfig,
-        "skypilot": SkyPilotBackendConfig,
-        "local_gpu": LocalGPUBackendConfig,
-        "serverless": ServerlessBackendConfig,
-    },
+    "backend": {"embedded": EmbeddedBackendConfig, "skypilot": SkyPilotBackendConfig,
+                "local_gpu": LocalGPUBackendConfig, "serverless": ServerlessBackendConfig},
     "logger": {"none": NoLoggerConfig, "wandb": WandbLoggerConfig},
 }
-FIXED_SCHEMAS: dict[str, type] = {
-    "run": RunConfig,
-    "model": ModelConfig,
-    "dataset": DatasetConfig,
-    "trainer": TrainerConfig,
-    "algorithm": AlgorithmConfig,
-    "storage": StorageConfig,
-    "sft": SFTConfig,
-}
-
 # What a weighted reward's term may be: any reward but another weighted one, or the length penalty.
 TERM_SCHEMAS: dict[str, type] = {"qa": QARewardConfig, "ruler": RulerRewardConfig, "rubric": RubricRewardConfig,
                                  "length": LengthRewardConfig}
 
-TOP_LEVEL_KEYS = {"project", "seed", "run", "model", "dataset", "trainer", "algorithm", "reward", "judge", "backend",
-                  "logger", "storage", "sft"}
-OPTIONAL_KEYS = {"sft"}  # a config composed without the group (an older benchmark.yaml) gets the default
+
+@dataclass
+class Config:
+    """The schema of conf/train.yaml (``train_schema`` in Hydra's ConfigStore): Hydra refuses an unknown key or a
+    value of the wrong type while it composes. The groups whose options differ in shape are typed by their
+    option's own schema (KIND_SCHEMAS); after :func:`validate` each holds one of these dataclasses."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: Any = MISSING  # QARewardConfig | RulerRewardConfig | RubricRewardConfig | WeightedRewardConfig
+    judge: Any = MISSING  # LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig | LocalJudgeConfig
+    backend: Any = MISSING  # EmbeddedBackendConfig | SkyPilotBackendConfig | LocalGPUBackendConfig | Serverless...
+    logger: Any = MISSING  # NoLoggerConfig | WandbLoggerConfig
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    project: str = "summrl"
+    # The training seed: data order, sampling, LoRA init. The val/train split keeps dataset.seed, so the seeds of
+    # an ablation are compared on the same val documents.
+    seed: int = 80
 
 
-def _typed_section(group: str, node: Any, schema: type) -> Any:
-    """Merge a composed section onto its schema: wrong types and unknown keys raise ConfigError."""
-    if not isinstance(node, DictConfig):
-        raise ConfigError(f"{group}: expected a mapping, got {node!r}")
-    base = OmegaConf.structured(schema)
-    valid = [str(k) for k in base.keys()]
-    for key in node.keys():
-        if key not in valid:
-            close = difflib.get_close_matches(str(key), valid, n=1)
-            hint = f" Did you mean {group}.{close[0]}?" if close else ""
-            raise ConfigError(
-                f"{group}.{key} is not a setting of {schema.__name__}.{hint} Valid keys: {', '.join(valid)}."
-            )
-    try:
-        merged = OmegaConf.merge(base, node)
-        return OmegaConf.to_object(merged)
-    except ConfigError:
-        raise
-    except ValidationError as e:
-        message = str(e.msg).splitlines()[0]
-        raise ConfigError(f"{group}.{e.full_key}: {message} (check the value's type in {schema.__name__})") from None
-    except ConfigKeyError as e:
-        raise ConfigError(f"{group}: {e.msg}") from None
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"{group}: {e}") from None
-
-
-def _typed_terms(node: DictConfig) -> dict[str, WeightedTerm]:
-    """reward=weighted's terms, each a reward config plus a numeric weight."""
-    terms = node.get("terms")
-    _require(isinstance(terms, DictConfig) and len(terms) > 0, "reward.terms",
-             "must name at least one term, e.g. reward.terms={qa: {kind: qa, weight: 1.0}, "
-             "rubric: {kind: rubric, weight: 0.2}}")
-    typed: dict[str, WeightedTerm] = {}
-    for name, term in terms.items():
-        key = f"reward.terms.{name}"
-        _require(isinstance(term, DictConfig), key, f"must be a mapping with kind and weight, got {term!r}")
-        weight = term.get("weight", 1.0)
-        _require(isinstance(weight, (int, float)) and not isinstance(weight, bool), f"{key}.weight",
-                 f"must be a number, got {weight!r}")
-        kind = term.get("kind")
-        _require(kind in TERM_SCHEMAS, f"{key}.kind", f"must be one of {', '.join(TERM_SCHEMAS)}, got {kind!r}")
-        body = OmegaConf.create({k: v for k, v in term.items() if k != "weight"})
-        try:
-            reward = _typed_section(key, body, TERM_SCHEMAS[kind])
-        except ConfigError as e:  # the schemas' own checks name reward.<key>: point at the term instead
-            message = str(e)
-            if not message.startswith(key):
-                message = f"{key}.{message[len('reward.'):]}" if message.startswith("reward.") else message
-            raise ConfigError(message) from None
-        typed[str(name)] = WeightedTerm(weight=float(weight), reward=reward)
-    factors = [name for name, term in typed.items() if _is_factor(term.reward)]
-    if len(factors) == len(typed):
-        raise ConfigError(f"reward.terms.{factors[0]}.shape: hard multiplies the other terms' sum (by 0 beyond "
-                          "trainer.max_words), and there is none: add one, e.g. +reward.terms.qa.kind=qa")
-    return typed
+def register_configs() -> None:
+    """Put every schema in Hydra's ConfigStore: ``train_schema`` (conf/train.yaml's first default) and each
+    kind's ``<group>/base_<kind>``. Called on import, before Hydra composes anything."""
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=Config)
+    for group, schemas in KIND_SCHEMAS.items():
+        for kind, schema in schemas.items():
+            store.store(group=group, name=f"base_{kind}", node=schema)
 
 
 def _is_factor(reward: Any) -> bool:
@@ -708,43 +721,105 @@ def reward_range(reward: Any) -> tuple[float, float]:
     raise ValueError(f"reward.kind={reward.kind} has no known range")
 
 
-def kind_section(group: str, node: Any) -> Any:
-    """A group whose schema its ``kind`` selects (judge, reward, backend, logger), typed and checked."""
-    schemas = KIND_SCHEMAS[group]
-    kind = node.get("kind") if isinstance(node, DictConfig) else None
-    if kind not in schemas:
-        raise ConfigError(f"{group}.kind: must be one of {', '.join(schemas)}, got {kind!r}")
-    section = _typed_section(group, node, schemas[kind])
-    if kind == "weighted":
-        section.terms = _typed_terms(node)
-    if kind == "length_penalized":
-        section = section.as_weighted()
-    return section
+# --------------------------------------------------------------------------- errors Hydra raises while composing
+
+
+def config_error(e: BaseException, prefix: str = "") -> ConfigError:
+    """An error Hydra or OmegaConf raised while composing or typing the config, as one ConfigError line that names
+    the key's full path, with a "did you mean" hint for an unknown key. ``prefix`` is the path of a node that was
+    typed on its own (a weighted reward's term)."""
+    cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
+    if not isinstance(cause, OmegaConfBaseException) or not cause.full_key:
+        text = str(e).split("Config search path")[0]  # e.g. an unknown option: Hydra lists the available ones
+        return ConfigError(" ".join(text.split()))
+    key = ".".join(p for p in (prefix, str(cause.full_key)) if p)
+    schema = cause.object_type if isinstance(cause.object_type, type) else None
+    name = schema.__name__ if schema else "the config"
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+        valid = [f.name for f in fields(schema)] if schema and is_dataclass(schema) else []
+        close = difflib.get_close_matches(str(cause.key), valid, n=1)
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        hint = f" Did you mean {'.'.join(p for p in (parent, close[0]) if p)}?" if close else ""
+        listing = f" Valid keys: {', '.join(valid)}." if valid else ""
+        return ConfigError(f"{key} is not a setting of {name}.{hint}{listing}")
+    message = str(cause.msg).splitlines()[0]
+    if isinstance(cause, MissingMandatoryValue):
+        return ConfigError(f"{key}: needs a value ({message})")
+    return ConfigError(f"{key}: {message} (check the value's type in {name})")
+
+
+def compose(config_name: str, overrides: list[str], *, return_hydra_config: bool = False) -> DictConfig:
+    """Compose conf/<config_name>.yaml in-process (tests, summrl.perf), raising ConfigError as the CLI reports it."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name, overrides=overrides, return_hydra_config=return_hydra_config)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise config_error(e) from None
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def typed_config(cfg: DictConfig, schema: type) -> Any:
+    """A composed config as its schema's dataclasses (train_schema, benchmark_schema): Hydra has checked every key
+    and type; the keys ``+key=value`` added and each option's kind are checked here. length_penalized becomes
+    reward=weighted."""
+    if "hydra" in cfg:  # composed with return_hydra_config (tests, perf): Hydra's own node is not ours to type
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            cfg.pop("hydra")
+    _refuse_added_keys(cfg, "")
+    try:
+        config = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise config_error(e) from None
+    if not isinstance(config, schema):  # a config composed without its schema (an old conf/ tree)
+        raise ConfigError(f"the composed config is not typed by {schema.__name__}: its YAML's defaults must start "
+                          "with its schema (train_schema, benchmark_schema)")
+    for group, schemas in KIND_SCHEMAS.items():
+        section = getattr(config, group)
+        if type(section) not in schemas.values():
+            raise ConfigError(f"{group}: the option's YAML must start from its kind's schema, e.g. defaults: "
+                              f"[base_{next(iter(schemas))}, _self_]; got {type(section).__name__}")
+        _require(section.kind == _default_kind(type(section)), f"{group}.kind",
+                 f"is fixed by the option ({group}=...); got {section.kind!r}")
+    if isinstance(config.reward, LengthPenalizedRewardConfig):
+        config.reward = config.reward.as_weighted()
+    return config
 
 
 def validate(cfg: DictConfig) -> Config:
-    """Validate a composed Hydra config."""
-    extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL_KEYS | {"experiment", "hydra"})
-    if extra:
-        close = difflib.get_close_matches(extra[0], sorted(TOP_LEVEL_KEYS), n=1)
-        hint = f" Did you mean {close[0]}?" if close else ""
-        raise ConfigError(f"{extra[0]} is not a setting.{hint} Top-level keys: {', '.join(sorted(TOP_LEVEL_KEYS))}.")
-    missing = sorted(k for k in TOP_LEVEL_KEYS - OPTIONAL_KEYS if k not in cfg)
-    if missing:
-        raise ConfigError(f"{missing[0]} is missing from the composed config (check conf/train.yaml's defaults).")
+    """Type a composed conf/train.yaml and check the rules that span fields and groups. Raises ConfigError."""
+    config = typed_config(cfg, Config)
+    check(config)
+    return config
 
-    sections: dict[str, Any] = {"project": cfg.project}
-    try:
-        sections["seed"] = int(cfg.seed)
-    except (TypeError, ValueError):
-        raise ConfigError(f"seed: must be an integer, got {cfg.seed!r}") from None
-    for group, schema in FIXED_SCHEMAS.items():
-        if group in OPTIONAL_KEYS and group not in cfg:
-            continue
-        sections[group] = _typed_section(group, cfg[group], schema)
-    for group in KIND_SCHEMAS:
-        sections[group] = kind_section(group, cfg[group])
-    config = Config(**sections)
+
+def _refuse_added_keys(node: DictConfig, path: str) -> None:
+    """Hydra's ``+key=value`` adds a key even to a typed node, and OmegaConf.to_object drops it silently: an
+    unknown key is refused here, as Hydra refuses it without the ``+``."""
+    schema = OmegaConf.get_type(node)
+    valid = [f.name for f in fields(schema)] if schema and is_dataclass(schema) else None
+    for key in node.keys():
+        full = f"{path}.{key}" if path else str(key)
+        if valid is not None and key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f" Did you mean {f'{path}.' if path else ''}{close[0]}?" if close else ""
+            raise ConfigError(f"{full} is not a setting of {schema.__name__}.{hint} Valid keys: {', '.join(valid)}.")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            _refuse_added_keys(child, full)
+
+
+def _default_kind(schema: type) -> str:
+    return next(f.default for f in fields(schema) if f.name == "kind")
+
+
+def check(config: Config) -> None:
+    """The rules that span fields and groups."""
     if "ruler" in reward_kinds(config.reward) and config.judge.kind == "lexical":
         raise ConfigError(
             "reward=ruler needs an LLM judge, got judge=lexical: use judge=gemini_flash, judge=openai_compatible, "
@@ -760,8 +835,6 @@ def validate(cfg: DictConfig) -> Config:
              "algorithm.warmup_steps",
              f"must be < trainer.max_steps ({config.trainer.max_steps}) so that the learning rate reaches model.lr "
              f"(at step warmup_steps), got {config.algorithm.warmup_steps}")
-    from summrl.algorithm import check_backend_support
-
     check_backend_support(config.algorithm, config.backend.kind)
     if config.sft.kind != "none" and config.sft.min_reward is not None:
         low, high = reward_range(config.reward)
@@ -771,5 +844,6 @@ def validate(cfg: DictConfig) -> Config:
     if config.sft.kind == "distill" and config.sft.confirm and config.backend.kind == "skypilot":
         raise ConfigError("sft.confirm: the remote job has no terminal to confirm the teacher's cost in: add "
                           "sft.confirm=false (the plan with its estimate is printed in the job's log)")
-    return config
 
+
+register_configs()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, TextIO
 
 from summrl.data import Document
+from summrl.rollout import summary_messages
 
 
 @dataclass
@@ -66,10 +67,8 @@ class Work:
 def estimate(work: Sequence[Work], documents: Sequence[Document], judge: Calls, *, max_words: int,
              max_summary_tokens: int, reward_uses_ruler: bool, qa_calls: bool) -> list[Calls]:
     """Fill in each entry's model calls and the judge's calls (answering, grading, RULER) for the pending rows."""
-    from summrl.benchmark.sources import messages_for
-
     by_id = {d.id: d for d in documents}
-    prompt = {d.id: prompt_tokens(messages_for(d, max_words)) for d in documents}
+    prompt = {d.id: prompt_tokens(summary_messages(d, max_words)) for d in documents}
     for w in work:
         for doc_id, rollouts in w.pending.items():
             doc = by_id[doc_id]

@@ -2,18 +2,21 @@
 
 ``classify`` names the kind of an exception a user can act on (bad config, something missing, a failing
 judge, no network, S3, W&B's key, SkyPilot, a refused cost estimate, a failed SFT stage) and words it as one
-line. Anything else is a bug, and keeps its traceback. Our own exceptions are recognised by class (imported
-here, so a class that moves fails the tests instead of going unrecognised); third-party ones by class name and
-module, so classifying imports none of the libraries that raised them.
+line. Anything else is a bug, and keeps its traceback. Our own exceptions derive from :class:`ExpectedFailure`
+and carry their kind; third-party ones are recognised by class name and module, so classifying imports none of
+the libraries that raised them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Iterator, NoReturn, Optional
+from typing import ClassVar, Iterator, NoReturn, Optional
+
+from summrl.secrets import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +50,21 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
 URL_HOST = r"https?://\[?([A-Za-z0-9._~:-]+?)\]?(?::\d+)?(?:/|$|\s|')"  # the host of a URL in a message
 
 
-class NetworkError(ConnectionError):
+class ExpectedFailure(Exception):
+    """A failure a user can act on: ``failure`` is its kind in KINDS (exit code, how its line names it). Every
+    summrl exception of this sort derives from it, so classifying needs no import of the module that raised it."""
+
+    failure: ClassVar[str] = "config"
+
+
+class ConfigError(ExpectedFailure, ValueError):
+    """A config value a user must fix. The message names the key and how to fix it."""
+
+
+class NetworkError(ExpectedFailure, ConnectionError):
     """A service this run needs could not be reached; the message names it and what was not checked."""
+
+    failure = "network"
 
 
 @dataclass
@@ -128,32 +144,9 @@ def network_message(e: BaseException) -> str:
     return f"{where}: {_one_line(str(errors[-1])) or type(errors[-1]).__name__}"
 
 
-def _own_kinds() -> list[tuple[type, str]]:
-    """Our exceptions and their kinds, the more specific first. summrl.sft (it imports ART) only when loaded:
-    until then none of its exceptions can exist."""
-    from summrl.config import ConfigError
-    from summrl.judges.llm import JudgeError
-    from summrl.missing_rewards import MissingRewardsError
-    from summrl.preflight import PreflightError
-    from summrl.storage import StorageError
-
-    kinds: list[tuple[type, str]] = [(PreflightError, "preflight"), (NetworkError, "network"),
-                                     (MissingRewardsError, "judge"), (JudgeError, "judge"), (StorageError, "s3")]
-    if "summrl.sft" in sys.modules:
-        from summrl.sft import CostNotConfirmed, SFTError
-
-        kinds += [(CostNotConfirmed, "not_confirmed"), (SFTError, "sft")]
-    return [*kinds, (ConfigError, "config")]
-
-
-def _kind(x: BaseException, own: list[tuple[type, str]]) -> Optional[str]:
-    from summrl.data.repliqa import DataError
-
-    if isinstance(x, DataError):  # sizes the data can't meet, a bad row; or the hub out of reach
-        return "network" if is_network(x) else "config"
-    for cls, kind in own:
-        if isinstance(x, cls):
-            return kind
+def _kind(x: BaseException) -> Optional[str]:
+    if isinstance(x, ExpectedFailure):
+        return x.failure
     names = _names(x)
     if any(n.startswith("botocore.exceptions.") for n in names):
         return None if _is_network(x) else "s3"
@@ -169,11 +162,8 @@ def classify(e: BaseException) -> Optional[Failure]:
     """The expected failure ``e`` is, or None for a bug (or Ctrl-C), which keeps its traceback."""
     if not isinstance(e, Exception):
         return None
-    from summrl.secrets import redact_text
-
-    own = _own_kinds()
     for x in chain(e):  # the outermost exception that says what failed wins; the causes explain
-        kind = _kind(x, own)
+        kind = _kind(x)
         if kind is not None:
             text = str(x) if kind == "preflight" else _one_line(str(x))  # the preflight lists one item a line
             return Failure(kind, redact_text(text or type(x).__name__))
@@ -182,13 +172,17 @@ def classify(e: BaseException) -> Optional[Failure]:
     return None
 
 
+def full_errors() -> bool:
+    """Whether the user asked for tracebacks (HYDRA_FULL_ERROR=1; summrl.cli keeps their choice in
+    SUMMRL_FULL_ERROR when it sets Hydra's variable for itself)."""
+    return os.environ.get("SUMMRL_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", "")) == "1"
+
+
 def exit_on(e: BaseException) -> NoReturn:
     """End a CLI on ``e``: its one line on stderr and its exit code. A bug, or HYDRA_FULL_ERROR=1, re-raises it
     (with its traceback). Call it from an ``except`` block."""
-    import os
-
     failure = classify(e)
-    if failure is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+    if failure is None or full_errors():
         raise e
     log.error(failure.line)  # stderr, and the run folder's log file (summrl.logs)
     sys.exit(failure.exit_code)

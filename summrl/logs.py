@@ -5,7 +5,7 @@ Every module logs through ``logging.getLogger(__name__)``, its lines worded as t
 each line to the console (stdout; ERROR and above, the one-line failures, on stderr) and, with a timestamp and the
 module, to the run folder's ``<job>.log`` (``train.log``, ``benchmark.log``): a cluster job, or a sweep job under
 joblib, leaves its account beside its results. Other libraries keep Hydra's default format; their noise is filtered
-by name where it is made (judges.llm, benchmark.__main__, cloud.launch).
+by name where it is made (judges.client, benchmark.__main__, cloud.launch).
 """
 
 from __future__ import annotations

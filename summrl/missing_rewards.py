@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Any, Optional, Sequence, Union
 
-from summrl.rewards import Missing, Score
+from summrl.rewards.base import Missing, Score
+from summrl.errors import ExpectedFailure
 
 
-class MissingRewardsError(RuntimeError):
+class MissingRewardsError(ExpectedFailure, RuntimeError):
     """Too many recent rollouts have no reward: the judge is failing, and training on the rest would mislead."""
+
+    failure = "judge"
 
 
 # What to do about each kind of judge error (JudgeError.kind: litellm's exception names, and ours).

@@ -36,13 +36,9 @@ STEP_OVERRIDES = [
 
 
 def compose_local(run_dir: str, overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from summrl.config import compose, validate
 
-    from summrl.config import validate
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, f"run.dir={run_dir}", "run.name=perf"], return_hydra_config=True)
-    return validate(cfg)
+    return validate(compose("train", [*overrides, f"run.dir={run_dir}", "run.name=perf"], return_hydra_config=True))
 
 
 def startup_seconds(repeats: int = 3) -> list[float]:
@@ -57,13 +53,10 @@ def startup_seconds(repeats: int = 3) -> list[float]:
 
 async def throughput(session, documents, max_tokens: int, repeats: int) -> tuple[list[float], list[float]]:
     """Completion tokens per second: 2 documents x 4 requests sent at once, then the same 8 one by one."""
-    from summrl.rollout import SYSTEM_PROMPT, summary_prompt
+    from summrl.rollout import summary_messages
 
     client = session.model.openai_client()
-    requests = [
-        [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": summary_prompt(d, 350)}]
-        for d in documents[:2] for _ in range(4)
-    ]
+    requests = [summary_messages(d, 350) for d in documents[:2] for _ in range(4)]
 
     async def one(messages) -> int:
         completion = await client.chat.completions.create(
@@ -156,7 +149,8 @@ async def bench_judge(documents: int, group_size: int, delay_s: float) -> dict:
 
     from summrl.data import load_splits
     from summrl.testing import FakeLLM, token_count
-    from summrl.judges.llm import JudgeClient, LLMJudge
+    from summrl.judges.client import JudgeClient
+    from summrl.judges.llm import LLMJudge
     from summrl.rewards.qa import QAReward
 
     config = compose_local(tempfile.gettempdir(), ["experiment=local"])

@@ -9,11 +9,13 @@ import functools
 import os
 from typing import Any
 
-from summrl.config import ConfigError
+from summrl.errors import ConfigError
 
 
 class PreflightError(ConfigError):
     """Something the run needs is missing; the message lists each item and its fix."""
+
+    failure = "preflight"
 
 
 def problems(config: Any) -> list[str]:

@@ -32,11 +32,12 @@ import art
 from summrl.config import Config, reward_kinds
 from summrl.data import Document
 from summrl.job import write_json
-from summrl.judges.llm import JudgeClient, JudgeError, ReplyShapeError
+from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.rewards import Missing
 from summrl.rollout import rollout, sample_seed, summary_messages, summary_of
 from summrl.storage import SFT_RECORD as RECORD
 from summrl.storage import CheckpointBackup, NoBackup, sft_dir
+from summrl.errors import ExpectedFailure
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +48,17 @@ USAGE = "teacher_usage.json"
 USAGE_KEYS = ("calls", "retries", "failures", "input_tokens", "output_tokens", "cost_usd")
 
 
-class CostNotConfirmed(RuntimeError):
+class CostNotConfirmed(ExpectedFailure, RuntimeError):
     """The user declined the teacher's estimated cost: nothing was called."""
 
+    failure = "not_confirmed"
 
-class SFTError(RuntimeError):
+
+class SFTError(ExpectedFailure, RuntimeError):
     """An SFT stage the user can fix or continue: teacher calls or judge scores that failed after their retries
     (a rerun continues), or no sample that passed the filter."""
+
+    failure = "sft"
 
 
 def saved_record(config: Config) -> dict:

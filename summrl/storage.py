@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+from summrl.errors import ExpectedFailure
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,10 @@ SFT_RECORD = "record.json"  # sft/record.json: the SFT stage has trained, and it
 SFT_BACKUP_S = 60.0  # during collection, sft/ goes up at most this often (and once collection ends)
 
 
-class StorageError(RuntimeError):
+class StorageError(ExpectedFailure, RuntimeError):
     """The backup can't be reached or used; the message names the setting and the fix."""
+
+    failure = "s3"
 
 
 def resolve_bucket(storage: Any) -> Optional[str]:

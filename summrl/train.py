@@ -20,11 +20,12 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from summrl import cli
 from summrl.config import Config, validate
-from summrl.errors import KINDS, Failure, classify, exit_on
+from summrl.errors import KINDS, Failure, classify, exit_on, full_errors
 from summrl.job import JobInfo, read_result, write_result
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summrl.train")  # not __name__: run as __main__, it would miss the summrl logger
 
 
 def load_config(cfg: DictConfig) -> Config:
@@ -68,7 +69,7 @@ def main(cfg: DictConfig) -> float | None:
             raise  # a bug: Hydra prints the traceback
         record_failure(config.run.dir if config else HydraConfig.get().runtime.output_dir, failure, job, started,
                        earlier)
-        if job.sweep is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if job.sweep is None or full_errors():
             exit_on(e)  # its one line and exit code (its traceback with HYDRA_FULL_ERROR=1)
         # SystemExit would end the whole sweep; an exception fails this job only. Hydra prints a compact one
         # as its message alone when the sweep ends, not as a traceback.
@@ -97,4 +98,4 @@ def record_failure(run_dir: str, failure: Failure, job: JobInfo, started: bool, 
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

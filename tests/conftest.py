@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
-from summrl.config import Config, validate
+from summrl.config import Config, compose, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -27,8 +26,7 @@ os.environ.setdefault("SUMMRL_CACHE_DIR", str(Path.home() / ".cache" / "summrl")
 
 
 def compose_raw(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=["run.dir=/tmp/summrl-test-run", *overrides], return_hydra_config=True)
+    cfg = compose("train", ["run.dir=/tmp/summrl-test-run", *overrides], return_hydra_config=True)
     choices = dict(cfg.hydra.runtime.choices)
     HydraConfig.instance().set_config(cfg)
     return cfg, choices

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from summrl import algorithm
-from summrl.config import AlgorithmConfig, ConfigError
+from summrl.config import SCHEDULE_FIELDS, UNSUPPORTED, AlgorithmConfig
+from summrl.errors import ConfigError
 from tests.conftest import ROOT, compose_config, run_cli
 
 LOCAL = ["experiment=local"]
@@ -31,12 +32,12 @@ def test_default_algorithm_is_arts_defaults_and_passes_nothing():
     assert config.algorithm.name == "grpo"
     local = inspect.signature(LocalBackend.train).parameters
     for name in (f.name for f in fields(AlgorithmConfig)):
-        if name not in algorithm.SCHEDULE_FIELDS:  # every knob's default is LocalBackend.train's
+        if name not in SCHEDULE_FIELDS:  # every knob's default is LocalBackend.train's
             assert getattr(config.algorithm, name) == local[name].default, name
     serverless = inspect.signature(ServerlessBackend.train).parameters
     for name in ("epsilon", "epsilon_high", "advantage_balance", "scale_rewards", "importance_sampling_level"):
         assert getattr(config.algorithm, name) == serverless[name].default, name
-    for backend in algorithm.UNSUPPORTED:
+    for backend in UNSUPPORTED:
         assert algorithm.train_kwargs(config.algorithm, backend) == {}
     assert {algorithm.learning_rate(config.algorithm, 5e-5, step, 40) for step in (0, 20, 39)} == {5e-5}
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from summrl.benchmark.config import validate_benchmark
 from summrl.benchmark.rows import read_rows
 from summrl.benchmark.runner import run
-from summrl.config import ConfigError
+from summrl.config import compose
+from summrl.errors import ConfigError
 from summrl.data import load_splits
 from summrl.testing import FakeLLM, Reply
 from summrl.judges.lexical import LexicalJudge
@@ -32,8 +32,7 @@ T_975 = {1: 12.7062, 2: 4.3027, 3: 3.1824}  # Student-t quantiles from a printed
 
 
 def compose_benchmark(overrides: list[str], out_dir: Path):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("benchmark", overrides=[f"benchmark.output_dir={out_dir}", *overrides], return_hydra_config=True)
+    cfg = compose("benchmark", [f"benchmark.output_dir={out_dir}", *overrides], return_hydra_config=True)
     choices = dict(cfg.hydra.runtime.choices)
     return validate_benchmark(cfg, choices)
 

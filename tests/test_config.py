@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from summrl.config import ConfigError
-from tests.conftest import ROOT, compose_config, compose_raw, group_options, run_cli
+from summrl.errors import ConfigError
+from tests.conftest import CONF, ROOT, compose_config, compose_raw, group_options, run_cli
 
 GROUPS = ["model", "dataset", "reward", "judge", "backend", "logger", "algorithm"]
 # An offline base so that the group under test is the only choice that varies.
@@ -145,3 +145,47 @@ def test_a_missing_judge_key_fails_before_anything_loads(tmp_path):
 def test_hosted_judges_name_their_key_variable_not_the_key(judge, model, key):
     config = compose_config([*LOCAL, f"judge={judge}"])
     assert (config.judge.model, config.judge.api_key_env) == (model, key)
+
+
+@pytest.mark.parametrize("module,override,schema", [("summrl.train", "judge.no_such_key=1", "LocalJudgeConfig"),
+                                                    ("summrl.benchmark", "benchmark.no_such_key=1", "BenchmarkSection")])
+def test_an_unknown_key_fails_while_hydra_composes_naming_its_full_path(module, override, schema, tmp_path):
+    """Hydra's structured configs refuse the key while composing; summrl.cli words it as one config-error line."""
+    result = subprocess.run([sys.executable, "-m", module, "experiment=local", override, f"hydra.run.dir={tmp_path}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    key = override.split("=")[0]
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[0].startswith(f"summrl: config error: {key} is not a setting of {schema}.")
+    assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_every_schema_is_in_hydras_config_store_and_option_files_hold_only_what_differs():
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    import summrl.benchmark.config  # noqa: F401  (it registers benchmark_schema, as summrl.benchmark does)
+    from summrl.config import KIND_SCHEMAS, AlgorithmConfig, DatasetConfig, ModelConfig, SFTConfig
+
+    repo = ConfigStore.instance().repo
+    assert {"train_schema.yaml", "benchmark_schema.yaml"} <= set(repo)
+    for group, schemas in KIND_SCHEMAS.items():
+        assert {f"base_{kind}.yaml" for kind in schemas} <= set(repo[group])
+    fixed = {"model": ModelConfig, "dataset": DatasetConfig, "algorithm": AlgorithmConfig, "sft": SFTConfig}
+
+    def repeated(node, default, path):
+        for key, value in node.items():
+            if isinstance(value, dict) and isinstance(default.get(key), dict):
+                yield from repeated(value, default[key], f"{path}.{key}")
+            elif key in default and value == default[key] and key != "name":
+                yield f"{path}.{key}"
+
+    for group in [*KIND_SCHEMAS, *fixed]:
+        for path in sorted((CONF / group).glob("*.yaml")):
+            option = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+            parents = option.pop("defaults", [])
+            schema = fixed.get(group) or KIND_SCHEMAS[group][parents[0].removeprefix("base_")]
+            default = OmegaConf.to_container(OmegaConf.structured(schema), resolve=False)
+            for parent in (p for p in parents if p != "_self_" and not p.startswith("base_")):  # a preset extending one
+                default.update({k: v for k, v in OmegaConf.to_container(OmegaConf.load(CONF / group / f"{parent}.yaml")).items()
+                                if k != "defaults"})
+            assert not list(repeated(option, default, group)), f"{path.name} repeats its schema's defaults"

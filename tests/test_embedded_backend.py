@@ -228,7 +228,7 @@ def test_json_schema_replies_are_grammar_constrained(loop, session):
 
 def test_embedded_judge_grades_a_group(loop, session):
     from summrl.judges import build_judge
-    from summrl.judges.llm import JudgeError
+    from summrl.judges.client import JudgeError
 
     backend, model, docs, tmp = session
     config = compose_config(["experiment=local", "judge=embedded", f"judge.cache_dir={tmp / 'judge-cache'}"])

@@ -187,8 +187,8 @@ def test_library_exceptions_map_to_their_kind():
 
 def test_our_own_exceptions_map_to_their_kind_by_class():
     """By class, not by where a class lives: a judge that fails ends as a judge error wherever the error moves."""
-    from summrl.config import ConfigError
-    from summrl.judges.llm import JudgeError
+    from summrl.errors import ConfigError
+    from summrl.judges.client import JudgeError
     from summrl.missing_rewards import MissingRewardsError
     from summrl.preflight import PreflightError
     from summrl.sft import CostNotConfirmed, SFTError

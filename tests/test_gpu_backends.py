@@ -8,7 +8,7 @@ import typing
 import pytest
 
 from summrl.backends import BackendUnavailable, build_backend, internal_config
-from summrl.config import ConfigError
+from summrl.errors import ConfigError
 from summrl.preflight import PreflightError, check
 from tests.conftest import ROOT, compose_config, run_cli
 

@@ -13,7 +13,8 @@ import litellm
 import pytest
 
 from summrl.data import Document, Question
-from summrl.judges.llm import JudgeClient, JudgeError, LLMJudge, ReplyShapeError
+from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
+from summrl.judges.llm import LLMJudge
 from summrl.loop import MissingRewardsError, Session, sample_and_score
 from summrl.tracking import Tracker
 from summrl.rewards import Missing

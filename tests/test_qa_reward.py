@@ -102,7 +102,7 @@ def test_length_penalized_config_builds_on_qa(overrides, shape, strength):
 
 
 def test_length_penalized_on_ruler_and_bad_original_keys_name_the_key():
-    from summrl.config import ConfigError
+    from summrl.errors import ConfigError
     from tests.conftest import compose_config
 
     config = compose_config(["experiment=local", "reward=length_penalized", "reward.base=ruler"])

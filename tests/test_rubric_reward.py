@@ -10,12 +10,14 @@ import threading
 import pandas as pd
 import pytest
 
-from summrl.config import ConfigError, reward_range
+from summrl.config import reward_range
+from summrl.errors import ConfigError
 from summrl.data import DataError, Document, group_documents
 from summrl.judges import Rubrics, build_judge
 from summrl.testing import FakeLLM, Reply
 from summrl.judges.lexical import INVENTS_FACTS, LexicalJudge
-from summrl.judges.llm import JudgeClient, LLMJudge
+from summrl.judges.client import JudgeClient
+from summrl.judges.llm import LLMJudge
 from summrl.rewards import Missing, Score, build_reward, build_val_reward, check_documents
 from summrl.rewards.rubric import RubricCache, RubricReward
 from summrl.rewards.weighted import WeightedReward
@@ -278,9 +280,38 @@ def test_offline_judges_refuse_dataset_rubrics_they_cannot_read(repliqa_parquet,
     check_documents(compose_config([*overrides, "reward=rubric"]), [own])
     (score,) = asyncio.run(offline().score_group(own, [FAITHFUL]))
     assert score.reward == 1.0
-    # Any other caller still fails loudly rather than scoring a constant.
-    with pytest.raises(ConfigError, match="the lexical judge can't score the rubric 'Keeps the cost.'"):
+    # Any other caller still fails loudly rather than scoring a constant: a bug in that caller, not a config error.
+    with pytest.raises(ValueError, match="the lexical judge can't score the rubric 'Keeps the cost.'"):
         asyncio.run(offline().score_group(val[0], [FAITHFUL]))
+
+
+def test_rubrics_that_weigh_nothing_are_refused_before_training_or_leave_that_documents_reward_missing(repliqa_parquet):
+    """positive_weight=0 and a document with positive rubrics only: its weighted mean is undefined. Dataset rubrics
+    are refused before any model loads; rubrics a judge writes can't be known then, so that document's reward is
+    missing (counted, never trained on), and the run goes on."""
+    from summrl.data import load_splits
+    from summrl.rewards.rubric import RubricReward
+    from tests.conftest import repliqa_rows
+
+    data = [{**r, "positive_rubrics": ["Mentions Okafor."]} for r in repliqa_rows(4)]  # no negatives column
+    config = compose_config(["experiment=local", "reward=rubric", "reward.positive_weight=0",
+                             f"dataset.files=[{repliqa_parquet(rows=data)}]", "dataset.train_size=2",
+                             "dataset.val_size=2"])
+    val, train = load_splits(config.dataset)
+    with pytest.raises(ConfigError, match=r"reward.positive_weight=0.0, reward.negative_weight=4.0: document doc\d+'s "
+                                          r"dataset rubrics \(1 positives, 0 negatives\) would all weigh 0"):
+        check_documents(config, val + train)
+
+    class WritesPositivesOnly:
+        rubric_writer = None
+
+        async def write_rubrics(self, document, max_rubrics):
+            return Rubrics(("Mentions Okafor.",), ())
+
+    reward = RubricReward(WritesPositivesOnly(), max_rubrics=8, positive_weight=0.0, negative_weight=1.0, cache_dir=None)
+    scores = asyncio.run(reward.score_group(DOC, [FAITHFUL, FAITHFUL]))
+    assert [type(s).__name__ for s in scores] == ["Missing", "Missing"]
+    assert scores[0].kind == "RubricsWeighNothing" and "raise a weight" in scores[0].error
 
 
 class Fixed:

@@ -47,7 +47,8 @@ def test_bad_sft_config_fails_fast_naming_the_key(args, key, tmp_path):
 def test_min_reward_is_checked_against_the_rewards_own_range():
     """A weighted reward reaches above 1 (qa + 0.2 x rubric: 1.2): a threshold in (1, 1.2] is reachable, one above
     is refused with the range named."""
-    from summrl.config import ConfigError, reward_range
+    from summrl.config import reward_range
+from summrl.errors import ConfigError
 
     assert reward_range(compose_config(["experiment=local"]).reward) == (0.0, 1.0)
     assert reward_range(compose_config(["experiment=local", "reward=qa_rubric"]).reward) == pytest.approx((0.0, 1.2))

@@ -15,15 +15,15 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from dotenv import load_dotenv
+
+from summrl import cli
+from summrl.benchmark.config import check_keys, validate_benchmark
 from summrl.errors import exit_on
 
 
 @hydra.main(config_path="../../conf", config_name="benchmark", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from dotenv import load_dotenv
-
-    from summrl.benchmark.config import check_keys, validate_benchmark
-
     try:
         config = validate_benchmark(cfg, dict(HydraConfig.get().runtime.choices))
         load_dotenv()  # keys may live in .env; they are read from the environment, never from config
@@ -40,4 +40,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

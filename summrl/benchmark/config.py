@@ -8,27 +8,20 @@ parsed here into :class:`ModelEntry` / :class:`BestOfNEntry`, and ``benchmark.ru
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
 
-from summrl.config import (
-    FIXED_SCHEMAS,
-    kind_section,
-    reward_kinds,
-    TOP_LEVEL_KEYS,
-    ConfigError,
-    DatasetConfig,
-    ModelConfig,
-    StorageConfig,
-    TrainerConfig,
-    _typed_section,
-)
+from summrl.config import DatasetConfig, ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
+from summrl.errors import ConfigError
+from summrl.judges import missing_keys
+from summrl.preflight import missing_model_keys
+from summrl.storage import SFT_DIR, SFT_RECORD
 
 
 @dataclass
@@ -71,8 +64,6 @@ class TrainedRun:
 
 def sft_step(run_dir: Path) -> Optional[int]:
     """The step of a run's SFT checkpoint (sft/record.json, written once SFT has trained), or None."""
-    from summrl.storage import SFT_DIR, SFT_RECORD
-
     path = run_dir / SFT_DIR / SFT_RECORD
     return int(json.loads(path.read_text())["step"]) if path.is_file() else None
 
@@ -106,66 +97,90 @@ class BenchmarkConfig:
     choices: dict[str, Optional[str]] = field(default_factory=dict)
 
 
-TOP_LEVEL = {"project", "model", "dataset", "reward", "judge", "backend", "logger", "storage", "trainer", "benchmark"}
-BENCHMARK_KEYS = {"name", "output_dir", "models", "run_dir", "steps", "every", "rollouts_per_doc", "max_concurrency",
-                  "timeout_s", "max_retries", "confirm", "split"}
 SPLITS = ("val", "all")
 SERVING_BACKENDS = ("embedded", "local_gpu")
 # Judges whose LLM is the embedded model (judge=local grades QA lexically and asks it only for RULER).
 EMBEDDED_JUDGES = ("embedded", "local")
 
 
+@dataclass
+class BenchmarkSection:
+    """conf/benchmark.yaml's ``benchmark:`` section as Hydra types it; :func:`validate_benchmark` reads its models
+    and run folder into :class:`BenchmarkSettings`."""
+
+    name: str = MISSING  # the output folder is benchmarks/<name>; rerunning with the same name resumes
+    output_dir: str = MISSING
+    # Each entry: a litellm id; or {model: <litellm id>, label:, api_base:, api_key_env:};
+    # or {best_of_n: {model: <litellm id> | step: <checkpoint step>, n: 4, label:, api_base:, api_key_env:}}.
+    models: list[Any] = field(default_factory=list)
+    run_dir: Optional[str] = None  # a training run folder (runs/<name>): its checkpoints are served by the backend
+    steps: Optional[list[int]] = None  # e.g. [0, 8, 16] (0 = the base model); null: every `every`th step, the last, 0
+    every: int = 1
+    rollouts_per_doc: int = 2
+    max_concurrency: int = 8  # documents in flight per model
+    timeout_s: float = 120.0  # per model call
+    max_retries: int = 3  # per model call (litellm's retries)
+    confirm: bool = True  # ask on stdin before any call that may cost money
+    split: str = "val"  # val: training's val split (dataset.val_size); all: every document of the dataset's files
+
+    def __post_init__(self) -> None:
+        for key, low in (("rollouts_per_doc", 1), ("max_concurrency", 1), ("every", 1), ("max_retries", 0)):
+            if getattr(self, key) < low:
+                raise ConfigError(f"benchmark.{key}: must be an integer >= {low}, got {getattr(self, key)!r}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"benchmark.timeout_s: must be > 0, got {self.timeout_s!r}")
+        if self.split not in SPLITS:
+            raise ConfigError(f"benchmark.split: must be one of {', '.join(SPLITS)} (all: every document of the "
+                              f"dataset), got {self.split!r}")
+
+
+@dataclass
+class BenchmarkSchema:
+    """The schema of conf/benchmark.yaml (``benchmark_schema`` in Hydra's ConfigStore): training's groups and
+    schemas (summrl.config), its prompt settings (trainer), and the benchmark's own section."""
+
+    model: ModelConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    reward: Any = MISSING
+    judge: Any = MISSING
+    backend: Any = MISSING
+    logger: Any = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # max_words (the prompt), max_summary_tokens, ...
+    storage: StorageConfig = field(default_factory=StorageConfig)  # results to S3 when a bucket is configured
+    benchmark: BenchmarkSection = field(default_factory=BenchmarkSection)
+    project: str = "summrl"
+
+
+ConfigStore.instance().store(name="benchmark_schema", node=BenchmarkSchema)
+
+
 def validate_benchmark(cfg: DictConfig, choices: Optional[dict[str, Optional[str]]] = None) -> BenchmarkConfig:
-    """Validate a composed ``conf/benchmark.yaml``: schemas, model entries, the run folder and its steps."""
+    """Type a composed ``conf/benchmark.yaml`` (Hydra has checked every key and type) and check what spans fields:
+    the model entries, the run folder and its steps, and the cross-group rules."""
     choices = choices or {}
-    # Experiment presets are training's and may set keys only training reads (storage, seed, ...): ignored here.
-    extra = sorted(str(k) for k in cfg.keys() if k not in TOP_LEVEL | TOP_LEVEL_KEYS | {"experiment", "hydra"})
-    if extra:
-        raise ConfigError(f"{extra[0]} is not a benchmark setting. Top-level keys: {', '.join(sorted(TOP_LEVEL))}.")
-    sections: dict[str, Any] = {}
-    for group in ("model", "dataset", "trainer", "storage"):
-        sections[group] = _typed_section(group, cfg[group], FIXED_SCHEMAS[group])
-    for group in ("reward", "judge", "backend", "logger"):
-        sections[group] = kind_section(group, cfg[group])
-    settings = _settings(cfg.benchmark)
-    config = BenchmarkConfig(**sections, benchmark=settings, project=str(cfg.project), choices=choices)
-    _check_cross(config, cfg.benchmark)
+    typed = typed_config(cfg, BenchmarkSchema)
+    section = typed.benchmark
+    settings = _settings(section)
+    config = BenchmarkConfig(model=typed.model, dataset=typed.dataset, trainer=typed.trainer, reward=typed.reward,
+                             judge=typed.judge, backend=typed.backend, benchmark=settings, project=typed.project,
+                             storage=typed.storage, logger=typed.logger, choices=choices)
+    _check_cross(config)
     return config
 
 
-def _settings(node: Any) -> BenchmarkSettings:
-    if not isinstance(node, DictConfig):
-        raise ConfigError(f"benchmark: expected a mapping, got {node!r}")
-    for key in node.keys():
-        if key not in BENCHMARK_KEYS:
-            close = difflib.get_close_matches(str(key), sorted(BENCHMARK_KEYS), n=1)
-            hint = f" Did you mean benchmark.{close[0]}?" if close else ""
-            raise ConfigError(f"benchmark.{key} is not a setting.{hint} Valid keys: {', '.join(sorted(BENCHMARK_KEYS))}.")
-    plain = OmegaConf.to_container(node, resolve=True)
-    for key, low in (("rollouts_per_doc", 1), ("max_concurrency", 1), ("every", 1), ("max_retries", 0)):
-        value = plain.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ConfigError(f"benchmark.{key}: must be an integer >= {low}, got {value!r}")
-    if not isinstance(plain.get("timeout_s"), (int, float)) or plain["timeout_s"] <= 0:
-        raise ConfigError(f"benchmark.timeout_s: must be > 0, got {plain.get('timeout_s')!r}")
-    if not isinstance(plain.get("confirm"), bool):
-        raise ConfigError(f"benchmark.confirm: must be true or false, got {plain.get('confirm')!r}")
-    if plain.get("split", "val") not in SPLITS:
-        raise ConfigError(f"benchmark.split: must be one of {', '.join(SPLITS)} (all: every document of the dataset), "
-                          f"got {plain.get('split')!r}")
-    models = [_entry(i, e) for i, e in enumerate(plain.get("models") or [])]
+def _settings(section: BenchmarkSection) -> BenchmarkSettings:
+    models = [_entry(i, e) for i, e in enumerate(section.models)]
     labels = [m.label for m in models]
     duplicate = next((label for label in labels if labels.count(label) > 1), None)
     if duplicate:
         raise ConfigError(f"benchmark.models: two entries are labelled {duplicate!r}; give one a distinct label")
-    run = _trained_run(plain.get("run_dir"), plain.get("steps"), plain["every"])
+    run = _trained_run(section.run_dir, section.steps, section.every)
     if not models and run is None:
         raise ConfigError("benchmark: nothing to benchmark; list benchmark.models or set benchmark.run_dir")
     return BenchmarkSettings(
-        name=str(plain["name"]), output_dir=str(plain["output_dir"]), models=models, run=run,
-        rollouts_per_doc=plain["rollouts_per_doc"], max_concurrency=plain["max_concurrency"],
-        timeout_s=float(plain["timeout_s"]), max_retries=plain["max_retries"], confirm=plain["confirm"],
-        split=plain.get("split", "val"),
+        name=section.name, output_dir=section.output_dir, models=models, run=run,
+        rollouts_per_doc=section.rollouts_per_doc, max_concurrency=section.max_concurrency,
+        timeout_s=section.timeout_s, max_retries=section.max_retries, confirm=section.confirm, split=section.split,
     )
 
 
@@ -268,7 +283,7 @@ def _trained_run(run_dir: Any, steps: Any, every: int) -> Optional[TrainedRun]:
     return TrainedRun(run_dir=path, name=name, checkpoints_dir=checkpoints_dir, steps=sorted(chosen), sft_step=sft)
 
 
-def _check_cross(config: BenchmarkConfig, node: DictConfig) -> None:
+def _check_cross(config: BenchmarkConfig) -> None:
     settings = config.benchmark
     uses_ruler = any(isinstance(m, BestOfNEntry) for m in settings.models) or "ruler" in reward_kinds(config.reward)
     if uses_ruler and config.judge.kind == "lexical":
@@ -332,9 +347,6 @@ def _saved_choice(run_dir: Path, group: str) -> Optional[str]:
 
 def check_keys(config: BenchmarkConfig) -> None:
     """Every key a paid model or judge needs, before anything is loaded or called."""
-    from summrl.judges import missing_keys
-    from summrl.preflight import missing_model_keys
-
     for name in missing_keys(config.judge):
         raise ConfigError(f"judge={config.choices.get('judge') or config.judge.kind} needs {name}: export it or put it in .env")
     for entry in config.benchmark.models:

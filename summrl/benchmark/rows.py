@@ -16,7 +16,7 @@ from typing import Optional
 
 import pandas as pd
 
-from summrl.config import ConfigError
+from summrl.errors import ConfigError
 
 
 @dataclass

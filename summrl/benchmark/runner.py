@@ -20,7 +20,8 @@ from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, re
 from summrl.benchmark.publish import publish
 from summrl.benchmark.rows import Row, RowStore, correctness, read_rows, row_key
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
-from summrl.config import ConfigError, LexicalJudgeConfig, RulerRewardConfig
+from summrl.config import LexicalJudgeConfig, RulerRewardConfig
+from summrl.errors import ConfigError
 from summrl.data import Document, Question, all_documents, load_splits
 from summrl.rollout import word_count
 

@@ -15,12 +15,7 @@ from typing import Optional
 from summrl.data import Document
 from summrl.rewards import Missing
 from summrl.rewards.ruler import RulerReward
-from summrl.rollout import SYSTEM_PROMPT, summary_prompt
-
-
-def messages_for(document: Document, max_words: int) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": summary_prompt(document, max_words)}]
+from summrl.rollout import summary_messages
 
 
 @dataclass
@@ -54,7 +49,7 @@ class LiteLLMSource:
         key = self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None)
         try:
             response = await litellm.acompletion(
-                model=self.model, messages=messages_for(document, self.max_words), max_tokens=self.max_tokens,
+                model=self.model, messages=summary_messages(document, self.max_words), max_tokens=self.max_tokens,
                 temperature=self.temperature, api_base=self.api_base,
                 api_key=key or ("none" if self.api_base else None), timeout=self.timeout_s,
                 num_retries=self.max_retries, drop_params=True,  # reasoning models reject some sampling params

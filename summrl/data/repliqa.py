@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+from summrl.errors import ExpectedFailure, is_network
 
 if TYPE_CHECKING:
     from summrl.config import DatasetConfig
@@ -30,8 +31,13 @@ RUBRIC_COLUMNS = ("positive_rubrics", "negative_rubrics")  # optional: per-docum
 UNANSWERABLE = "UNANSWERABLE"  # Repliqa's answer for questions the document does not answer
 
 
-class DataError(ValueError):
-    """A dataset file or row that cannot be used; the message names the file and the row."""
+class DataError(ExpectedFailure, ValueError):
+    """A dataset file or row that cannot be used; the message names the file and the row. Sizes the data can't
+    meet or a bad row are config errors; the hub out of reach is a network error."""
+
+    @property
+    def failure(self) -> str:  # type: ignore[override]
+        return "network" if is_network(self) else "config"
 
 
 @dataclass(frozen=True)

@@ -5,45 +5,16 @@ lexical judge (judge=lexical, and judge=local's rubric half) writes and scores t
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Protocol, Sequence, Union
+from typing import Any, Iterable, Sequence
 
-from summrl.data import Document, Question
+from summrl.data import Document
+from summrl.errors import ConfigError
+from summrl.judges.base import Judge, Rubrics
+from summrl.judges.client import JudgeClient
+from summrl.judges.lexical import LexicalJudge, readable_rubric
+from summrl.judges.llm import LLMJudge
 
-
-@dataclass(frozen=True)
-class Rubrics:
-    """A document's rubrics: positives (facts a good summary keeps), negatives (errors it must avoid)."""
-
-    positive: tuple[str, ...]
-    negative: tuple[str, ...]
-
-    @property
-    def listed(self) -> tuple[str, ...]:
-        return (*self.positive, *self.negative)
-
-
-class Judge(Protocol):
-    async def grade_group(self, texts: Sequence[str], questions: Sequence[Question]) -> list[Union[list[bool], Exception]]:
-        """For each text, one verdict per question: was it answered correctly from that text alone?
-        A text the judge could not grade gets the error instead (a JudgeError)."""
-        ...
-
-    def usage_metrics(self) -> dict[str, float]:
-        """Calls, tokens and cost since the last call (``judge/*``); empty for offline judges."""
-        ...
-
-    # Who writes rubrics, for the rubric cache's key (model, endpoint, prompt version); None: written offline,
-    # for free, so never cached.
-    rubric_writer: Optional[str]
-
-    async def write_rubrics(self, document: Document, max_rubrics: int) -> Rubrics:
-        """At most ``max_rubrics`` positives and negatives for the document; JudgeError when the judge fails."""
-        ...
-
-    async def score_rubrics(self, document: Document, rubrics: Rubrics, summaries: Sequence[str]) -> list[list[float]]:
-        """Per summary, a score in [0, 1] per rubric (``rubrics.listed``'s order): 1 when its statement holds."""
-        ...
+__all__ = ["Judge", "Rubrics", "build_judge", "check_dataset_rubrics", "missing_keys", "LocalJudge"]
 
 
 # Judges that write and score rubrics lexically (LexicalJudge): they read only rubrics of their own form.
@@ -55,9 +26,6 @@ def check_dataset_rubrics(config: Any, documents: Iterable[Document]) -> None:
     score each of them 0 for every summary (1 for a flipped negative), a constant reward. Raises ConfigError."""
     if config.kind not in OFFLINE_RUBRIC_JUDGES:
         return
-    from summrl.config import ConfigError
-    from summrl.judges.lexical import readable_rubric
-
     for document in documents:
         for column, rubrics in (("positive_rubrics", document.positive_rubrics),
                                 ("negative_rubrics", document.negative_rubrics)):
@@ -79,28 +47,18 @@ def missing_keys(config: Any) -> list[str]:
 def build_judge(config: Any, endpoint: Any = None) -> Judge:
     """``endpoint`` = (model name, base URL, API key) of the embedded backend, for judge=embedded."""
     if config.kind == "lexical":
-        from summrl.judges.lexical import LexicalJudge
-
         return LexicalJudge(min_recall=config.min_recall)
     if config.kind == "litellm":
-        from summrl.judges.llm import JudgeClient, LLMJudge
-
         return LLMJudge(JudgeClient(model=config.model, api_key_env=config.api_key_env, api_base=config.api_base,
                                     **_call_settings(config)))
     if config.kind == "embedded":
-        from summrl.judges.llm import LLMJudge
-
         return LLMJudge(_embedded_client(config, endpoint))
     if config.kind == "local":
-        from summrl.judges.lexical import LexicalJudge
-
         return LocalJudge(LexicalJudge(min_recall=config.min_recall), _embedded_client(config, endpoint))
     raise ValueError(f"judge.kind={config.kind} is not available yet")
 
 
 def _embedded_client(config: Any, endpoint: Any):
-    from summrl.judges.llm import JudgeClient
-
     if endpoint is None:
         raise ValueError(f"judge={config.kind} needs the embedded backend's endpoint")
     name, base_url, key = endpoint

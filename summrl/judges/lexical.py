@@ -25,7 +25,7 @@ from typing import Sequence
 
 from summrl.data import Document, Question
 from summrl.facts import facts, invented_facts, numbers
-from summrl.judges import Rubrics
+from summrl.judges.base import Rubrics
 
 STOP_WORDS = frozenset(
     """a an the and or but nor of to in on at by for with from into onto over under about as is are was were be
@@ -109,10 +109,8 @@ class LexicalJudge:
 
     async def score_rubrics(self, document: Document, rubrics: Rubrics, summaries: Sequence[str]) -> list[list[float]]:
         unreadable = [r for r in rubrics.listed if not readable_rubric(r)]
-        if unreadable:  # train refuses such a dataset before the model loads (check_dataset_rubrics); any other caller here
-            from summrl.config import ConfigError
-
-            raise ConfigError(f"the lexical judge can't score the rubric {unreadable[0]!r} (document {document.id}), "
+        if unreadable:  # a bug in the caller: train and the benchmark refuse such data before loading (check_dataset_rubrics)
+            raise ValueError(f"the lexical judge can't score the rubric {unreadable[0]!r} (document {document.id}), "
                               "so every summary would score the same on it: dataset rubrics need an LLM judge "
                               "(judge=embedded offline, judge=openai_compatible or judge=gemini_flash)")
 

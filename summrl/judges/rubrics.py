@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from summrl.judges import Rubrics
-from summrl.judges.llm import JudgeClient, ReplyShapeError, list_of, list_schema
+from summrl.judges.base import Rubrics
+from summrl.judges.client import JudgeClient, ReplyShapeError, list_of, list_schema
 
 PROMPT_VERSION = "rubric-v1"  # bump when a prompt changes: cached rubrics are then rewritten
 

@@ -1,72 +1,48 @@
-"""Rewards score a whole group of summaries of one document at once (RULER ranks the group).
-
-A :class:`Missing` score means the reward could not be computed (a judge call failed after its
-retries): the loop drops that group from training and counts it. A missing reward is never a zero.
-"""
+"""The rewards a run can train on, built from the reward config (:func:`build_reward`), and the checks a reward
+can only make against the data, before any model loads (:func:`check_documents`). What a reward is:
+:mod:`summrl.rewards.base`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol, Sequence, Union
+from typing import Sequence
 
+from summrl.config import QARewardConfig, reward_kinds
 from summrl.data import Document
+from summrl.errors import ConfigError
+from summrl.judges import Rubrics, check_dataset_rubrics
+from summrl.rewards.base import Missing, Reward, Score, WithQAMetrics
+from summrl.rewards.length import LengthPenalty
+from summrl.rewards.qa import QAReward
+from summrl.rewards.rubric import RubricReward, weighs_something
+from summrl.rewards.ruler import RulerReward
+from summrl.rewards.weighted import WeightedReward
 
-
-@dataclass
-class Score:
-    reward: float
-    metrics: dict[str, float] = field(default_factory=dict)
-    metadata: dict[str, str] = field(default_factory=dict)  # e.g. per-question correctness, for val samples
-
-
-@dataclass
-class Missing:
-    error: str  # why; never contains an API key
-    kind: str = "error"  # the error's kind, counted by the run's missing-reward limit (JudgeError.kind)
-
-
-class Reward(Protocol):
-    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]: ...
-
-
-class WithQAMetrics:
-    """A reward that is not QA-based, plus the QA metrics (``qa_accuracy``, ``percent_full``) as side metrics.
-
-    Used for val, so that a reward ablation compares every run on the same axis: the share of the
-    document's questions the judge answers from the summary. The reward itself is unchanged; a QA
-    grading that fails leaves its metrics out, never the reward.
-    """
-
-    def __init__(self, reward: Reward, qa: Reward) -> None:
-        self.reward, self.qa = reward, qa
-
-    async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
-        import asyncio
-
-        scores, qa_scores = await asyncio.gather(self.reward.score_group(document, summaries),
-                                                 self.qa.score_group(document, summaries))
-        for score, qa in zip(scores, qa_scores):
-            if isinstance(score, Score) and isinstance(qa, Score):
-                score.metrics = {**qa.metrics, **score.metrics}
-                score.metadata = {**qa.metadata, **score.metadata}
-        return scores
+__all__ = ["Missing", "Reward", "Score", "WithQAMetrics", "build_reward", "build_val_reward", "check_documents"]
 
 
 def check_documents(config, documents: Sequence[Document]) -> None:
     """What the reward can only check against the data, before any model loads: dataset rubrics the configured
     judge can't score (judge=lexical/local read only their own). Raises ConfigError naming the fix."""
-    from summrl.config import reward_kinds
-    from summrl.judges import check_dataset_rubrics
-
-    if "rubric" in reward_kinds(config.reward):
-        check_dataset_rubrics(config.judge, documents)
+    if "rubric" not in reward_kinds(config.reward):
+        return
+    check_dataset_rubrics(config.judge, documents)
+    rewards = ([t.reward for t in config.reward.terms.values()] if config.reward.kind == "weighted"
+               else [config.reward])
+    for reward in (r for r in rewards if r.kind == "rubric"):
+        for document in documents:
+            if document.positive_rubrics is None and document.negative_rubrics is None:
+                continue  # the judge writes its rubrics; a document whose written rubrics weigh 0 has no reward
+            given = Rubrics(tuple(document.positive_rubrics or ()), tuple(document.negative_rubrics or ()))
+            if not weighs_something(given, reward.positive_weight, reward.negative_weight):
+                raise ConfigError(
+                    f"reward.positive_weight={reward.positive_weight}, reward.negative_weight={reward.negative_weight}: "
+                    f"document {document.id}'s dataset rubrics ({len(given.positive)} positives, "
+                    f"{len(given.negative)} negatives) would all weigh 0, so it would have no reward: raise a weight")
 
 
 def build_val_reward(config, judge, max_words: int) -> Reward:
     """The reward val runs score with: the training reward, with QA metrics beside it unless one of its terms (just
     one: two would log theirs apart, as <term>_qa_accuracy) already gives them."""
-    from summrl.config import QARewardConfig
-
     reward = build_reward(config, judge, max_words)
     terms = [term.reward for term in config.terms.values()] if config.kind == "weighted" else [config]
     if sum(term.kind == "qa" for term in terms) == 1:
@@ -76,26 +52,16 @@ def build_val_reward(config, judge, max_words: int) -> Reward:
 
 def build_reward(config, judge, max_words: int) -> Reward:
     if config.kind == "qa":
-        from summrl.rewards.qa import QAReward
-
         return QAReward(judge, max_chars=config.max_chars, forbid_han=config.forbid_han,
                         include_unanswerable=config.include_unanswerable)
     if config.kind == "weighted":
-        from summrl.rewards.weighted import WeightedReward
-
         return WeightedReward({name: (term.weight, build_reward(term.reward, judge, max_words))
                                for name, term in config.terms.items()})
     if config.kind == "length":
-        from summrl.rewards.length import LengthPenalty
-
         return LengthPenalty(max_words=max_words, shape=config.shape)
     if config.kind == "rubric":
-        from summrl.rewards.rubric import RubricReward
-
         return RubricReward(judge, max_rubrics=config.max_rubrics, positive_weight=config.positive_weight,
                             negative_weight=config.negative_weight, cache_dir=config.cache_dir)
     if config.kind == "ruler":
-        from summrl.rewards.ruler import RulerReward
-
         return RulerReward(judge.client, rubric=config.rubric, max_words=max_words)
     raise ValueError(f"reward.kind={config.kind} is not available yet")

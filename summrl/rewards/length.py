@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence, Union
 
 from summrl.data import Document
-from summrl.rewards import Missing, Score
+from summrl.rewards.base import Missing, Score
 
 SHAPES = ("hard", "linear", "quadratic")
 

@@ -11,8 +11,8 @@ import re
 from typing import Optional, Sequence, Union
 
 from summrl.data import Document
-from summrl.judges import Judge
-from summrl.rewards import Missing, Score
+from summrl.judges.base import Judge
+from summrl.rewards.base import Missing, Score
 
 _HAN = re.compile(r"[\u2e80-\u2fdf\u3005\u3007\u3021-\u3029\u3038-\u303b\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from summrl.data import Document
-from summrl.judges import Judge, Rubrics
-from summrl.judges.llm import JudgeError
-from summrl.rewards import Missing, Score
+from summrl.judges.base import Judge, Rubrics
+from summrl.judges.client import JudgeError
+from summrl.rewards.base import Missing, Score
 
 
 class RubricCache:
@@ -59,6 +59,11 @@ class RubricCache:
             raise
 
 
+def weighs_something(rubrics: Rubrics, positive_weight: float, negative_weight: float) -> bool:
+    """Whether some rubric has a weight: otherwise the weighted mean is undefined and the document has no reward."""
+    return bool(positive_weight and rubrics.positive) or bool(negative_weight and rubrics.negative)
+
+
 class RubricReward:
     def __init__(self, judge: Judge, *, max_rubrics: int, positive_weight: float, negative_weight: float,
                  cache_dir: Optional[str]) -> None:
@@ -82,12 +87,12 @@ class RubricReward:
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
         try:
             rubrics = await self.rubrics_for(document)
-            if not (self.positive_weight and rubrics.positive) and not (self.negative_weight and rubrics.negative):
-                from summrl.config import ConfigError
-
-                raise ConfigError(f"document {document.id}'s rubrics all weigh 0 (reward.positive_weight="
-                                  f"{self.positive_weight}, {len(rubrics.positive)} positives; reward.negative_weight="
-                                  f"{self.negative_weight}, {len(rubrics.negative)} negatives): raise a weight")
+            if not weighs_something(rubrics, self.positive_weight, self.negative_weight):
+                # written rubrics (a dataset's are checked before training): this document has no reward
+                why = (f"rubric reward, document {document.id}: its rubrics all weigh 0 (reward.positive_weight="
+                       f"{self.positive_weight}, {len(rubrics.positive)} positives; reward.negative_weight="
+                       f"{self.negative_weight}, {len(rubrics.negative)} negatives): raise a weight")
+                return [Missing(why, "RubricsWeighNothing") for _ in summaries]
             table = await self.judge.score_rubrics(document, rubrics, summaries)
         except JudgeError as e:
             return [Missing(f"rubric reward, document {document.id}: {e}", e.kind) for _ in summaries]

@@ -14,9 +14,9 @@ from typing import Sequence, Union
 import art
 
 from summrl.data import Document
-from summrl.judges.llm import JudgeClient, JudgeError
-from summrl.rewards import Missing, Score
-from summrl.rollout import SYSTEM_PROMPT, summary_prompt
+from summrl.judges.client import JudgeClient, JudgeError
+from summrl.rewards.base import Missing, Score
+from summrl.rollout import summary_messages
 
 
 def ruler_schema(n: int) -> dict:
@@ -47,8 +47,7 @@ class RulerReward:
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
         from art.rewards import ruler_score_group
 
-        prompt = [{"role": "system", "content": SYSTEM_PROMPT},
-                  {"role": "user", "content": summary_prompt(document, self.max_words)}]
+        prompt = summary_messages(document, self.max_words)
         group = art.TrajectoryGroup(
             art.Trajectory(messages_and_choices=[*prompt, {"role": "assistant", "content": s}], reward=0.0)
             for s in summaries

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Sequence, Union
 
 from summrl.data import Document
-from summrl.rewards import Missing, Reward, Score
+from summrl.rewards.base import Missing, Reward, Score
 
 
 def _apart(names: Sequence[str], parts: Sequence[dict]) -> dict:

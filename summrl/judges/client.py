@@ -1,0 +1,335 @@
+"""The client every LLM judge call goes through, via litellm: hosted (Gemini, OpenRouter) or any OpenAI-compatible
+server, the embedded model included.
+
+``JudgeClient`` makes one JSON-returning chat call with what a paid judge needs: a concurrency
+limit, retries on 429/5xx/timeouts and on replies of the wrong shape, with exponential backoff and jitter
+that honour Retry-After up to ``retry_max_s``, a per-call timeout, temperature 0, a disk cache of replies
+keyed by (model, endpoint, messages, params) so reruns and sweeps don't pay twice, and token and USD
+accounting from litellm's cost map. ``retrying`` is that retry loop for a caller that calls litellm itself
+(RULER through ART), so that every judge call spends the same budget of attempts and is counted the same way.
+The API key is read from the environment variable the config names, at call time; it is never
+stored in config and is redacted from every error message. :func:`list_of` and :func:`list_schema` check and
+constrain the JSON replies of the judge prompts (QA, grading, rubrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Optional, Union
+
+from summrl.errors import ExpectedFailure
+
+
+class JudgeError(ExpectedFailure, RuntimeError):
+    """A judge call that failed after its retries. The message never contains the API key.
+
+    ``kind`` names the last attempt's error (e.g. ``RateLimitError``, ``Timeout``, ``ReplyShapeError``), so that a
+    run can count its failures by kind."""
+
+    failure = "judge"
+
+    def __init__(self, message: str, kind: str = "JudgeError") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class ReplyShapeError(ValueError):
+    """A reply that parses as JSON but has the wrong shape (item count, types, keys): retried like malformed JSON."""
+
+
+@dataclass
+class JudgeUsage:
+    calls: int = 0
+    cached_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    retries: int = 0
+    failures: int = 0
+    last_error: Optional[str] = None
+
+    def snapshot_and_reset(self) -> dict[str, float]:
+        """The counts since the last call, as ``judge/*`` metrics; the counters restart (last_error stays)."""
+        values = {
+            "judge/calls": float(self.calls),
+            "judge/cached_calls": float(self.cached_calls),
+            "judge/input_tokens": float(self.input_tokens),
+            "judge/output_tokens": float(self.output_tokens),
+            "judge/cost_usd": self.cost_usd,
+            "judge/retries": float(self.retries),
+            "judge/failed_calls": float(self.failures),
+        }
+        self.calls = self.cached_calls = self.input_tokens = self.output_tokens = self.retries = self.failures = 0
+        self.cost_usd = 0.0
+        return values
+
+
+class RedactSecrets(logging.Filter):
+    """Replaces the values of the named environment variables in log records (litellm logs its call
+    arguments, the API key included, at DEBUG level)."""
+
+    def __init__(self, env_names: set[str]) -> None:
+        super().__init__()
+        self.env_names = env_names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = [v for v in (os.environ.get(n) for n in self.env_names) if v]
+        if secrets:
+            message = record.getMessage()
+            if any(secret in message for secret in secrets):
+                for secret in secrets:
+                    message = message.replace(secret, "***")
+                record.msg, record.args = message, None
+        return True
+
+
+_REDACTOR = RedactSecrets(set())
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm")
+
+
+def redact_in_logs(env_name: str) -> None:
+    _REDACTOR.env_names.add(env_name)
+    for name in LITELLM_LOGGERS:
+        logger = logging.getLogger(name)
+        if _REDACTOR not in logger.filters:
+            logger.addFilter(_REDACTOR)
+
+
+def quiet_litellm() -> None:
+    """litellm's noise for a user: a log line per call at INFO (unless LITELLM_LOG asks for it), and its "Give
+    Feedback / Get Help" banner after every failed call, which a retry may fix (the judge's error says what failed)."""
+    import litellm
+
+    litellm.suppress_debug_info = True
+    if not os.environ.get("LITELLM_LOG"):
+        for name in LITELLM_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+def _status(error: BaseException) -> Optional[int]:
+    status = getattr(error, "status_code", None)
+    return int(status) if isinstance(status, int) else None
+
+
+def _retry_after(error: BaseException) -> Optional[float]:
+    for headers in (getattr(error, "litellm_response_headers", None), getattr(getattr(error, "response", None), "headers", None)):
+        try:
+            value = headers.get("retry-after") if headers is not None else None
+        except Exception:
+            value = None
+        if value is not None:
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                return None
+    return None
+
+
+def _is_retryable(error: BaseException) -> bool:
+    import litellm
+
+    if isinstance(error, (litellm.Timeout, litellm.APIConnectionError, asyncio.TimeoutError)):
+        return True
+    return _status(error) in RETRYABLE_STATUS
+
+
+@dataclass
+class JudgeClient:
+    model: str
+    api_key_env: Optional[str] = None
+    api_base: Optional[str] = None
+    max_concurrency: int = 20
+    timeout_s: float = 60.0
+    max_retries: int = 5
+    retry_base_s: float = 1.0
+    retry_max_s: float = 30.0
+    cache_dir: Optional[str] = None
+    # Send exact-count JSON schemas (json_schema) instead of json_object: the embedded judge decodes them
+    # with a grammar, so a small model cannot return the wrong number of answers.
+    structured: bool = False
+    api_key: Optional[str] = field(default=None, repr=False)  # in memory only (the embedded endpoint's key)
+    usage: JudgeUsage = field(default_factory=JudgeUsage)
+
+    def __post_init__(self) -> None:
+        if self.api_key_env:
+            redact_in_logs(self.api_key_env)
+        quiet_litellm()
+        self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        self._cache = None
+        if self.cache_dir:
+            import diskcache
+
+            self._cache = diskcache.Cache(str(Path(self.cache_dir).expanduser()))
+
+    def _api_key(self) -> Optional[str]:
+        if self.api_key:
+            return self.api_key
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise JudgeError(f"judge {self.model}: the environment variable {self.api_key_env} is not set",
+                             kind="MissingKey")
+        return key
+
+    def litellm_params(self) -> dict[str, Any]:
+        """Model endpoint, key and timeout for a caller that calls litellm itself (ART's RULER), through ``retrying``:
+        litellm retries nothing, so that every retry is ours (counted, with Retry-After)."""
+        params: dict[str, Any] = {"temperature": 0, "timeout": self.timeout_s, "num_retries": 0}
+        key = self._api_key()
+        if key or self.api_base:
+            params["api_key"] = key or "none"
+        if self.api_base:
+            params["api_base"] = self.api_base
+        return params
+
+    def slot(self) -> asyncio.Semaphore:
+        """The concurrency limit, for callers that call litellm themselves: ``async with client.slot(): ...``."""
+        return self._semaphore
+
+    def backoff_s(self, attempt: int) -> float:
+        """Exponential backoff with jitter before retry number ``attempt + 1``."""
+        return min(self.retry_max_s, self.retry_base_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+    def wait_s(self, attempt: int, error: BaseException) -> float:
+        """The wait before retry number ``attempt + 1``: the backoff, or the server's Retry-After when longer, but
+        never more than ``retry_max_s`` (a server that answers Retry-After: 3600 must not stall a run for an hour)."""
+        return min(self.retry_max_s, max(self.backoff_s(attempt), _retry_after(error) or 0.0))
+
+    def redact(self, text: str) -> str:
+        for key in (os.environ.get(self.api_key_env) if self.api_key_env else None, self.api_key):
+            if key:
+                text = text.replace(key, "***")
+        return text
+
+    def _cache_key(self, messages: list[dict], params: dict) -> str:
+        blob = json.dumps([self.model, self.api_base, messages, params], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    async def complete_json(self, messages: list[dict], schema: Optional[dict] = None, max_tokens: int = 1024,
+                            check: Optional[Callable[[Any], Any]] = None) -> Any:
+        """One chat call whose reply must be a JSON object. Raises JudgeError after the retries.
+
+        ``check`` turns the parsed reply into the caller's typed value, or raises ReplyShapeError: a reply of the
+        wrong shape is retried (and counted) like malformed JSON, and never cached."""
+        check = check or (lambda reply: reply)
+        response_format: dict = {"type": "json_object"}
+        if self.structured and schema is not None:
+            response_format = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+        params = {"temperature": 0, "max_tokens": max_tokens, "response_format": response_format}
+        key = self._cache_key(messages, params)
+        if self._cache is not None and key in self._cache:
+            try:
+                value = check(json.loads(self._cache[key]))
+                self.usage.cached_calls += 1
+                return value
+            except ReplyShapeError:  # cached before this check existed: ask again
+                pass
+
+        def parse(text: str) -> Any:
+            parsed = json.loads(_strip_fences(text))
+            value = check(parsed)
+            if self._cache is not None:
+                self._cache[key] = json.dumps(parsed)
+            return value
+
+        return await self._with_retries(messages, params, parse)
+
+    async def complete_text(self, messages: list[dict], *, max_tokens: int, temperature: float,
+                            check: Optional[Callable[[str], Any]] = None) -> Any:
+        """One chat call whose reply is free text (a teacher's summary), with the same retries, counting and
+        redaction as a judge's JSON call. Not cached: at temperature > 0 each call is a new sample. ``check`` may
+        raise ReplyShapeError (e.g. an empty reply) to have the call retried."""
+        params = {"temperature": temperature, "max_tokens": max_tokens}
+        return await self._with_retries(messages, params, check or (lambda text: text))
+
+    async def _with_retries(self, messages: list[dict], params: dict, parse: Callable[[str], Any]) -> Any:
+        async def attempt() -> Any:
+            async with self._semaphore:
+                text = await self._call(messages, params)
+            return parse(text)
+
+        return await self.retrying(attempt)
+
+    async def retrying(self, attempt: Callable[[], Awaitable[Any]],
+                       shape_errors: tuple[type[BaseException], ...] = (json.JSONDecodeError, ReplyShapeError)) -> Any:
+        """Await ``attempt()`` (one judge call and the reading of its reply) until it returns: 429, 5xx, timeouts and
+        ``shape_errors`` (a reply that is not JSON or has the wrong shape) are retried, up to ``max_retries`` times,
+        with backoff and jitter (Retry-After honoured up to ``retry_max_s``), and counted in ``usage.retries``.
+        Raises JudgeError, naming the attempts made and the last error's kind, after that (at once for an error no
+        retry can fix, e.g. a refused key)."""
+        last: Optional[BaseException] = None
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return await attempt()
+            except shape_errors as e:  # a bad reply is worth one more try, like a 5xx
+                last = e
+            except JudgeError:
+                raise
+            except Exception as e:  # litellm maps every provider error to an exception with status_code
+                last = e
+                if not _is_retryable(e):
+                    break
+            if attempts > self.max_retries:
+                break
+            self.usage.retries += 1
+            await asyncio.sleep(self.wait_s(attempts - 1, last))
+        self.usage.failures += 1
+        message = self.redact(f"{type(last).__name__}: {last}")[:500]
+        self.usage.last_error = message
+        raise JudgeError(f"judge {self.model} failed after {attempts} attempt(s): {message}", kind=type(last).__name__)
+
+    async def _call(self, messages: list[dict], params: dict) -> str:
+        import litellm
+
+        response = await litellm.acompletion(
+            model=self.model,
+            messages=messages,
+            api_key=self._api_key() or ("none" if self.api_base else None),
+            api_base=self.api_base,
+            timeout=self.timeout_s,
+            num_retries=0,  # retries are ours, so that Retry-After and the counts are honoured
+            **params,
+        )
+        self.usage.calls += 1
+        usage = getattr(response, "usage", None)
+        self.usage.input_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
+        self.usage.output_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
+        try:
+            self.usage.cost_usd += float(litellm.completion_cost(completion_response=response) or 0.0)
+        except Exception:  # a model missing from litellm's cost map costs what we can't know: 0
+            pass
+        return response.choices[0].message.content or ""
+
+
+def _strip_fences(text: str) -> str:
+    text = text.strip()
+    match = re.match(r"^```(?:json)?\s*(.*?)\s*```$", text, re.S)
+    return match.group(1) if match else text
+
+
+def list_of(reply: Any, key: str, n: int, types: Union[type, tuple[type, ...]]) -> list:
+    """``reply[key]`` when it is a list of exactly ``n`` items of ``types``; otherwise ReplyShapeError (retried)."""
+    items = reply.get(key) if isinstance(reply, dict) else None
+    if not isinstance(items, list) or len(items) != n or not all(isinstance(i, types) for i in items):
+        raise ReplyShapeError(f"expected {{\"{key}\": [{n} items]}}, got {json.dumps(reply)[:200]}")
+    return items
+
+
+def list_schema(key: str, items: dict, n: int) -> dict:
+    """{key: [exactly n items]}."""
+    return {"type": "object", "required": [key], "additionalProperties": False,
+            "properties": {key: {"type": "array", "items": items, "minItems": n, "maxItems": n}}}

@@ -803,14 +803,13 @@ def _refuse_added_keys(node: DictConfig, path: str) -> None:
     unknown key is refused here, as Hydra refuses it without the ``+``."""
     schema = OmegaConf.get_type(node)
     valid = [f.name for f in fields(schema)] if schema and is_dataclass(schema) else None
-    for key in node.keys():
+    for key, child in node.items_ex(resolve=False):
         full = f"{path}.{key}" if path else str(key)
         if valid is not None and key not in valid:
             close = difflib.get_close_matches(str(key), valid, n=1)
             hint = f" Did you mean {f'{path}.' if path else ''}{close[0]}?" if close else ""
             raise ConfigError(f"{full} is not a setting of {schema.__name__}.{hint} Valid keys: {', '.join(valid)}.")
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+        if isinstance(child, DictConfig):
             _refuse_added_keys(child, full)
 
 

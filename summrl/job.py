@@ -1,12 +1,14 @@
 """One Hydra job: what it was asked to run (overrides, group choices, its sweep), and its ``result.json``.
 
-Light on purpose (no torch, no ART): train.py records a job that fails before anything loads, and
-summrl.report reads the records back.
+:class:`RunRecord` is the one owner of a run folder's ``result.json``: train.main opens it, the loop updates it
+(every save survives a crash), and train.main finishes it when the job fails. Light on purpose (no torch, no ART):
+train.py records a job that fails before anything loads, and summrl.report reads the records back.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -66,3 +68,55 @@ def write_result(run_dir: str | Path, result: dict) -> None:
 def read_result(run_dir: str | Path) -> Optional[dict]:
     path = Path(run_dir) / RESULT_FILE
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+class RunRecord:
+    """A run folder's ``result.json`` across the invocations of one run (a rerun with the same run.name resumes).
+
+    ``earlier`` is what earlier invocations recorded: read from the folder when the record opens, or, on a fresh
+    machine, restored from the S3 backup (:meth:`adopt`). It keeps their val history and wall time. The loop sets
+    this invocation's fields with :meth:`update` and writes them with :meth:`save`; a job that fails is finished by
+    :meth:`fail`, which never lets a config typo overwrite an earlier invocation's record."""
+
+    def __init__(self, run_dir: str | Path, job: Optional[JobInfo] = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.job = job or JobInfo()
+        self.earlier: dict = read_result(self.run_dir) or {}
+        self.fields: dict[str, Any] = {}
+        self.val_history: list[dict] = list(self.earlier.get("val_history", []))
+        self.started = time.time()
+        self.saved = False  # this invocation has written the record
+
+    def adopt(self, earlier: Optional[dict]) -> None:
+        """A fresh machine: what the run's earlier invocations backed up (their result.json, restored from S3)."""
+        if earlier and not self.earlier:
+            self.earlier = earlier
+            self.val_history = list(earlier.get("val_history", []))
+
+    def resume_at(self, step: int) -> None:
+        """The run resumes at ``step``: the earlier val scores up to it are kept, later ones are scored again."""
+        self.val_history = [h for h in self.earlier.get("val_history", []) if h["step"] <= step]
+
+    def update(self, **fields: Any) -> None:
+        self.fields.update(fields)
+
+    def save(self, *, timed: bool = True) -> None:
+        """Write the record (atomically): this invocation's fields, the val history, the run's total wall time
+        (this invocation's time not counted when ``timed`` is false: it trained nothing)."""
+        wall_s = round(self.earlier.get("wall_s", 0.0) + (time.time() - self.started if timed else 0.0), 1)
+        write_result(self.run_dir, {**self.fields, "val_history": self.val_history, "wall_s": wall_s})
+        self.saved = True
+
+    def fail(self, kind: str, line: str, exit_code: int) -> None:
+        """Record why the job failed. A record this invocation wrote gains the failure's kind. One that failed
+        before writing (a config error, a W&B key refused at the start) gets a complete record that keeps what
+        earlier invocations recorded (val_history, wall_s), unless it never started training and the folder holds
+        an earlier invocation's record, which a config typo must not overwrite."""
+        timed = self.saved
+        if not self.saved:
+            if self.earlier and "status" not in self.fields:
+                return
+            self.fields = {**{k: v for k, v in self.earlier.items() if k not in ("traceback", "val_history", "wall_s")},
+                           **self.fields, "status": "failed", "error": line, **self.job.record()}
+        self.update(error_kind=kind, exit_code=exit_code)
+        self.save(timed=timed)

@@ -25,7 +25,7 @@ from summrl.backends import build_backend, internal_config
 from summrl.config import Config
 from summrl.data import Document, load_splits
 from summrl.facts import hallucinates
-from summrl.job import JobInfo, read_result, write_result
+from summrl.job import RunRecord
 from summrl.judges import Judge, build_judge
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
@@ -294,33 +294,23 @@ async def sft_stage(session: Session, val: Sequence[Document], train_docs: Seque
     return step, {**record, "val_before": by_step.get(0), "val_after": by_step.get(record["step"])}
 
 
-def earlier_val_history(earlier: dict, step: int) -> list[dict]:
-    """A resumed run keeps the val scores its earlier invocations recorded, up to the step it resumes at."""
-    return [h for h in earlier.get("val_history", []) if h["step"] <= step]
-
-
 def scored_at(history: list[dict], step: int) -> bool:
     return any(h["step"] == step for h in history)
 
 
-async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float]:
-    """Run (or resume) one training job and write its ``result.json``. Returns the final val score."""
-    job = job or JobInfo()
-    started = time.time()
-    earlier = read_result(config.run.dir) or {}  # what this run's earlier invocations recorded, if any
-    earlier_wall_s = earlier.get("wall_s", 0.0)
-    history: list[dict] = list(earlier.get("val_history", []))  # kept if this invocation fails before it resumes
-    result: dict = {"status": "running", "run_name": config.run.name, "run_dir": config.run.dir, "seed": config.seed,
-                    "algorithm": asdict(config.algorithm), **job.record()}
+async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[float]:
+    """Run (or resume) one training job, keeping its ``result.json`` in ``record``. Returns the final val score."""
+    record = record or RunRecord(config.run.dir)
+    record.update(status="running", run_name=config.run.name, run_dir=config.run.dir, seed=config.seed,
+                  algorithm=asdict(config.algorithm), **record.job.record())
     session: Optional[Session] = None
-    tracker = open_tracker(config, job, history_path(config))  # first, so that any failure shows on the W&B run
+    tracker = open_tracker(config, record.job, history_path(config))  # first: any failure shows on the W&B run
     backup: Optional[CheckpointBackup] = None
     try:
         backup = CheckpointBackup.open(config)  # S3: checks the bucket before any model loads
-        if not earlier:  # a fresh machine: the record the run's earlier invocations backed up
-            earlier = backup.restore_result(config.run.dir) or {}
-            earlier_wall_s = earlier.get("wall_s", 0.0)
-            history = list(earlier.get("val_history", []))
+        if not record.earlier:  # a fresh machine: the record the run's earlier invocations backed up
+            record.adopt(backup.restore_result(config.run.dir))
+        history = record.val_history
         seed_everything(config.seed)
         t = config.trainer
         val, train_docs = load_splits(config.dataset)
@@ -329,25 +319,23 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend
         session = await open_session(config, tracker)
         step = await session.model.get_step()
-        history = earlier_val_history(earlier, step)
+        record.resume_at(step)
+        history = record.val_history
         log.info(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
                  f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}")
 
-        def save_progress() -> None:  # survives a crash
-            write_result(config.run.dir, {**result, "val_history": history,
-                                          "wall_s": round(earlier_wall_s + time.time() - started, 1)})
-
         sft_steps = 0
         if config.sft.kind != "none":
-            step, result["sft"] = await sft_stage(session, val, train_docs, history, step, backup, save_progress)
-            sft_steps = result["sft"]["step"]
-            save_progress()
+            step, sft_record = await sft_stage(session, val, train_docs, history, step, backup, record.save)
+            record.update(sft=sft_record)
+            sft_steps = sft_record["step"]
+            record.save()
         for batch in training_batches(train_docs, t, config.seed, initial_step=step - sft_steps):
             if batch.step >= t.max_steps:
                 break
             if batch.step % t.eval_every == 0 and not scored_at(history, batch.step + sft_steps):
                 history.append(await evaluate(session, val, batch.step + sft_steps))
-                save_progress()
+                record.save()  # survives a crash
             scored, trained = await train_step(session, batch.items, batch.step)
             await session.model.log(scored.groups, split="train", step=trained.step,
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
@@ -359,7 +347,7 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
         if not scored_at(history, step):
             history.append(await evaluate(session, val, step))
         await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
-        result.update(
+        record.update(
             status="completed",
             steps=step,
             final_val_score=history[-1]["val_reward"],
@@ -370,24 +358,22 @@ async def train(config: Config, job: Optional[JobInfo] = None) -> Optional[float
                                      default=None),
             # the share of val summaries stating a number, date or name absent from the document (None: not recorded)
             final_val_hallucination_rate=history[-1].get("val_hallucination_rate"),
-            val_history=history,
         )
         return history[-1]["val_reward"]
     except BaseException as e:
-        result.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),
-                      traceback=redact_text(traceback.format_exc()), val_history=history)
+        record.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),
+                      traceback=redact_text(traceback.format_exc()))
         raise
     finally:
-        result["wall_s"] = round(earlier_wall_s + time.time() - started, 1)
         if session is not None:
             session.judge_usage()  # the calls since the last log (a failed step's too) join the totals
-            result["judge_calls"] = session.judge_totals.get("judge/calls", 0.0)
-            result["judge_cost_usd"] = session.judge_totals.get("judge/cost_usd", 0.0)
-            result["judge_retries"] = session.judge_totals.get("judge/retries", 0.0)
-            result["rollouts"] = session.missing.record()  # type: ignore[union-attr]
-        write_result(config.run.dir, result)
+            record.update(judge_calls=session.judge_totals.get("judge/calls", 0.0),
+                          judge_cost_usd=session.judge_totals.get("judge/cost_usd", 0.0),
+                          judge_retries=session.judge_totals.get("judge/retries", 0.0),
+                          rollouts=session.missing.record())  # type: ignore[union-attr]
+        record.save()
         if backup is not None:
             backup.save_result(config.run.dir)
-        tracker.finish(failed=result["status"] != "completed")
+        tracker.finish(failed=record.fields["status"] != "completed")
         if session is not None:
             await session.backend.close()

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Any, Optional, Sequence, Union
 
-from summrl.rewards.base import Missing, Score
 from summrl.errors import ExpectedFailure
+from summrl.rewards.base import Missing, Score
 
 
 class MissingRewardsError(ExpectedFailure, RuntimeError):

@@ -10,6 +10,9 @@ sequential requests through the loopback endpoint; and the start-up time of
 faults: `python -m summrl.train experiment=local judge=openai_compatible` (2 steps of 2 documents x 4 rollouts,
 16 new tokens, 2 val documents x 2) against the loopback judge, fault-free and then with faults at ``--rate``:
 rollouts scored and missing, judge retries, the judge's calls by outcome, and wall time.
+
+Each command imports what it measures inside its function: the summrl modules it loads pull in torch, ART or
+litellm, which the others (and ``startup``'s measurement) must not pay for.
 """
 
 from __future__ import annotations
@@ -291,7 +294,7 @@ async def bench_sft(samples: int, max_tokens: int, repeats: int) -> dict:
     group's default batch size), checkpoint included: the SFT stage's training time per pass over them."""
     import art
 
-    from summrl.backends.embedded.backend import _chat_messages
+    from summrl.backends.embedded.backend import chat_messages
     from summrl.data import load_splits
     from summrl.loop import open_session, seed_everything
 
@@ -312,7 +315,7 @@ async def bench_sft(samples: int, max_tokens: int, repeats: int) -> dict:
                     if len(ids) <= max_tokens:
                         break
                 trajectories.append(art.Trajectory(messages_and_choices=messages, reward=1.0))
-                lengths.append(len(engine.chat_sample(_chat_messages(trajectories[-1]))[0]))
+                lengths.append(len(engine.chat_sample(chat_messages(trajectories[-1]))[0]))
             sft = art.TrainSFTConfig(learning_rate=config.sft.lr, batch_size=config.sft.batch_size)
             times = []
             for _ in range(repeats):

@@ -9,7 +9,10 @@ import functools
 import os
 from typing import Any
 
+from summrl.backends import BackendUnavailable, check_local_gpu
 from summrl.errors import ConfigError
+from summrl.judges import missing_keys
+from summrl.storage import resolve_bucket
 
 
 class PreflightError(ConfigError):
@@ -19,10 +22,6 @@ class PreflightError(ConfigError):
 
 
 def problems(config: Any) -> list[str]:
-    from summrl.backends import BackendUnavailable, check_local_gpu
-    from summrl.judges import missing_keys
-    from summrl.storage import resolve_bucket
-
     found = [f"judge.api_key_env={name}: the judge's key is not set: export {name} or put it in .env"
              for name in missing_keys(config.judge)]
     found += teacher_key_problems(config)

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from summrl.compare import Interval, advice, mean_ci, paired, per_doc
+from summrl.config import AlgorithmConfig
 from summrl.job import RESULT_FILE, JobInfo, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
@@ -65,8 +66,6 @@ def val_curves(job_dir: Path, result: dict) -> dict[str, list[tuple[int, float]]
 
 def algorithm_summary(algorithm: dict | None) -> str:
     """The update's settings that differ from ART's defaults, e.g. "grpo_kl: kl_penalty_coef=0.001" ("" = defaults)."""
-    from summrl.config import AlgorithmConfig
-
     if not algorithm:
         return ""
     defaults = AlgorithmConfig()

@@ -30,14 +30,16 @@ from typing import Any, Optional, Sequence
 import art
 
 from summrl.config import Config, reward_kinds
+from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render
 from summrl.data import Document
+from summrl.errors import ExpectedFailure
 from summrl.job import write_json
 from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
+from summrl.preflight import model_key_names
 from summrl.rewards import Missing
 from summrl.rollout import rollout, sample_seed, summary_messages, summary_of
-from summrl.storage import SFT_RECORD as RECORD
 from summrl.storage import CheckpointBackup, NoBackup, sft_dir
-from summrl.errors import ExpectedFailure
+from summrl.storage import SFT_RECORD as RECORD
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +138,6 @@ class Teacher:
     every call, added to what earlier invocations of the run spent."""
 
     def __init__(self, config: Config) -> None:
-        from summrl.preflight import model_key_names
-
         t = config.sft.teacher
         self.trainer, self.folder = config.trainer, sft_dir(config)
         key_env = t.api_key_env
@@ -183,8 +183,6 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
     """sft=distill: print the teacher's calls still to make and their price (the benchmark's cost guard), and ask
     before any of them (``sft.confirm=false`` skips the question). Called before the model loads, so a refusal
     costs nothing. Raises CostNotConfirmed."""
-    from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render
-
     s, t = config.sft, config.trainer
     if s.kind != "distill" or saved_record(config):
         return

@@ -13,17 +13,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 
 import hydra
+from dotenv import load_dotenv
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from summrl import cli
+from summrl.cloud.launch import run_from_hydra
 from summrl.config import Config, validate
-from summrl.errors import KINDS, Failure, classify, exit_on, full_errors
-from summrl.job import JobInfo, read_result, write_result
+from summrl.errors import KINDS, classify, exit_on, full_errors
+from summrl.job import JobInfo, RunRecord
+from summrl.preflight import check
 
 log = logging.getLogger("summrl.train")  # not __name__: run as __main__, it would miss the summrl logger
 
@@ -31,8 +35,6 @@ log = logging.getLogger("summrl.train")  # not __name__: run as __main__, it wou
 def load_config(cfg: DictConfig) -> Config:
     """Validate the composed config and load .env; in a multirun, name each job apart.
     What the run needs from the machine and the environment (keys, GPU, bucket) is the preflight's."""
-    from dotenv import load_dotenv
-
     hydra_cfg = HydraConfig.get()
     config = validate(cfg)
     load_dotenv()  # keys may live in .env; they are read from the environment, never from config
@@ -44,31 +46,24 @@ def load_config(cfg: DictConfig) -> Config:
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     job = JobInfo.from_hydra()
-    config: Config | None = None
-    started = False  # the loop keeps its own result.json from here on
-    earlier: dict | None = None  # the run folder's record before the loop started (an earlier invocation's)
+    record = RunRecord(HydraConfig.get().runtime.output_dir, job)  # result.json: its one owner
     try:
         config = load_config(cfg)
+        record = RunRecord(config.run.dir, job) if Path(config.run.dir) != record.run_dir else record
         if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
-            from summrl.cloud.launch import run_from_hydra
 
             return run_from_hydra(config)
-        from summrl.preflight import check
-
         check(config)  # the backend's packages, GPU and keys, and the backup bucket: all listed, before loading
         # ART's gather draws a progress bar per batch; the loop prints one line per step instead.
         os.environ.setdefault("TQDM_DISABLE", "1")
-        from summrl.loop import train  # heavy imports only now
+        from summrl.loop import train  # heavy (torch, ART, litellm): loaded only once the config is known to be good
 
-        earlier = read_result(config.run.dir)
-        started = True
-        return asyncio.run(train(config, job))
+        return asyncio.run(train(config, record))
     except Exception as e:
         failure = classify(e)
         if failure is None:
             raise  # a bug: Hydra prints the traceback
-        record_failure(config.run.dir if config else HydraConfig.get().runtime.output_dir, failure, job, started,
-                       earlier)
+        record.fail(failure.kind, f"{KINDS[failure.kind][1]}: {failure.message}", failure.exit_code)
         if job.sweep is None or full_errors():
             exit_on(e)  # its one line and exit code (its traceback with HYDRA_FULL_ERROR=1)
         # SystemExit would end the whole sweep; an exception fails this job only. Hydra prints a compact one
@@ -79,22 +74,6 @@ def main(cfg: DictConfig) -> float | None:
 
 class JobFailed(CompactHydraException):
     """A sweep's job that ended with an expected failure (its one line)."""
-
-
-def record_failure(run_dir: str, failure: Failure, job: JobInfo, started: bool, earlier: dict | None) -> None:
-    """The run folder keeps why it failed. The loop's own record of this invocation gains the kind. A run that
-    failed before the loop recorded anything (a W&B key refused at its start) gets a complete record that keeps
-    what its earlier invocations recorded (val_history, wall_s). One that never started gets one too, unless the
-    folder holds an earlier invocation's record, which a config typo must not overwrite."""
-    result = read_result(run_dir)
-    if started and result != earlier:
-        record = result or {}
-    elif not started and result is not None:
-        return
-    else:
-        record = {k: v for k, v in (result or {}).items() if k != "traceback"}  # an earlier failure's traceback
-        record.update(status="failed", error=f"{KINDS[failure.kind][1]}: {failure.message}", **job.record())
-    write_result(run_dir, {**record, "error_kind": failure.kind, "exit_code": failure.exit_code})
 
 
 if __name__ == "__main__":

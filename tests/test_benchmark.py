@@ -22,10 +22,10 @@ from summrl.benchmark.config import validate_benchmark
 from summrl.benchmark.rows import read_rows
 from summrl.benchmark.runner import run
 from summrl.config import compose
-from summrl.errors import ConfigError
 from summrl.data import load_splits
-from summrl.testing import FakeLLM, Reply
+from summrl.errors import ConfigError
 from summrl.judges.lexical import LexicalJudge
+from summrl.testing import FakeLLM, Reply
 from tests.conftest import CONF, ROOT, keys, said, wandb_records
 
 T_975 = {1: 12.7062, 2: 4.3027, 3: 3.1824}  # Student-t quantiles from a printed table, for the hand computation

@@ -16,10 +16,10 @@ from summrl.data import Document, Question
 from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.judges.llm import LLMJudge
 from summrl.loop import MissingRewardsError, Session, sample_and_score
-from summrl.tracking import Tracker
 from summrl.rewards import Missing
 from summrl.rewards.qa import QAReward
 from summrl.rewards.ruler import RulerReward
+from summrl.tracking import Tracker
 from tests.conftest import compose_config
 from summrl.testing import FakeLLM, Reply
 

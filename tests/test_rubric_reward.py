@@ -11,16 +11,16 @@ import pandas as pd
 import pytest
 
 from summrl.config import reward_range
-from summrl.errors import ConfigError
 from summrl.data import DataError, Document, group_documents
+from summrl.errors import ConfigError
 from summrl.judges import Rubrics, build_judge
-from summrl.testing import FakeLLM, Reply
-from summrl.judges.lexical import INVENTS_FACTS, LexicalJudge
 from summrl.judges.client import JudgeClient
+from summrl.judges.lexical import INVENTS_FACTS, LexicalJudge
 from summrl.judges.llm import LLMJudge
 from summrl.rewards import Missing, Score, build_reward, build_val_reward, check_documents
 from summrl.rewards.rubric import RubricCache, RubricReward
 from summrl.rewards.weighted import WeightedReward
+from summrl.testing import FakeLLM, Reply
 from tests.conftest import compose_config
 from tests.test_facts import DOC, FAITHFUL  # the hand-made document and a faithful summary of it
 

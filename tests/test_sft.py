@@ -356,7 +356,7 @@ def test_embedded_train_sft_lowers_the_loss_and_raises_the_chosen_summaries_logp
     import torch
 
     from summrl.backends.embedded import EmbeddedBackend
-    from summrl.backends.embedded.backend import _chat_messages
+    from summrl.backends.embedded.backend import chat_messages
     from summrl.data import load_splits
     from summrl.rollout import summary_messages
 
@@ -375,7 +375,7 @@ def test_embedded_train_sft_lowers_the_loss_and_raises_the_chosen_summaries_logp
                                    report_metrics=[])
         await model.register(backend)
         engine = backend.engine
-        samples = [engine.chat_sample(_chat_messages(t)) for t in trajectories]
+        samples = [engine.chat_sample(chat_messages(t)) for t in trajectories]
         with torch.no_grad():
             before = float(engine.completion_nll(samples))
         await model.train_sft(trajectories * 3, config=art.TrainSFTConfig(learning_rate=1e-3, batch_size=4))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+from pathlib import Path
 from typing import Any, Optional
 
 
@@ -19,12 +20,10 @@ class BackendUnavailable(RuntimeError):  # summrl.preflight lists it as a config
 
 def build_backend(config: Any, run_dir: str) -> Any:
     """The ART backend for ``config.backend``. ART state (history, checkpoints) goes under ``run_dir/art``."""
-    from pathlib import Path
-
     art_path = str(Path(run_dir) / "art")
     kind = config.backend.kind
     if kind == "embedded":
-        from summrl.backends.embedded import EmbeddedBackend
+        from summrl.backends.embedded import EmbeddedBackend  # heavy (torch, transformers, peft): on use only
 
         return EmbeddedBackend(config.backend, model=config.model, path=art_path)
     if kind == "local_gpu":

@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> None:
         os.environ.setdefault("TQDM_DISABLE", "1")
         for name in ("LiteLLM", "LiteLLM Router", "httpx"):  # one line per call at INFO under Hydra's logging
             logging.getLogger(name).setLevel(logging.WARNING)
-        from summrl.benchmark.runner import run
+        from summrl.benchmark.runner import run  # heavy (torch, ART, litellm): only once the config is good
 
         status = asyncio.run(run(config))
     except Exception as e:

@@ -17,6 +17,7 @@ from typing import Any, Optional, Union
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from summrl.backends import BackendUnavailable, check_local_gpu
 from summrl.config import DatasetConfig, ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
@@ -306,8 +307,6 @@ def _check_cross(config: BenchmarkConfig) -> None:
         raise ConfigError(f"judge={config.judge.kind} uses the embedded backend's model; got "
                           f"backend.kind={config.backend.kind}: use backend=embedded or another judge")
     if needs_checkpoints and config.backend.kind == "local_gpu":
-        from summrl.backends import BackendUnavailable, check_local_gpu
-
         try:
             check_local_gpu()
         except BackendUnavailable as e:

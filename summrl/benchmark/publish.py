@@ -7,6 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from summrl.secrets import redact
+from summrl.storage import publish_folder
+from summrl.tracking import wandb_id, wandb_mode
 
 log = logging.getLogger(__name__)
 
@@ -14,8 +16,6 @@ log = logging.getLogger(__name__)
 def publish(config, out_dir: Path) -> None:
     """Upload ``out_dir`` (rows, tables, charts) to S3, and log it as one W&B run. A failure here warns and keeps
     the local folder: the results are already on disk, and a rerun publishes them again."""
-    from summrl.storage import publish_folder
-
     try:
         url = publish_folder(config.storage, f"{config.project}/benchmarks/{config.benchmark.name}", out_dir,
                              skip=("wandb",))
@@ -32,7 +32,6 @@ def log_to_wandb(config, out_dir: Path) -> None:
     import pandas as pd
     import wandb
 
-    from summrl.tracking import wandb_id, wandb_mode
 
     name = config.benchmark.name
     settings = {k: v for k, v in asdict(config).items() if k != "choices"}

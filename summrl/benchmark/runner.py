@@ -15,14 +15,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from summrl.benchmark.charts import bar_chart, step_chart
 from summrl.benchmark.config import EMBEDDED_JUDGES, BenchmarkConfig, BestOfNEntry, ModelEntry
-from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
 from summrl.benchmark.publish import publish
 from summrl.benchmark.rows import Row, RowStore, correctness, read_rows, row_key
+from summrl.benchmark.serving import start_server
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
-from summrl.config import LexicalJudgeConfig, RulerRewardConfig
-from summrl.errors import ConfigError
+from summrl.benchmark.summary import markdown, summarize
+from summrl.config import LexicalJudgeConfig, RulerRewardConfig, reward_kinds
+from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
 from summrl.data import Document, Question, all_documents, load_splits
+from summrl.errors import ConfigError
+from summrl.facts import hallucinates
+from summrl.judges import build_judge
+from summrl.rewards import Missing, build_reward
+from summrl.rewards.ruler import RulerReward
 from summrl.rollout import word_count
 
 log = logging.getLogger(__name__)
@@ -62,8 +69,6 @@ def plan(config: BenchmarkConfig, documents: Sequence[Document], store: RowStore
 
 
 def _uses_ruler(config: BenchmarkConfig) -> bool:
-    from summrl.config import reward_kinds
-
     return "ruler" in reward_kinds(config.reward)
 
 
@@ -135,10 +140,6 @@ class Scorer:
     judge_cost_known: bool  # False: a paid judge whose price (or RULER's) cannot be counted
 
     async def score(self, job: Job, source: Any, document: Document) -> tuple[list[Row], list[str]]:
-        from summrl.facts import hallucinates
-        from summrl.judges import build_judge
-        from summrl.rewards import Missing, build_reward
-
         rollouts = job.pending[document.id]
         summaries: list[Summary] = await asyncio.gather(*(source.summarize(document) for _ in rollouts))
         judge = RecordingJudge(build_judge(self.judge_config, self.endpoint))  # a fresh judge: its usage is this document's
@@ -189,7 +190,6 @@ async def source_for(config: BenchmarkConfig, job: Job, server: Any, ruler_judge
         inner = litellm_source(config, entry)
     if not isinstance(job.entry, BestOfNEntry):
         return inner
-    from summrl.rewards.ruler import RulerReward
 
     rubric = getattr(config.reward, "rubric", None) or RulerRewardConfig().rubric
     return BestOfN(inner, job.entry.n, RulerReward(ruler_judge.client, rubric=rubric, max_words=t.max_words))
@@ -234,8 +234,6 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> None:
 def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -> Optional[Any]:
     import pandas as pd
 
-    from summrl.benchmark.charts import bar_chart, step_chart
-    from summrl.benchmark.summary import markdown, summarize
 
     rows_path = out_dir / "rows.csv"
     if not rows_path.exists():
@@ -298,9 +296,6 @@ def progress_bar(total: int) -> Any:
 
 async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[Document],
                    store: RowStore) -> list[str]:
-    from summrl.benchmark.serving import start_server
-    from summrl.judges import build_judge
-
     ruler = ruler_used(config, jobs)
     needs_server = (config.judge.kind == "embedded" or (config.judge.kind == "local" and ruler)
                     or any(j.serve_step is not None for j in jobs))

@@ -12,6 +12,7 @@ import asyncio
 import secrets
 from typing import Optional, Protocol
 
+from summrl.backends import internal_config
 from summrl.benchmark.config import BenchmarkConfig, TrainedRun
 
 
@@ -43,6 +44,7 @@ class EmbeddedServer:
         return names
 
     async def start(self) -> "EmbeddedServer":
+        # heavy (torch, transformers): only a benchmark that serves checkpoints on this machine loads them
         from summrl.backends.embedded.engine import Engine
         from summrl.backends.embedded.server import Batcher, InferenceServer, build_app
 
@@ -83,7 +85,6 @@ class LocalGPUServer:
         import art
         from art.local import LocalBackend
 
-        from summrl.backends import internal_config  # check_local_gpu() ran with the config checks
 
         # The ART layout is art/<project>/models/<name>: the project is the folder above models/.
         project = self.run.checkpoints_dir.parent.parent.parent.name

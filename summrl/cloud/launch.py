@@ -25,7 +25,7 @@ from typing import Any, Optional
 from summrl.errors import NETWORK_FIX, NetworkError, is_network, network_message
 from summrl.judges import missing_keys
 from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems
-from summrl.storage import resolve_bucket
+from summrl.storage import fetch_result, resolve_bucket
 from summrl.tracking import wandb_mode
 
 log = logging.getLogger(__name__)
@@ -324,8 +324,6 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
 
 def remote_result(config: Any) -> Optional[float]:
     """The remote run's final val score, for sweepers: its result.json, backed up to S3, copied to the local run dir."""
-    from summrl.storage import fetch_result
-
     try:
         result = fetch_result(config)
     except Exception as e:  # the run itself succeeded; only the summary is out of reach (the bucket stays unnamed)

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional, Union
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
 from summrl.errors import ExpectedFailure
 
 
@@ -269,28 +271,27 @@ class JudgeClient:
         with backoff and jitter (Retry-After honoured up to ``retry_max_s``), and counted in ``usage.retries``.
         Raises JudgeError, naming the attempts made and the last error's kind, after that (at once for an error no
         retry can fix, e.g. a refused key)."""
-        last: Optional[BaseException] = None
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return await attempt()
-            except shape_errors as e:  # a bad reply is worth one more try, like a 5xx
-                last = e
-            except JudgeError:
-                raise
-            except Exception as e:  # litellm maps every provider error to an exception with status_code
-                last = e
-                if not _is_retryable(e):
-                    break
-            if attempts > self.max_retries:
-                break
+        def retryable(e: BaseException) -> bool:  # a bad reply is worth one more try, like a 5xx
+            return isinstance(e, shape_errors) or (isinstance(e, Exception) and not isinstance(e, JudgeError)
+                                                   and _is_retryable(e))
+
+        def counted(state: RetryCallState) -> None:
             self.usage.retries += 1
-            await asyncio.sleep(self.wait_s(attempts - 1, last))
-        self.usage.failures += 1
-        message = self.redact(f"{type(last).__name__}: {last}")[:500]
-        self.usage.last_error = message
-        raise JudgeError(f"judge {self.model} failed after {attempts} attempt(s): {message}", kind=type(last).__name__)
+
+        retryer = AsyncRetrying(stop=stop_after_attempt(self.max_retries + 1), retry=retry_if_exception(retryable),
+                                wait=lambda state: self.wait_s(state.attempt_number - 1, state.outcome.exception()),
+                                before_sleep=counted, reraise=True)
+        try:
+            return await retryer(attempt)
+        except JudgeError:  # already a judge's verdict (e.g. its key is not set): no retry can fix it
+            raise
+        except Exception as last:  # litellm maps every provider error to an exception with status_code
+            self.usage.failures += 1
+            message = self.redact(f"{type(last).__name__}: {last}")[:500]
+            self.usage.last_error = message
+            attempts = retryer.statistics.get("attempt_number", 1)
+            raise JudgeError(f"judge {self.model} failed after {attempts} attempt(s): {message}",
+                             kind=type(last).__name__) from None
 
     async def _call(self, messages: list[dict], params: dict) -> str:
         import litellm

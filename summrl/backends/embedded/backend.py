@@ -242,7 +242,7 @@ class EmbeddedBackend(Backend):
         """SFT as ART's LocalBackend does it: batches of ``config.batch_size`` trajectories, cross-entropy on the
         assistant tokens, LoRA, then one checkpoint at the next step."""
         engine = await asyncio.to_thread(lambda: self.engine)
-        samples = [engine.chat_sample(_chat_messages(t)) for t in trajectories]
+        samples = [engine.chat_sample(chat_messages(t)) for t in trajectories]
         batch_size = 8 if config.batch_size == "auto" else int(config.batch_size)
         batches = [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]
         rates = config.learning_rate if isinstance(config.learning_rate, list) else [config.learning_rate] * len(batches)
@@ -255,7 +255,7 @@ class EmbeddedBackend(Backend):
             yield row
 
 
-def _chat_messages(trajectory: Trajectory) -> list[dict]:
+def chat_messages(trajectory: Trajectory) -> list[dict]:
     """The trajectory's messages as plain dicts (an OpenAI Choice becomes its assistant message)."""
     out = []
     for item in trajectory.messages_and_choices:

@@ -88,6 +88,18 @@ def test_a_config_error_is_one_line_and_a_traceback_only_with_hydra_full_error(t
     assert full.returncode != 0 and "Traceback" in full.stderr and "trainer.max_steps" in full.stderr
 
 
+def test_a_key_hydra_refuses_while_composing_is_a_config_error_too(tmp_path):
+    """Hydra's own composition error (summrl.cli): the same one line and exit 2; its traceback with
+    HYDRA_FULL_ERROR=1 only."""
+    args = ["experiment=local", "trainer.max_stepz=3", f"hydra.run.dir={tmp_path}/run"]
+    plain = run_cli(args, cwd=ROOT, timeout=60, env={"HYDRA_FULL_ERROR": ""})
+    assert plain.returncode == 2 and plain.stderr.splitlines() == error_lines(plain.stderr)
+    assert plain.stderr.startswith("summrl: config error: trainer.max_stepz is not a setting of TrainerConfig. "
+                                   "Did you mean trainer.max_steps?")
+    full = run_cli(args, cwd=ROOT, timeout=60, env={"HYDRA_FULL_ERROR": "1"})
+    assert full.returncode != 0 and "Traceback" in full.stderr and "max_stepz" in full.stderr
+
+
 def test_a_sweep_records_each_failed_job_goes_on_and_ends_without_a_traceback(tmp_path):
     sweep = tmp_path / "multirun"
     result = run_cli(["-m", "experiment=local", "trainer.max_steps=-1,-2", f"hydra.sweep.dir={sweep}"], cwd=ROOT,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from summrl.errors import NETWORK_FIX, NetworkError, is_network, network_message
+from summrl.job import write_result
 from summrl.judges import missing_keys
 from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems
 from summrl.storage import fetch_result, resolve_bucket
@@ -331,9 +332,7 @@ def remote_result(config: Any) -> Optional[float]:
         return None
     if result is None:
         return None
-    path = Path(config.run.dir) / "result.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(config.run.dir, result)  # the remote job's record, as its RunRecord wrote it
     log.info(f"summrl: run {config.run.name} {result.get('status')}: final val reward {result.get('final_val_score')}")
     return result.get("final_val_score")
 

@@ -48,7 +48,7 @@ def test_min_reward_is_checked_against_the_rewards_own_range():
     """A weighted reward reaches above 1 (qa + 0.2 x rubric: 1.2): a threshold in (1, 1.2] is reachable, one above
     is refused with the range named."""
     from summrl.config import reward_range
-from summrl.errors import ConfigError
+    from summrl.errors import ConfigError
 
     assert reward_range(compose_config(["experiment=local"]).reward) == (0.0, 1.0)
     assert reward_range(compose_config(["experiment=local", "reward=qa_rubric"]).reward) == pytest.approx((0.0, 1.2))
@@ -351,7 +351,8 @@ def test_benchmark_of_a_run_with_an_sft_stage_includes_its_sft_step_and_names_ea
 
 
 @pytest.mark.slow
-def test_embedded_train_sft_lowers_the_loss_and_raises_the_chosen_summaries_logprob(tmp_path):
+def test_embedded_train_sft_lowers_the_loss_and_raises_the_chosen_summaries_logprob(tmp_path, tiny_weights):
+    """On the tiny model (conftest.tiny_weights): the behaviour is train_sft's update, which any weights show."""
     import art
     import torch
 
@@ -360,7 +361,7 @@ def test_embedded_train_sft_lowers_the_loss_and_raises_the_chosen_summaries_logp
     from summrl.data import load_splits
     from summrl.rollout import summary_messages
 
-    config = compose_config(["experiment=local"])
+    config = compose_config(["experiment=local", tiny_weights])
     _, train = load_splits(config.dataset)
     # Short documents keep the forward passes small; the test is about which tokens SFT trains on, not length.
     train = [dataclasses.replace(doc, text=" ".join(doc.text.split()[:80])) for doc in train[:4]]

@@ -1,9 +1,11 @@
 """The held-out gain of `experiment=local`: base (step 0) vs the last step, from the benchmark's rows.csv files.
 
     python experiments/heldout_local/gain.py runs/heldout_local/s*/heldout/rows.csv
+    python experiments/heldout_local/gain.py --versus A/rows.csv B/rows.csv
 
 Per seed and pooled: the share of questions answered at each step and the gain, with a 95% t-interval over
 documents (each document's mean over its summaries, and over seeds when pooled): the pairs are the documents.
+``--versus``: two runs (two commits at one seed) compared at their last step, A minus B, paired by document.
 """
 
 from __future__ import annotations
@@ -37,5 +39,17 @@ def main(paths: list[str]) -> None:
                                                  for k, v in pooled.items()))
 
 
+def versus(path_a: str, path_b: str) -> None:
+    frames = [pd.read_csv(p) for p in (path_a, path_b)]
+    last = [f[f.step == f.step.max()].groupby("document_id").score.mean() for f in frames]
+    diff = (last[0] - last[1]).dropna()
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / len(diff) ** 0.5
+    print(f"{path_a} minus {path_b} at the last step: {100 * diff.mean():+.1f} points "
+          f"[{100 * (diff.mean() - half):+.1f}, {100 * (diff.mean() + half):+.1f}] over {len(diff)} documents")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--versus"]:
+        versus(*sys.argv[2:4])
+    else:
+        main(sys.argv[1:])

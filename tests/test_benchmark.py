@@ -272,16 +272,18 @@ def test_best_of_n_keeps_the_summary_ruler_ranks_best(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def trained_run(tmp_path_factory):
-    """A real one-step `python -m summrl.train experiment=local` run, plus a step-2 checkpoint whose LoRA B matrices
-    are moved off zero, so that serving it (rather than the base weights) changes what greedy decoding writes."""
+def trained_run(tmp_path_factory, tiny_weights):
+    """A real one-step `python -m summrl.train experiment=local` run on the tiny model (conftest.tiny_weights: the
+    benchmark's plumbing does not need real text), plus a step-2 checkpoint whose LoRA B matrices are moved off zero,
+    so that serving it (rather than the base weights) changes what greedy decoding writes. The benchmarks that
+    read it pass the same ``tiny_weights``."""
     import torch
     from safetensors.torch import load_file, save_file
 
     from tests.conftest import run_cli
 
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    result = run_cli(["experiment=local", "trainer.max_steps=1", "trainer.max_summary_tokens=8", "dataset.val_size=1",
+    result = run_cli(["experiment=local", tiny_weights, "trainer.max_steps=1", "trainer.max_summary_tokens=8", "dataset.val_size=1",
                       "dataset.train_size=2", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
                       "trainer.val_rollouts_per_doc=1", "run.name=tiny", f"hydra.run.dir={run_dir}"], cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -298,12 +300,13 @@ def trained_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_checkpoints_per_step_against_a_fake_frontier_model_with_the_lexical_judge(trained_run, tmp_path):
+def test_checkpoints_per_step_against_a_fake_frontier_model_with_the_lexical_judge(trained_run, tiny_weights, tmp_path):
     out = tmp_path / "out"
     docs = val_documents(2)
     with FakeLLM() as fake:
         fake.script = scripted_summaries(docs, 4)
-        args = ["experiment=local", "judge=lexical", f"benchmark.run_dir={trained_run}", "benchmark.every=2", "dataset.val_size=2",
+        args = ["experiment=local", tiny_weights, "judge=lexical", f"benchmark.run_dir={trained_run}", "benchmark.every=2",
+                "dataset.val_size=2",
                 "trainer.temperature=0", "trainer.max_summary_tokens=16", f"benchmark.models=[{fake_model(fake)}]",
                 "benchmark.confirm=false", f"hydra.run.dir={out}"]
         result = run_benchmark_cli(args)
@@ -336,13 +339,14 @@ def test_checkpoints_per_step_against_a_fake_frontier_model_with_the_lexical_jud
 
 
 @pytest.mark.slow
-def test_checkpoint_scored_by_the_embedded_judge(trained_run, tmp_path):
-    """judge=embedded: the base model judges on the same endpoint that serves the checkpoint. One summary only:
-    the grammar-constrained judge writes about 2 tokens/s on 2 shared cores (the fake frontier model goes through
-    the same scoring code, tested above with the lexical judge and in the best-of-N test with an LLM judge)."""
+def test_checkpoint_scored_by_the_embedded_judge(trained_run, tiny_weights, tmp_path):
+    """judge=embedded: the base model judges on the same endpoint that serves the checkpoint (the tiny model here:
+    the plumbing; that SmolLM2 itself answers and grades as a judge is tested in test_embedded_backend). One summary
+    (the fake frontier model goes through the same scoring code, tested above with the lexical judge and in the
+    best-of-N test with an LLM judge)."""
     out = tmp_path / "out"
     result = run_benchmark_cli([
-        "experiment=local", "judge=embedded", f"judge.cache_dir={tmp_path / 'cache'}", f"benchmark.run_dir={trained_run}",
+        "experiment=local", tiny_weights, "judge=embedded", f"judge.cache_dir={tmp_path / 'cache'}", f"benchmark.run_dir={trained_run}",
         "benchmark.steps=[2]", "dataset.val_size=1", "benchmark.rollouts_per_doc=1", "trainer.max_summary_tokens=16",
         "backend.json_max_string_chars=24",  # short answers: the 135M judge writes a few tokens a second
         "benchmark.models=[]", f"hydra.run.dir={out}"], stdin="")  # all local: no question asked

@@ -22,7 +22,10 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
@@ -736,23 +739,26 @@ def config_error(e: BaseException, prefix: str = "") -> ConfigError:
     schema = cause.object_type if isinstance(cause.object_type, type) else None
     name = schema.__name__ if schema else "the config"
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
-        valid = [f.name for f in fields(schema)] if schema and is_dataclass(schema) else []
-        close = difflib.get_close_matches(str(cause.key), valid, n=1)
-        parent = key.rsplit(".", 1)[0] if "." in key else ""
-        hint = f" Did you mean {'.'.join(p for p in (parent, close[0]) if p)}?" if close else ""
-        listing = f" Valid keys: {', '.join(valid)}." if valid else ""
-        return ConfigError(f"{key} is not a setting of {name}.{hint}{listing}")
+        return unknown_key(key, schema)
     message = str(cause.msg).splitlines()[0]
     if isinstance(cause, MissingMandatoryValue):
         return ConfigError(f"{key}: needs a value ({message})")
     return ConfigError(f"{key}: {message} (check the value's type in {name})")
 
 
+def unknown_key(key: str, schema: Optional[type]) -> ConfigError:
+    """``key`` (its full path) is not a field of ``schema``: the error, with the closest field and the valid ones."""
+    valid = [f.name for f in fields(schema)] if schema and is_dataclass(schema) else []
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    hint = f" Did you mean {'.'.join(p for p in (parent, close[0]) if p)}?" if close else ""
+    listing = f" Valid keys: {', '.join(valid)}." if valid else ""
+    name = schema.__name__ if schema else "the config"
+    return ConfigError(f"{key} is not a setting of {name}.{hint}{listing}")
+
+
 def compose(config_name: str, overrides: list[str], *, return_hydra_config: bool = False) -> DictConfig:
     """Compose conf/<config_name>.yaml in-process (tests, summrl.perf), raising ConfigError as the CLI reports it."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException
-
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return hydra_compose(config_name, overrides=overrides, return_hydra_config=return_hydra_config)
@@ -802,13 +808,11 @@ def _refuse_added_keys(node: DictConfig, path: str) -> None:
     """Hydra's ``+key=value`` adds a key even to a typed node, and OmegaConf.to_object drops it silently: an
     unknown key is refused here, as Hydra refuses it without the ``+``."""
     schema = OmegaConf.get_type(node)
-    valid = [f.name for f in fields(schema)] if schema and is_dataclass(schema) else None
+    valid = {f.name for f in fields(schema)} if schema and is_dataclass(schema) else None
     for key, child in node.items_ex(resolve=False):
         full = f"{path}.{key}" if path else str(key)
         if valid is not None and key not in valid:
-            close = difflib.get_close_matches(str(key), valid, n=1)
-            hint = f" Did you mean {f'{path}.' if path else ''}{close[0]}?" if close else ""
-            raise ConfigError(f"{full} is not a setting of {schema.__name__}.{hint} Valid keys: {', '.join(valid)}.")
+            raise unknown_key(full, schema)
         if isinstance(child, DictConfig):
             _refuse_added_keys(child, full)
 

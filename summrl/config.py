@@ -7,7 +7,7 @@ wrong type fails while it composes, naming the key's full path. Each field's own
 (:func:`config_error` words Hydra's). Nothing heavy is imported, so a bad value fails in well under 2 s, before any
 model, cluster or API is touched.
 
-Groups whose options differ in shape (judge, reward, backend, logger) have a schema per kind: an option's YAML
+Groups whose options differ in shape (dataset, judge, reward, backend, logger) have a schema per kind: an option's YAML
 starts from ``base_<kind>`` and holds only what differs from its defaults. The ``kind`` field says which schema a
 section has; the option chooses it.
 """
@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -77,21 +77,117 @@ class ModelConfig:
 # --------------------------------------------------------------------------- dataset
 
 
+SPLIT_SIZE_HELP = "a count (e.g. 91), a fraction of the documents (e.g. 0.9), or all (every document the other split leaves)"
+
+
+def split_size(value: Any, key: str) -> Union[int, float, str]:
+    """A split size as given on the command line, in YAML or through TRAIN_SIZE / VAL_SIZE (always a string): a
+    count > 0, a fraction in (0, 1), or ``all``."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "all":
+            return "all"
+        try:
+            value = int(text) if text.lstrip("+").isdigit() else float(text)
+        except ValueError:
+            raise ConfigError(f"{key}: must be {SPLIT_SIZE_HELP}; got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}: must be {SPLIT_SIZE_HELP}; got {value!r}")
+    if isinstance(value, float) and value.is_integer() and value >= 1:
+        value = int(value)
+    if isinstance(value, int):
+        _require(value > 0, key, f"must be > 0 ({SPLIT_SIZE_HELP}), got {value}")
+        return value
+    _require(0.0 < value < 1.0, key, f"a fraction must lie in (0, 1) ({SPLIT_SIZE_HELP}), got {value}")
+    return value
+
+
 @dataclass
-class DatasetConfig:
-    name: str
+class SplitConfig:
+    """The seeded val/train split every dataset shares: the documents are shuffled with ``seed``, val is the first
+    ``val_size`` of them, train the next ``train_size``."""
+
+    seed: int = 80  # Summary-RL's shuffle seed
+    train_size: Any = 3500  # SPLIT_SIZE_HELP; conf/dataset/repliqa.yaml reads TRAIN_SIZE
+    val_size: Any = 91  # SPLIT_SIZE_HELP; conf/dataset/repliqa.yaml reads VAL_SIZE
+
+    def __post_init__(self) -> None:
+        self.train_size = split_size(self.train_size, "dataset.train_size")
+        self.val_size = split_size(self.val_size, "dataset.val_size")
+        _require(not (self.train_size == "all" and self.val_size == "all"), "dataset.val_size",
+                 "train_size and val_size can't both be all: give val a count or a fraction, e.g. dataset.val_size=0.1")
+        fractions = [s for s in (self.train_size, self.val_size) if isinstance(s, float)]
+        _require(sum(fractions) <= 1.0, "dataset.train_size",
+                 f"the fractions add up to {sum(fractions):g} > 1: lower dataset.train_size or dataset.val_size")
+
+
+@dataclass
+class RepliqaDatasetConfig(SplitConfig):
+    """ServiceNow/repliqa: one row per question (5 per document), from the hub or local files in its schema."""
+
+    kind: str = "repliqa"
+    name: str = "repliqa"
     # Local parquet/jsonl files in Repliqa's schema, read instead of the hub when set.
     # "pkg:summrl/data/x.jsonl" points inside the installed package.
     files: Optional[list[str]] = None
     hf_path: str = "ServiceNow/repliqa"
     hf_split: str = "repliqa_0"
-    seed: int = 80  # Summary-RL's shuffle seed
-    train_size: int = 3500  # conf defaults read the TRAIN_SIZE / VAL_SIZE environment variables
-    val_size: int = 91
+
+
+LONG_DOCUMENTS = ("split", "skip", "error")
+
+
+@dataclass
+class QuestionsConfig:
+    """Questions for documents that have none (dataset=documents): the judge writes them, with reference answers,
+    checks each (kept only if answered correctly from the document and not without it), and caches them on disk."""
+
+    per_document: int = 5
+    unanswerable_share: float = 0.2  # as in Repliqa: questions whose reference answer is UNANSWERABLE
+    # The open-book/closed-book check; false keeps every written question (not recommended: see README).
+    check: bool = True
+    cache_dir: str = "~/.cache/summrl/questions"  # keyed by document hash + writer (model, endpoint, prompt) + settings
+    confirm: bool = True  # ask on a terminal before paid question writing (the estimate is printed either way)
+    max_cost_usd: Optional[float] = None  # a hard budget for question writing; null: none
 
     def __post_init__(self) -> None:
-        _require(self.train_size > 0, "dataset.train_size", f"must be > 0, got {self.train_size}")
-        _require(self.val_size > 0, "dataset.val_size", f"must be > 0, got {self.val_size}")
+        _require(self.per_document > 0, "dataset.questions.per_document", f"must be > 0, got {self.per_document}")
+        _require(0.0 <= self.unanswerable_share < 1.0, "dataset.questions.unanswerable_share",
+                 f"must be in [0, 1), got {self.unanswerable_share}")
+        _require(self.max_cost_usd is None or self.max_cost_usd >= 0, "dataset.questions.max_cost_usd",
+                 f"must be >= 0 or null, got {self.max_cost_usd}")
+        _require(bool(self.cache_dir), "dataset.questions.cache_dir", "must name a folder")
+
+
+@dataclass
+class DocumentsDatasetConfig(SplitConfig):
+    """Your own documents: a folder of .txt/.md/.html/.pdf files, or one .jsonl/.parquet/.csv file with a row per
+    document. Questions come from the questions column when a row has them, otherwise the judge writes them."""
+
+    kind: str = "documents"
+    name: str = "documents"
+    path: str = MISSING  # a folder, or a .jsonl / .parquet / .csv file
+    train_size: Any = "all"
+    val_size: Any = 0.1
+    # Table columns (a folder's ids are the files' relative paths). A column named here is used when the file has it.
+    text_field: str = "text"
+    id_field: str = "id"  # absent: the id is the text's hash (stable across reruns and reorderings)
+    questions_field: str = "questions"  # a list of {question, answer} per row; UNANSWERABLE as the answer allowed
+    positive_rubrics_field: str = "positive_rubrics"
+    negative_rubrics_field: str = "negative_rubrics"
+    # Longer documents (in the policy's tokens) are split at paragraph boundaries, skipped, or refused; null: no limit.
+    max_document_tokens: Optional[int] = 4096
+    long_documents: str = "split"  # split | skip | error; never a silent truncation
+    questions: QuestionsConfig = field(default_factory=QuestionsConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(bool(str(self.path).strip()), "dataset.path", "must name a folder or a .jsonl/.parquet/.csv file")
+        _require(self.long_documents in LONG_DOCUMENTS, "dataset.long_documents",
+                 f"must be one of {', '.join(LONG_DOCUMENTS)}, got {self.long_documents!r}")
+        _require(self.max_document_tokens is None or self.max_document_tokens > 0, "dataset.max_document_tokens",
+                 f"must be > 0 or null (no limit), got {self.max_document_tokens}")
+        _require(bool(self.text_field), "dataset.text_field", "must name the text column")
 
 
 # --------------------------------------------------------------------------- trainer
@@ -642,6 +738,7 @@ class RunConfig:
 # Groups whose options differ in shape: each option's YAML starts from its kind's schema, registered in Hydra's
 # ConfigStore as <group>/base_<kind> (conf/judge/gemini_flash.yaml: defaults: [base_litellm, _self_]).
 KIND_SCHEMAS: dict[str, dict[str, type]] = {
+    "dataset": {"repliqa": RepliqaDatasetConfig, "documents": DocumentsDatasetConfig},
     "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig, "embedded": EmbeddedJudgeConfig,
               "local": LocalJudgeConfig},
     "reward": {"qa": QARewardConfig, "ruler": RulerRewardConfig, "rubric": RubricRewardConfig,
@@ -663,7 +760,7 @@ class Config:
 
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = MISSING
-    dataset: DatasetConfig = MISSING
+    dataset: Any = MISSING  # RepliqaDatasetConfig | DocumentsDatasetConfig
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: Any = MISSING  # QARewardConfig | RulerRewardConfig | RubricRewardConfig | WeightedRewardConfig
     judge: Any = MISSING  # LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig | LocalJudgeConfig

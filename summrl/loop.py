@@ -23,7 +23,7 @@ from art.utils.iterate_dataset import iterate_dataset
 from summrl import algorithm, sft
 from summrl.backends import build_backend, internal_config
 from summrl.config import Config
-from summrl.data import Document, load_splits
+from summrl.data import Document
 from summrl.facts import hallucinates
 from summrl.job import RunRecord
 from summrl.judges import Judge, build_judge
@@ -31,6 +31,7 @@ from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: 
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
 from summrl.rollout import rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
+from summrl.splits import load as load_documents
 from summrl.storage import CheckpointBackup, model_dir
 from summrl.tracking import Tracker, open_tracker
 
@@ -313,7 +314,9 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         history = record.val_history
         seed_everything(config.seed)
         t = config.trainer
-        val, train_docs = load_splits(config.dataset)
+        splits = await load_documents(config)  # dataset=documents: questions written (and paid for) here, if need be
+        val, train_docs = splits.val, splits.train
+        record.update(dataset=splits.record)
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
         sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend

@@ -130,13 +130,54 @@ def judge_like(prompt: str) -> str:
     if '"rubric_scores"' in prompt:  # rubric scoring: every rubric half met, per summary
         n, m = len(re.findall(r'^<summary id="\d+">', prompt, re.M)), len(re.findall(r"^R\d+\. ", prompt, re.M))
         return json.dumps({"rubric_scores": [[0.5] * m for _ in range(n)]})
+    if '"questions": [' in prompt:  # question writing: cloze questions from the document's sentences
+        return json.dumps({"questions": fake_questions(prompt)})
     if '"answers"' in prompt:
-        n = len(re.findall(r"^\d+\. ", prompt, re.M))
-        return json.dumps({"answers": ["UNANSWERABLE"] * n})
-    if '"correct"' in prompt:
-        n = len(re.findall(r"^Candidate \d+: ", prompt, re.M))
-        return json.dumps({"correct": [False] * n})
+        questions = re.findall(r"^\d+\. (.*)$", prompt, re.M)
+        document = re.search(r"<document>\n(.*?)\n</document>", prompt, re.S)
+        if document:  # open book: a cloze's blank filled from the document
+            return json.dumps({"answers": [open_book_answer(q, document.group(1)) for q in questions]})
+        if "general knowledge" in prompt:  # closed book: what "everyone knows"
+            return json.dumps({"answers": [GENERAL_KNOWLEDGE.get(q.strip(), "UNANSWERABLE") for q in questions]})
+        return json.dumps({"answers": ["UNANSWERABLE"] * len(questions)})
+    if '"correct"' in prompt:  # a candidate is correct when it is the gold answer, ignoring case
+        verdicts = []
+        for block in prompt.split("\n\n"):
+            gold = re.search(r"^Gold: (.*)$", block, re.M)
+            for candidate in re.findall(r"^Candidate \d+: (.*)$", block, re.M):
+                verdicts.append(bool(gold) and candidate.strip().lower() == gold.group(1).strip().lower())
+        return json.dumps({"correct": verdicts})
     return "A summary written by the fake policy."
+
+
+# The fake judge's "general knowledge": a question it answers with no document (tests plant it).
+GENERAL_KNOWLEDGE = {"What is the capital of France?": "Paris"}
+
+
+def fake_questions(prompt: str) -> list[dict[str, str]]:
+    """As many questions as the writing prompt asks: clozes of the document's sentences (their last word masked,
+    the answer), then the unanswerable ones."""
+    answerable = int(re.search(r"^- (\d+) questions the document answers", prompt, re.M).group(1))
+    unanswerable = int(re.search(r"^- (\d+) questions on the document's topic", prompt, re.M).group(1))
+    document = re.search(r"<document>\n(.*?)\n</document>", prompt, re.S).group(1)
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+|\n+", document) if len(s.split()) >= 4]
+    questions = []
+    for sentence in sentences[:answerable]:
+        words = sentence.rstrip(".!?").split()
+        questions.append({"question": f"Complete: {' '.join(words[:-1])} ____", "answer": words[-1]})
+    questions += [{"question": f"What is the phone number of office {i + 1}?", "answer": "UNANSWERABLE"}
+                  for i in range(answerable + unanswerable - len(questions))]
+    return questions
+
+
+def open_book_answer(question: str, document: str) -> str:
+    """A cloze's missing word when the document has the sentence; UNANSWERABLE otherwise."""
+    match = re.match(r"Complete: (.*) ____$", question)
+    if match:
+        found = re.search(re.escape(match.group(1)) + r" (\S+?)[.!?]?(?:\s|$)", document)
+        if found:
+            return found.group(1)
+    return "UNANSWERABLE"
 
 
 class FakeLLM:

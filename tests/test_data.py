@@ -7,13 +7,13 @@ import json
 import pandas as pd
 import pytest
 
-from summrl.config import DatasetConfig
+from summrl.config import RepliqaDatasetConfig
 from summrl.data import REPLIQA_COLUMNS, UNANSWERABLE, DataError, load_splits
 from tests.conftest import SAMPLE, compose_config, repliqa_rows
 
 
 def splits(path, train_size, val_size, seed=80):
-    return load_splits(DatasetConfig(name="fixture", files=[str(path)], seed=seed,
+    return load_splits(RepliqaDatasetConfig(name="fixture", files=[str(path)], seed=seed,
                                      train_size=train_size, val_size=val_size))
 
 

@@ -18,7 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from summrl.backends import BackendUnavailable, check_local_gpu
-from summrl.config import DatasetConfig, ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
+from summrl.config import ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.preflight import missing_model_keys
@@ -86,7 +86,7 @@ class BenchmarkSettings:
 @dataclass
 class BenchmarkConfig:
     model: ModelConfig
-    dataset: DatasetConfig
+    dataset: Any  # RepliqaDatasetConfig | DocumentsDatasetConfig
     trainer: TrainerConfig  # max_words (the prompt), max_summary_tokens, temperature, seed
     reward: Any
     judge: Any
@@ -141,7 +141,7 @@ class BenchmarkSchema:
     schemas (summrl.config), its prompt settings (trainer), and the benchmark's own section."""
 
     model: ModelConfig = MISSING
-    dataset: DatasetConfig = MISSING
+    dataset: Any = MISSING  # RepliqaDatasetConfig | DocumentsDatasetConfig
     reward: Any = MISSING
     judge: Any = MISSING
     backend: Any = MISSING

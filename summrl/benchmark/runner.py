@@ -24,13 +24,14 @@ from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryErr
 from summrl.benchmark.summary import markdown, summarize
 from summrl.config import LexicalJudgeConfig, RulerRewardConfig, reward_kinds
 from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
-from summrl.data import Document, Question, all_documents, load_splits
+from summrl.data import Document, Question
 from summrl.errors import ConfigError
 from summrl.facts import hallucinates
 from summrl.judges import build_judge
 from summrl.rewards import Missing, build_reward
 from summrl.rewards.ruler import RulerReward
 from summrl.rollout import word_count
+from summrl.splits import load as load_documents
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,7 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
     """The whole benchmark. Returns the exit status: 0, 1 (some rows failed; rerun to retry), 3 (not confirmed)."""
     out_dir = Path(config.benchmark.output_dir)
     check_identity(out_dir, config)
-    val = all_documents(config.dataset) if config.benchmark.split == "all" else load_splits(config.dataset)[0]
+    val = (await load_documents(config, every_document=config.benchmark.split == "all", val_only=True)).val
     store = RowStore(out_dir / "rows.csv")
     jobs = plan(config, val, store)
     total = len(jobs) * len(val) * config.benchmark.rollouts_per_doc

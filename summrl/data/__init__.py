@@ -1,16 +1,10 @@
-"""Documents with their questions, loaded from Repliqa (hub or local files) and split into val/train."""
+"""Documents with their questions: Repliqa (hub or local files in its schema) or the user's own documents
+(``dataset=documents``), split into val/train with a seeded shuffle. Questions for documents that have none are
+written by the judge (:mod:`summrl.judges.questions`); :mod:`summrl.splits` puts the pieces together."""
 
-from summrl.data.repliqa import (
-    REPLIQA_COLUMNS,
-    UNANSWERABLE,
-    DataError,
-    Document,
-    Question,
-    group_documents,
-    all_documents,
-    load_splits,
-    resolve_path,
-)
+from summrl.data.document import UNANSWERABLE, Document, Question, resolve_path
+from summrl.data.repliqa import REPLIQA_COLUMNS, all_documents, group_documents, load_splits
+from summrl.data.split import DataError, split, split_counts
 
 __all__ = [
     "REPLIQA_COLUMNS",
@@ -18,8 +12,10 @@ __all__ = [
     "DataError",
     "Document",
     "Question",
-    "group_documents",
     "all_documents",
+    "group_documents",
     "load_splits",
     "resolve_path",
+    "split",
+    "split_counts",
 ]

@@ -7,15 +7,14 @@ with a seeded ``random.Random``, val is the first ``val_size``, train the next `
 
 from __future__ import annotations
 
-import importlib.util
-import random
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
-from summrl.errors import ExpectedFailure, is_network
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+from summrl.data.document import UNANSWERABLE, Document, Question, resolve_path, rubric_list
+from summrl.data.split import DataError, split
 
 if TYPE_CHECKING:
-    from summrl.config import DatasetConfig
+    from summrl.config import RepliqaDatasetConfig
 
 REPLIQA_COLUMNS = (
     "document_id",
@@ -28,52 +27,6 @@ REPLIQA_COLUMNS = (
     "long_answer",
 )
 RUBRIC_COLUMNS = ("positive_rubrics", "negative_rubrics")  # optional: per-document rubrics (lists of strings)
-UNANSWERABLE = "UNANSWERABLE"  # Repliqa's answer for questions the document does not answer
-
-
-class DataError(ExpectedFailure, ValueError):
-    """A dataset file or row that cannot be used; the message names the file and the row. Sizes the data can't
-    meet or a bad row are config errors; the hub out of reach is a network error."""
-
-    @property
-    def failure(self) -> str:  # type: ignore[override]
-        return "network" if is_network(self) else "config"
-
-
-@dataclass(frozen=True)
-class Question:
-    id: str
-    question: str
-    answer: str
-    long_answer: str
-
-    @property
-    def answerable(self) -> bool:
-        return self.answer.strip().upper() != UNANSWERABLE
-
-
-@dataclass(frozen=True)
-class Document:
-    id: str
-    topic: str
-    text: str
-    questions: tuple[Question, ...]
-    # From the optional dataset columns; None: not given (reward=rubric then writes them).
-    positive_rubrics: Optional[tuple[str, ...]] = None
-    negative_rubrics: Optional[tuple[str, ...]] = None
-
-
-def resolve_path(spec: str) -> Path:
-    """A plain path, or ``pkg:<package>/<relative path>`` for a file inside an installed package."""
-    if not spec.startswith("pkg:"):
-        return Path(spec).expanduser()
-    package, _, relative = spec[len("pkg:"):].partition("/")
-    found = importlib.util.find_spec(package)
-    if found is None or not found.submodule_search_locations:
-        raise DataError(f"{spec}: the package {package!r} is not installed (pip install it, see README.md)")
-    return Path(list(found.submodule_search_locations)[0]) / relative
-
-
 def _read_rows(path: Path) -> list[dict]:
     import pandas as pd
 
@@ -91,18 +44,6 @@ def _read_rows(path: Path) -> list[dict]:
             f"{path}: missing column(s) {', '.join(missing)}; Repliqa's schema is {', '.join(REPLIQA_COLUMNS)}"
         )
     return frame[[*REPLIQA_COLUMNS, *(c for c in RUBRIC_COLUMNS if c in frame.columns)]].to_dict("records")
-
-
-def _rubrics(value: Any, column: str, where: str) -> Optional[tuple[str, ...]]:
-    """A rubric column's value: a list of strings (parquet gives an array), or None when the row has none."""
-    if value is None or (isinstance(value, float) and value != value):  # absent, or NaN from a partly-filled column
-        return None
-    if hasattr(value, "tolist") and not isinstance(value, str):
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(r, str) and r.strip() for r in value):
-        raise DataError(f"{where}: {column} must be a non-empty list of non-empty strings (or absent), "
-                        f"got {str(value)[:100]!r}")
-    return tuple(r.strip() for r in value)
 
 
 def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
@@ -129,7 +70,7 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
             questions[doc_id] = []
             rubrics[doc_id] = {}
         for column in RUBRIC_COLUMNS:  # a document's rows that give its rubrics must agree; the others leave them out
-            value = _rubrics(row.get(column), column, f"{where} (document {doc_id})")
+            value = rubric_list(row.get(column), column, f"{where} (document {doc_id})")
             if value is None:
                 continue
             given = rubrics[doc_id].setdefault(column, (value, index))
@@ -170,22 +111,13 @@ def _load_rows(files: list[str] | None, hf_path: str, hf_split: str) -> tuple[li
     return list(dataset), f"{hf_path}/{hf_split}"
 
 
-def all_documents(dataset: "DatasetConfig") -> list[Document]:
+def all_documents(dataset: "RepliqaDatasetConfig") -> list[Document]:
     """Every document of the dataset, in its files' order (``benchmark.split=all``: no split sizes)."""
     rows, source = _load_rows(dataset.files, dataset.hf_path, dataset.hf_split)
     return group_documents(rows, source)
 
 
-def load_splits(dataset: "DatasetConfig") -> tuple[list[Document], list[Document]]:
+def load_splits(dataset: "RepliqaDatasetConfig") -> tuple[list[Document], list[Document]]:
     """Return (val, train) documents for ``cfg.dataset``."""
-    train_size, val_size = dataset.train_size, dataset.val_size
     rows, source = _load_rows(dataset.files, dataset.hf_path, dataset.hf_split)
-    documents = group_documents(rows, source)
-    if train_size + val_size > len(documents):
-        raise DataError(
-            f"{source}: train_size + val_size = {train_size} + {val_size} = {train_size + val_size}, "
-            f"but only {len(documents)} documents are available. Lower dataset.train_size / dataset.val_size "
-            "(or the TRAIN_SIZE / VAL_SIZE environment variables)."
-        )
-    random.Random(dataset.seed).shuffle(documents)
-    return documents[:val_size], documents[val_size : val_size + train_size]
+    return split(group_documents(rows, source), dataset, source)

@@ -20,6 +20,10 @@ from summrl.judges.client import JudgeClient, JudgeError, list_of, list_schema
 from summrl.judges.rubrics import PROMPT_VERSION, score_rubrics, write_rubrics
 
 
+def listing(questions: Sequence[Question]) -> str:
+    return "\n".join(f"{i + 1}. {q.question}" for i, q in enumerate(questions))
+
+
 def normalize(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", text.lower().replace(",", "")))
 
@@ -77,17 +81,27 @@ class LLMJudge:
         return await score_rubrics(self.client, rubrics, summaries)
 
     async def answer(self, summary: str, questions: Sequence[Question]) -> list[str]:
-        listing = "\n".join(f"{i + 1}. {q.question}" for i, q in enumerate(questions))
+        return await self.ask(ANSWER_PROMPT.format(summary=summary, questions=listing(questions),
+                                                   unanswerable=UNANSWERABLE), len(questions))
+
+    async def ask(self, prompt: str, n: int) -> list[str]:
+        """One answering call: ``prompt`` lists ``n`` questions and asks for {"answers": [...]}."""
         return await self.client.complete_json(
-            [{"role": "user", "content": ANSWER_PROMPT.format(summary=summary, questions=listing, unanswerable=UNANSWERABLE)}],
-            schema=list_schema("answers", {"type": "string", "maxLength": 80}, len(questions)),
-            check=lambda reply: [str(a) for a in list_of(reply, "answers", len(questions), (str, int, float))],
+            [{"role": "user", "content": prompt}],
+            schema=list_schema("answers", {"type": "string", "maxLength": 80}, n),
+            check=lambda reply: [str(a) for a in list_of(reply, "answers", n, (str, int, float))],
         )
 
     async def grade_group(self, texts: Sequence[str], questions: Sequence[Question]) -> list[Union[list[bool], JudgeError]]:
         """Grade several texts (a group's summaries) on the same questions: one answering call per text,
         in parallel, then a single grading call for every answer that doesn't already match its gold answer."""
         answered = await asyncio.gather(*(self.answer(t, questions) for t in texts), return_exceptions=True)
+        return await self.grade_answers(answered, questions)
+
+    async def grade_answers(self, answered: Sequence[Union[list[str], BaseException]],
+                            questions: Sequence[Question]) -> list[Union[list[bool], JudgeError]]:
+        """Each text's answers against the gold answers: an exact or normalized match needs no call, the rest are
+        graded in one call. A text whose answering failed (a JudgeError) keeps its error."""
         verdicts: list[Union[list[Optional[bool]], JudgeError]] = []
         pending: list[tuple[int, int]] = []  # (text, question) pairs the grading call decides
         for t, answers in enumerate(answered):

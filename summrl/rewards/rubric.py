@@ -12,51 +12,37 @@ A rubric score that can't be had (the judge failed after its retries) leaves the
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from summrl.data import Document
 from summrl.judges.base import Judge, Rubrics
+from summrl.judges.cache import JsonCache, document_hash
 from summrl.judges.client import JudgeError
 from summrl.rewards.base import Missing, Score
 
 
 class RubricCache:
-    """Written rubrics on disk, one JSON file per key. Writers are atomic (a temp file per writer, then a rename),
-    so parallel sweep jobs writing one document never clash; a file that can't be read is a miss, rewritten."""
+    """Written rubrics on disk (:class:`summrl.judges.cache.JsonCache`), keyed by the document's hash, the writer and
+    ``max_rubrics``."""
 
     def __init__(self, directory: str) -> None:
-        self.directory = Path(directory).expanduser()
+        self.cache = JsonCache(directory)
 
     def path(self, document: Document, writer: str, max_rubrics: int) -> Path:
-        key = json.dumps([hashlib.sha256(document.text.encode()).hexdigest(), writer, max_rubrics])
-        return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+        return self.cache.path(document_hash(document.text), writer, max_rubrics)
 
     def read(self, path: Path) -> Optional[Rubrics]:
-        try:
-            saved = json.loads(path.read_text())
-            lists = [saved["positive_rubrics"], saved["negative_rubrics"]]
-        except (OSError, ValueError, TypeError, KeyError):  # absent, or cut short by a crash: written again
-            return None
+        saved = self.cache.read(path) or {}
+        lists = [saved.get("positive_rubrics"), saved.get("negative_rubrics")]
         if not all(isinstance(items, list) and all(isinstance(i, str) for i in items) for items in lists):
             return None
         return Rubrics(tuple(lists[0]), tuple(lists[1]))
 
     def write(self, path: Path, rubrics: Rubrics, **about: object) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"positive_rubrics": list(rubrics.positive), "negative_rubrics": list(rubrics.negative),
-                           **about}, f)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        self.cache.write(path, {"positive_rubrics": list(rubrics.positive), "negative_rubrics": list(rubrics.negative),
+                                **about})
 
 
 def weighs_something(rubrics: Rubrics, positive_weight: float, negative_weight: float) -> bool:

@@ -1,0 +1,103 @@
+"""``python -m summrl.data inspect|prepare [overrides]``: look at a dataset, and write its questions ahead of training.
+
+The overrides are training's (``experiment=local dataset=documents dataset.path=docs/``), composed from
+conf/train.yaml, so ``prepare`` fills exactly the question cache the run will read.
+
+- ``inspect``: documents, split sizes, token lengths in the policy's tokens (min / median / max, how many over
+  ``dataset.max_document_tokens``), questions per document (given, cached, to write), and what writing the rest
+  would call and cost. Calls nothing.
+- ``prepare``: writes and checks the missing questions into the cache (with a progress bar), after the same cost
+  guard as training; then a sweep's jobs start with nothing to write.
+
+A bad config or dataset ends with one line and exit code 2, as in training (summrl.errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+
+from dotenv import load_dotenv
+
+from summrl.config import compose, validate
+from summrl.data import load_splits
+from summrl.data.documents import policy_token_counter
+from summrl.errors import exit_on
+
+USAGE = "usage: python -m summrl.data inspect|prepare [training's overrides, e.g. dataset=documents dataset.path=docs/]"
+log = logging.getLogger("summrl.data")
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in ("inspect", "prepare"):
+        print(USAGE, file=sys.stderr)
+        sys.exit(2)
+    command, overrides = argv[0], argv[1:]
+    logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stdout)
+    logging.getLogger("summrl").setLevel(logging.INFO)
+    try:
+        # no run folder: nothing is trained (run.dir would name Hydra's, which only a run has)
+        config = validate(compose("train", [*overrides, "run.dir=.", "run.name=data"], return_hydra_config=True))
+        load_dotenv()  # keys may live in .env, as for training
+        asyncio.run(inspect(config) if command == "inspect" else prepare(config))
+    except Exception as e:
+        exit_on(e)
+
+
+async def inspect(config) -> None:
+    from summrl import splits  # heavy (litellm, ART through the cost guard): after the config is known to be good
+
+    dataset = config.dataset
+    if dataset.kind == "repliqa":
+        val, train = load_splits(dataset)
+        print(f"summrl: dataset {dataset.name}: {len(val) + len(train)} documents used ({len(val)} val, "
+              f"{len(train)} train), each with its questions")
+        return
+    count = policy_token_counter(config.model)
+    loaded = splits.read_documents(config, count)
+    lengths = splits.token_lengths(loaded.documents, count)
+    limit = dataset.max_document_tokens
+    print(f"summrl: token lengths ({config.model.base_model}'s tokenizer): min {lengths['min']}, median "
+          f"{lengths['median']:g}, max {lengths['max']}; limit {limit if limit else 'none'}"
+          + (f", {loaded.long['over_limit']} documents were over it" if limit else ""))
+    val, train = splits.split(loaded.documents, dataset, loaded.source)
+    print(f"summrl: split (dataset.seed={dataset.seed}): {len(val)} val, {len(train)} train")
+    given = sum(bool(d.questions) for d in loaded.documents)
+    need = ([d for d in val if not d.questions]
+            + [d for d in train if not d.questions and splits.needs_questions(config, True)])
+    print(f"summrl: questions: {given} documents bring their own; {len(need)} need them written "
+          f"({dataset.questions.per_document} each, {dataset.questions.unanswerable_share:.0%} unanswerable"
+          f"{', checked open and closed book' if dataset.questions.check else ', unchecked'})")
+    bank = splits.question_bank(config)
+    client = bank.writer.client
+    pending, calls = splits.plan(bank, need, client.model if client is not None else None)
+    print(splits.describe(calls, len(pending), len(need) - len(pending)))
+
+
+async def prepare(config) -> None:
+    from summrl import splits  # heavy, as above
+
+    if config.dataset.kind == "repliqa":
+        print(f"summrl: dataset {config.dataset.name} brings its questions: nothing to prepare")
+        return
+    started = time.monotonic()
+    loaded = splits.read_documents(config)
+    val, train = splits.split(loaded.documents, config.dataset, loaded.source)
+    need = ([d for d in val if not d.questions]
+            + [d for d in train if not d.questions and splits.needs_questions(config, True)])
+    bank = splits.question_bank(config)
+    checked = await splits.fill(bank, need, config.dataset.questions, progress=True)
+    total = splits.totals(checked)
+    rate = total["closed_book_answer_rate"]
+    usage = bank.writer.client.usage if bank.writer.client is not None else None
+    print(f"summrl: prepared {len(checked)} documents in {time.monotonic() - started:.1f} s: {bank.written} written now, "
+          f"{bank.hits} from the cache ({bank.cache.directory}); questions written {total['written']}, kept "
+          f"{total['kept']}, dropped {', '.join(f'{k} {v}' for k, v in total['dropped'].items())}; closed-book "
+          f"answer rate {'n/a' if rate is None else f'{rate:.1%}'}"
+          + (f"; judge cost ${usage.cost_usd:.4f} in {usage.calls} calls" if usage else ""))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,367 @@
+"""``dataset=documents``: the user's own documents, from a folder of files or one table with a row per document.
+
+A folder: each ``.txt``/``.md`` file is a document, ``.html``/``.htm`` files are read with BeautifulSoup and ``.pdf``
+files with pypdf; the id is the file's path relative to the folder. Other files are skipped and listed. A table
+(``.jsonl``, ``.parquet``, ``.csv``): the columns are named in config (``dataset.text_field``, ``id_field``,
+``questions_field`` and the rubric fields); without an id column a document's id is its text's hash.
+
+Bad input stops here, before any model loads, with one line naming the file or row and the fix: an empty, binary
+or non-UTF-8 file, a folder with nothing readable, a row without text, a questions cell of the wrong shape.
+Duplicate documents (same text) are kept once and reported. Documents longer than ``dataset.max_document_tokens``
+(the policy's tokens) are split at paragraph boundaries, skipped or refused (:func:`limit_length`), never cut.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from summrl.data.document import UNANSWERABLE, Document, Question, rubric_list
+from summrl.data.split import DataError
+from summrl.data.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from summrl.config import DocumentsDatasetConfig
+
+TEXT_SUFFIXES = (".txt", ".md", ".markdown")
+HTML_SUFFIXES = (".html", ".htm")
+PDF_SUFFIXES = (".pdf",)
+READABLE = TEXT_SUFFIXES + HTML_SUFFIXES + PDF_SUFFIXES
+TABLE_SUFFIXES = (".jsonl", ".parquet", ".csv")
+QUESTIONS_SHAPE = ('a list of {"question": "...", "answer": "..."} objects (answer "UNANSWERABLE" for a question '
+                   "the document does not answer)")
+
+
+@dataclass
+class Loaded:
+    """The documents read from ``dataset.path``, and what happened on the way (printed and recorded)."""
+
+    source: str
+    documents: list[Document]
+    skipped_files: list[tuple[str, str]] = field(default_factory=list)  # (file, why)
+    duplicates: list[tuple[str, str]] = field(default_factory=list)  # (left-out id, the kept id with the same text)
+    columns: dict[str, str] = field(default_factory=dict)  # what each configured column turned out to be
+    long: dict[str, Any] = field(default_factory=dict)  # limit_length's counts
+
+    def record(self) -> dict[str, Any]:
+        return {"source": self.source, "documents": len(self.documents),
+                "with_questions": sum(bool(d.questions) for d in self.documents),
+                "skipped_files": [{"file": f, "why": why} for f, why in self.skipped_files],
+                "duplicates": [{"id": a, "same_text_as": b} for a, b in self.duplicates],
+                "columns": self.columns, "long_documents": self.long}
+
+    def lines(self) -> list[str]:
+        """What the user must know about the read: skipped files, duplicates, long documents (nothing silent)."""
+        out = [f"summrl: dataset: {len(self.documents)} documents from {self.source}"
+               + (f" ({', '.join(f'{k}: {v}' for k, v in self.columns.items())})" if self.columns else "")]
+        if self.skipped_files:
+            out.append(f"summrl: dataset: skipped {len(self.skipped_files)} file(s): "
+                       + "; ".join(f"{f} ({why})" for f, why in self.skipped_files[:10])
+                       + (f"; and {len(self.skipped_files) - 10} more" if len(self.skipped_files) > 10 else ""))
+        if self.duplicates:
+            out.append(f"summrl: dataset: {len(self.duplicates)} duplicate document(s) kept once: "
+                       + "; ".join(f"{a} = {b}" for a, b in self.duplicates[:10])
+                       + (" ..." if len(self.duplicates) > 10 else ""))
+        if self.long.get("over_limit"):
+            how = {"split": f"split into {self.long['parts']} parts", "skip": "skipped"}[self.long["mode"]]
+            out.append(f"summrl: dataset: {self.long['over_limit']} document(s) over dataset.max_document_tokens="
+                       f"{self.long['limit']} {how} (dataset.long_documents={self.long['mode']})")
+        return out
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.strip().encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read(dataset: "DocumentsDatasetConfig") -> Loaded:
+    """Every document at ``dataset.path`` (a folder or a table), duplicates kept once. Raises DataError."""
+    path = Path(dataset.path).expanduser()
+    if path.is_dir():
+        loaded = _read_folder(path)
+    elif path.is_file():
+        if path.suffix.lower() not in TABLE_SUFFIXES:
+            raise DataError(f"dataset.path={dataset.path}: a {path.suffix or 'suffix-less'} file is not a table: "
+                            f"give a folder of documents, or a {', '.join(TABLE_SUFFIXES)} file with a row per document")
+        loaded = _read_table(path, dataset)
+    else:
+        raise DataError(f"dataset.path={dataset.path}: no such file or folder (give a folder of documents, or a "
+                        f"{', '.join(TABLE_SUFFIXES)} file)")
+    kept: dict[str, str] = {}  # text hash -> id
+    documents = []
+    for document in loaded.documents:
+        digest = text_hash(document.text)
+        if digest in kept:
+            loaded.duplicates.append((document.id, kept[digest]))
+            continue
+        kept[digest] = document.id
+        documents.append(document)
+    loaded.documents = documents
+    return loaded
+
+
+def _read_folder(folder: Path) -> Loaded:
+    documents, skipped = [], []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative = path.relative_to(folder).as_posix()
+        if any(part.startswith(".") for part in path.relative_to(folder).parts):
+            skipped.append((relative, "hidden"))
+            continue
+        if path.suffix.lower() not in READABLE:
+            skipped.append((relative, f"not {'/'.join(s.lstrip('.') for s in READABLE)}"))
+            continue
+        documents.append(Document(id=relative, topic=path.parent.relative_to(folder).as_posix().strip("."),
+                                  text=_file_text(path, relative), questions=()))
+    if not documents:
+        listed = f" (found: {', '.join(f for f, _ in skipped[:5])})" if skipped else " (it is empty)"
+        raise DataError(f"dataset.path={folder}: no readable document in this folder{listed}; put the documents in as "
+                        f"{', '.join(READABLE)} files, or point dataset.path at a .jsonl/.parquet/.csv table")
+    return Loaded(str(folder), documents, skipped)
+
+
+def _file_text(path: Path, relative: str) -> str:
+    data = path.read_bytes()
+    suffix = path.suffix.lower()
+    if suffix in PDF_SUFFIXES:
+        text = _pdf_text(path, relative)
+    else:
+        if b"\x00" in data:
+            raise DataError(f"{relative}: a binary file, not text (it has NUL bytes): remove it from the folder, or "
+                            "save its text as .txt")
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{relative}: not UTF-8 (byte {data[e.start]:#04x} at offset {e.start}): re-save it as "
+                            "UTF-8, e.g. iconv -f latin1 -t utf-8 (or remove it from the folder)") from None
+        if suffix in HTML_SUFFIXES:
+            text = _html_text(text)
+    text = text.strip()
+    if not text:
+        raise DataError(f"{relative}: an empty document (no text{' layer: a scanned PDF needs OCR first' if suffix in PDF_SUFFIXES else ''}): "
+                        "remove it from the folder or give it its text")
+    return text
+
+
+def _html_text(html: str) -> str:
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    for tag in soup(["script", "style", "head", "nav"]):
+        tag.decompose()
+    return re.sub(r"\n\s*\n+", "\n\n", soup.get_text("\n")).strip()
+
+
+def _pdf_text(path: Path, relative: str) -> str:
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        pages = [page.extract_text() or "" for page in PdfReader(path).pages]
+    except (PdfReadError, ValueError, OSError) as e:
+        raise DataError(f"{relative}: not a readable PDF ({type(e).__name__}: {e}): re-export it, or remove it from "
+                        "the folder") from None
+    return "\n\n".join(p.strip() for p in pages if p.strip())
+
+
+def _table_rows(path: Path) -> tuple[list[dict], list[str]]:
+    """(rows, columns). A .jsonl line that is not a JSON object is named by its line number."""
+    if path.suffix.lower() == ".jsonl":
+        rows = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}, line {number}: not JSON ({e.msg}): each line must be one JSON object") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object with the columns")
+            rows.append(row)
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        return rows, columns
+    import pandas as pd
+
+    try:
+        frame = (pd.read_parquet(path) if path.suffix.lower() == ".parquet"
+                 else pd.read_csv(path, dtype=str, keep_default_na=False))
+    except Exception as e:  # pandas' and pyarrow's many parse errors
+        raise DataError(f"{path}: can't be read as {path.suffix} ({type(e).__name__}: {str(e)[:200]})") from None
+    return frame.to_dict("records"), [str(c) for c in frame.columns]
+
+
+def _read_table(path: Path, dataset: "DocumentsDatasetConfig") -> Loaded:
+    rows, columns = _table_rows(path)
+    if not rows:
+        raise DataError(f"{path}: no rows; put one document per row")
+    if dataset.text_field not in columns:
+        raise DataError(f"{path}: no column {dataset.text_field!r} (dataset.text_field); its columns are "
+                        f"{', '.join(columns)}: set dataset.text_field=<the column with the text>")
+    used = {key: getattr(dataset, key) for key in ("id_field", "questions_field", "positive_rubrics_field",
+                                                    "negative_rubrics_field") if getattr(dataset, key) in columns}
+    described = {"text": dataset.text_field,
+                 "ids": f"column {dataset.id_field!r}" if "id_field" in used else "the text's hash (no id column)",
+                 "questions": (f"column {dataset.questions_field!r}" if "questions_field" in used
+                               else "written by the judge (no questions column)")}
+    documents, seen = [], {}
+    for index, row in enumerate(rows):
+        where = f"{path}, row {index}"
+        text = row.get(dataset.text_field)
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{where}: no text in column {dataset.text_field!r} (dataset.text_field): give the row its "
+                            "text or remove it")
+        doc_id = _cell_text(row.get(used["id_field"])) if "id_field" in used else text_hash(text)[:16]
+        if not doc_id:
+            raise DataError(f"{where}: an empty id in column {dataset.id_field!r} (dataset.id_field): every row needs one")
+        if doc_id in seen and "id_field" in used:
+            raise DataError(f"{where}: id {doc_id!r} is already row {seen[doc_id]}'s: ids in column "
+                            f"{dataset.id_field!r} must be unique")
+        seen.setdefault(doc_id, index)
+        where = f"{where} (document {doc_id})"
+        questions = (_questions(row.get(used["questions_field"]), doc_id, where, dataset.questions_field)
+                     if "questions_field" in used else ())
+        rubrics = {name: rubric_list(_json_cell(row.get(used[key])), getattr(dataset, key), where)
+                   for name, key in (("positive_rubrics", "positive_rubrics_field"),
+                                     ("negative_rubrics", "negative_rubrics_field")) if key in used}
+        documents.append(Document(id=doc_id, topic="", text=text.strip(), questions=questions, **rubrics))
+    return Loaded(str(path), documents, columns=described)
+
+
+def _cell_text(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return str(value).strip()
+
+
+def _json_cell(value: Any) -> Any:
+    """A CSV cell holds a list as JSON text; parquet and jsonl hold it as a list (parquet: an array)."""
+    if isinstance(value, str) and value.strip().startswith(("[", "{")):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    if isinstance(value, str) and not value.strip():
+        return None
+    return value
+
+
+def _questions(value: Any, doc_id: str, where: str, column: str) -> tuple[Question, ...]:
+    value = _json_cell(value)
+    if value is None or (isinstance(value, float) and value != value):
+        return ()  # this row has none: the judge writes them
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    bad = DataError(f"{where}: column {column!r} (dataset.questions_field) must be {QUESTIONS_SHAPE}; "
+                    f"got {json.dumps(value, default=str)[:120]}")
+    if not isinstance(value, list):
+        raise bad
+    questions = []
+    for number, item in enumerate(value, 1):
+        if not isinstance(item, dict) or not all(isinstance(item.get(k), str) and item[k].strip()
+                                                 for k in ("question", "answer")):
+            raise bad
+        answer = item["answer"].strip()
+        questions.append(Question(id=str(item.get("id") or f"{doc_id}-q{number}"), question=item["question"].strip(),
+                                  answer=UNANSWERABLE if answer.upper() == UNANSWERABLE else answer,
+                                  long_answer=str(item.get("long_answer") or "")))
+    return tuple(questions)
+
+
+# --------------------------------------------------------------------------- long documents
+
+_PARAGRAPHS = re.compile(r"\n\s*\n")
+_SENTENCES = re.compile(r"(?<=[.!?])\s+")
+
+
+def limit_length(loaded: Loaded, dataset: "DocumentsDatasetConfig", count_tokens: Callable[[str], int]) -> Loaded:
+    """Apply ``dataset.max_document_tokens`` (``count_tokens``: the policy's tokenizer). Over the limit, a document is
+    split at paragraph boundaries (a paragraph over the limit at sentence ends, a sentence over it at spaces: never
+    cut mid-word, nothing dropped), skipped, or refused, as ``dataset.long_documents`` says; the counts are kept in
+    ``loaded.long``. Parts are named ``<id>#part<k>``."""
+    limit, mode = dataset.max_document_tokens, dataset.long_documents
+    loaded.long = {"limit": limit, "mode": mode, "over_limit": 0, "parts": 0}
+    if limit is None:
+        return loaded
+    documents = []
+    for document in loaded.documents:
+        # A token is at least one byte, so a text of at most `limit` bytes needs no tokenizer.
+        tokens = count_tokens(document.text) if len(document.text.encode()) > limit else 0
+        if tokens <= limit:
+            documents.append(document)
+            continue
+        loaded.long["over_limit"] += 1
+        if mode == "error":
+            raise DataError(f"document {document.id}: {tokens} tokens, over dataset.max_document_tokens={limit}: raise "
+                            "the limit, or set dataset.long_documents=split (at paragraph boundaries) or skip")
+        if mode == "skip":
+            continue
+        if document.questions or document.positive_rubrics is not None or document.negative_rubrics is not None:
+            raise DataError(f"document {document.id}: {tokens} tokens, over dataset.max_document_tokens={limit}, and "
+                            "its own questions or rubrics can't be shared out among the parts of a split: raise "
+                            "dataset.max_document_tokens, or set dataset.long_documents=skip")
+        parts = split_text(document.text, limit, count_tokens)
+        loaded.long["parts"] += len(parts)
+        documents += [replace(document, id=f"{document.id}#part{k}", text=part) for k, part in enumerate(parts, 1)]
+    loaded.documents = documents
+    return loaded
+
+
+def split_text(text: str, limit: int, count_tokens: Callable[[str], int]) -> list[str]:
+    """``text`` as consecutive parts of at most ``limit`` tokens, cut between paragraphs where possible."""
+    pieces = _pieces(text, limit, count_tokens)
+    parts, current, size = [], [], 0
+    for piece, tokens in pieces:
+        if current and size + tokens + 2 > limit:  # "\n\n" between pieces: a token or two at most
+            parts.append(current)
+            current, size = [], 0
+        current.append(piece)
+        size += tokens + 2
+    parts.append(current)
+    joined = []
+    for part in parts:
+        text_part = "\n\n".join(part)
+        if len(part) > 1 and count_tokens(text_part) > limit:  # merges across the joins: halve and try again
+            middle = len(part) // 2
+            joined += split_text("\n\n".join(part[:middle]), limit, count_tokens)
+            joined += split_text("\n\n".join(part[middle:]), limit, count_tokens)
+        else:
+            joined.append(text_part)
+    return joined
+
+
+def _pieces(text: str, limit: int, count_tokens: Callable[[str], int]) -> list[tuple[str, int]]:
+    """Paragraphs, each with its token count; one over the limit becomes its sentences, a sentence over it words."""
+    out = []
+    for paragraph in (p.strip() for p in _PARAGRAPHS.split(text)):
+        if not paragraph:
+            continue
+        tokens = count_tokens(paragraph)
+        if tokens <= limit:
+            out.append((paragraph, tokens))
+            continue
+        for sentence in _SENTENCES.split(paragraph):
+            tokens = count_tokens(sentence)
+            if tokens <= limit:
+                out.append((sentence, tokens))
+                continue
+            words, chunk = sentence.split(" "), []
+            for word in words:
+                if chunk and count_tokens(" ".join([*chunk, word])) > limit - 2:
+                    out.append((" ".join(chunk), count_tokens(" ".join(chunk))))
+                    chunk = []
+                chunk.append(word)
+            if chunk:
+                out.append((" ".join(chunk), count_tokens(" ".join(chunk))))
+    return out
+
+
+def policy_token_counter(model: Any) -> Callable[[str], int]:
+    """Counts tokens with the policy's tokenizer (``model.weights`` when set: a folder, a .gguf file or a ``pkg:``
+    path; else the hub id, from the local Hugging Face cache). Raises DataError when it can't be loaded."""
+    tokenizer = load_tokenizer(model)
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,0 +1,45 @@
+"""What a judge wrote once (rubrics, questions), kept on disk so that reruns and every job of a sweep pay once.
+
+One JSON file per key; the key is a list of plain values (the document's text hash, the writer: model, endpoint and
+prompt version, and the settings). Writes are atomic (a temp file per writer, then a rename), so parallel sweep jobs
+writing one document never clash; a file that can't be read is a miss, and is written again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+
+def document_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class JsonCache:
+    def __init__(self, directory: str) -> None:
+        self.directory = Path(directory).expanduser()
+
+    def path(self, *key: Any) -> Path:
+        return self.directory / f"{hashlib.sha256(json.dumps(list(key)).encode()).hexdigest()}.json"
+
+    def read(self, path: Path) -> Optional[dict]:
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):  # absent, or cut short by a crash: written again
+            return None
+        return saved if isinstance(saved, dict) else None
+
+    def write(self, path: Path, value: dict) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(value, f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,228 @@
+"""The documents a run validates and trains on (and the benchmark scores), with their questions.
+
+Repliqa brings its questions. ``dataset=documents`` reads the user's documents (:mod:`summrl.data.documents`), holds
+them to ``dataset.max_document_tokens``, splits them with the seeded shuffle, and gets questions for those that need
+them from :class:`summrl.judges.questions.QuestionBank` (cached, or written and checked by the judge). Val documents
+always need questions (every run reports QA accuracy on val); train documents need them when the reward uses the
+QA reward. A paid writer's cost is estimated and printed first, held to ``dataset.questions.max_cost_usd``, and
+confirmed on stdin unless ``dataset.questions.confirm=false``: declining calls nothing. What happened (files
+skipped, duplicates, long documents, questions written, kept and dropped by reason, the closed-book answer rate) is
+printed and returned as the run's ``dataset`` record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional, Sequence
+
+from summrl.config import reward_kinds
+from summrl.cost import Calls, confirmed
+from summrl.data import Document, all_documents, load_splits, split
+from summrl.data.documents import Loaded, limit_length, policy_token_counter, read
+from summrl.errors import ConfigError, ExpectedFailure
+from summrl.judges import build_judge, missing_keys
+from summrl.judges.cache import JsonCache
+from summrl.judges.questions import (Checked, QuestionBank, QuestionSettings, estimated_tokens, question_writer,
+                                     totals)
+
+log = logging.getLogger(__name__)
+
+
+class QuestionsNotConfirmed(ExpectedFailure, RuntimeError):
+    """The user declined the question writer's estimate, or it is over dataset.questions.max_cost_usd: nothing was
+    called."""
+
+    failure = "not_confirmed"
+
+
+class QuestionsFailed(ExpectedFailure, RuntimeError):
+    """The judge failed to write some documents' questions after its retries; those written are cached."""
+
+    failure = "judge"
+
+
+@dataclass
+class Splits:
+    val: list[Document]
+    train: list[Document]
+    record: dict[str, Any] = field(default_factory=dict)  # result.json's "dataset"
+
+
+class LazyCounter:
+    """The policy's token counter, loaded on first use: most documents are short enough to need none."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self._count = model, None
+
+    def __call__(self, text: str) -> int:
+        if self._count is None:
+            self._count = policy_token_counter(self.model)
+        return self._count(text)
+
+
+def read_documents(config: Any, count_tokens: Optional[Callable[[str], int]] = None) -> Loaded:
+    """dataset=documents: the documents, duplicates kept once, held to max_document_tokens; what happened printed."""
+    loaded = limit_length(read(config.dataset), config.dataset, count_tokens or LazyCounter(config.model))
+    for line in loaded.lines():
+        log.info(line)
+    return loaded
+
+
+def needs_questions(config: Any, train: bool) -> bool:
+    """Val always needs questions (QA accuracy on val); train when the reward uses the QA reward."""
+    return not train or "qa" in reward_kinds(config.reward)
+
+
+async def load(config: Any, *, every_document: bool = False, val_only: bool = False) -> Splits:
+    """(val, train) for ``config.dataset``, questions included. ``every_document``: every document as val, none as
+    train (the benchmark's split=all); ``val_only``: only val needs questions (the benchmark). Raises DataError,
+    ConfigError, QuestionsNotConfirmed, QuestionsFailed."""
+    dataset = config.dataset
+    if dataset.kind == "repliqa":
+        if every_document:
+            return Splits(all_documents(dataset), [], {"kind": "repliqa", "split": "all"})
+        val, train = load_splits(dataset)
+        return Splits(val, train, {"kind": "repliqa", "val": len(val), "train": len(train)})
+    loaded = read_documents(config)
+    val, train = ((list(loaded.documents), []) if every_document else split(loaded.documents, dataset, loaded.source))
+    train_needs = needs_questions(config, True) and not val_only
+    need = [d for d in val if not d.questions] + [d for d in train if not d.questions and train_needs]
+    bank = question_bank(config)
+    checked = await fill(bank, need, dataset.questions) if need else {}
+
+    def with_questions(documents: Sequence[Document], required: bool) -> list[Document]:
+        out = []
+        for document in documents:
+            if document.id in checked:
+                document = replace(document, questions=checked[document.id].questions(document.id))
+            if document.questions or not required:
+                out.append(document)
+        return out
+
+    val_out = with_questions(val, True)
+    train_out = with_questions(train, train_needs)
+    left_out = sorted({d.id for d in [*val, *train]} - {d.id for d in [*val_out, *train_out]})
+    if left_out:
+        log.info(f"summrl: dataset: {len(left_out)} document(s) left out, none of their written questions passed the "
+                 f"check: {', '.join(left_out[:10])}{' ...' if len(left_out) > 10 else ''}")
+    if not val_out or (not train_out and not every_document):
+        raise ConfigError(f"dataset.path={dataset.path}: after the question check, {len(val_out)} val and "
+                          f"{len(train_out)} train documents are left: add documents, or change dataset.val_size")
+    usage = bank.writer.client.usage if bank.writer.client is not None else None
+    record = {"kind": "documents", **loaded.record(), "val": len(val_out), "train": len(train_out),
+              "questions": {"given": sum(bool(d.questions) for d in loaded.documents),
+                            "generated_documents": len(checked), "cache_hits": bank.hits, "written_now": bank.written,
+                            **totals(checked), "left_out": left_out,
+                            "cost_usd": usage.cost_usd if usage else 0.0,
+                            "per_document": {doc_id: c.counts() for doc_id, c in checked.items()}}}
+    q = record["questions"]
+    if checked:
+        rate = q["closed_book_answer_rate"]
+        log.info(f"summrl: questions: {q['written']} written for {len(checked)} documents ({bank.hits} from the "
+                 f"cache), {q['kept']} kept; dropped: {', '.join(f'{k} {v}' for k, v in q['dropped'].items())}; "
+                 f"closed-book answer rate {'n/a' if rate is None else f'{rate:.1%}'}")
+    return Splits(val_out, train_out, record)
+
+
+def question_bank(config: Any) -> QuestionBank:
+    q = config.dataset.questions
+    judge = None
+    if config.judge.kind not in ("lexical", "local", "embedded"):
+        missing = missing_keys(config.judge)
+        if missing:
+            raise ConfigError(f"dataset=documents: the judge writes the questions, and its key {missing[0]} is not set: "
+                              f"export {missing[0]}=... (or put it in .env), or use judge=lexical offline")
+        judge = build_judge(config.judge)
+    settings = QuestionSettings(q.per_document, q.unanswerable_share, q.check)
+    return QuestionBank(question_writer(config.judge, judge), settings, JsonCache(q.cache_dir))
+
+
+def plan(bank: QuestionBank, documents: Sequence[Document], price_model: Optional[str]) -> tuple[list[Document], Calls]:
+    """The documents whose questions are not cached, and the calls writing them would make (priced when paid)."""
+    pending = [d for d in documents if bank.cached(d) is None]
+    calls = Calls(f"judge {price_model or bank.writer.writer}", price_model)
+    if pending and price_model is not None:
+        calls.calls, calls.input_tokens, calls.output_tokens = estimated_tokens(pending, bank.settings)
+    elif pending:
+        calls.calls = len(pending)
+    return pending, calls
+
+
+def describe(calls: Calls, pending: int, cached: int) -> str:
+    if not pending:
+        return f"summrl: questions: all {cached} documents' questions are cached; nothing to write"
+    if calls.local:
+        return (f"summrl: questions: {pending} documents to write questions for ({cached} cached), offline "
+                f"({calls.who.split(' ', 1)[1]}), $0")
+    usd = calls.usd
+    price = "unknown (not in litellm's cost map)" if usd is None else f"${usd:.4f}"
+    return (f"summrl: questions: {pending} documents to write questions for ({cached} cached): {calls.who}: "
+            f"{calls.calls} calls, ~{calls.input_tokens:,} input / <= {calls.output_tokens:,} output tokens, {price}")
+
+
+async def fill(bank: QuestionBank, documents: Sequence[Document], settings: Any,
+               progress: bool = False) -> dict[str, Checked]:
+    """Every document's checked questions: the cached ones, then those written now, after the cost guard."""
+    client = bank.writer.client
+    price_model = client.model if client is not None else None
+    pending, calls = plan(bank, documents, price_model)
+    log.info(describe(calls, len(pending), len(documents) - len(pending)))
+    budget = settings.max_cost_usd
+    if pending and client is not None:
+        usd = calls.usd
+        if budget is not None and (usd is None or usd > budget):
+            raise QuestionsNotConfirmed(
+                f"dataset.questions.max_cost_usd={budget:g}: the estimate is "
+                f"{'unknown (not in litellm cost map)' if usd is None else f'${usd:.4f}'}, over the budget; nothing "
+                "was called. Raise the budget, or write fewer questions (dataset.questions.per_document, fewer "
+                "documents)")
+        if settings.confirm and not confirmed():
+            raise QuestionsNotConfirmed("dataset.questions: the question writer's cost was not confirmed; nothing was "
+                                        "called (dataset.questions.confirm=false skips the question)")
+    checked: dict[str, Checked] = {}
+    pending_ids = {d.id for d in pending}
+    for document in documents:
+        if document.id not in pending_ids:
+            checked[document.id] = bank.cached(document)  # type: ignore[assignment]
+            bank.hits += 1
+    over_budget: list[str] = []
+
+    async def one(document: Document) -> None:
+        if budget is not None and client is not None and client.usage.cost_usd >= budget:
+            over_budget.append(document.id)
+            return
+        result = await bank.get(document)
+        if result is not None:
+            checked[document.id] = result
+
+    bar = None
+    if progress and pending:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(pending), desc="writing questions", unit="doc")
+    tasks = [asyncio.ensure_future(one(d)) for d in pending]
+    for task in asyncio.as_completed(tasks):
+        await task
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if over_budget:
+        raise QuestionsNotConfirmed(f"dataset.questions.max_cost_usd={budget:g} reached (${client.usage.cost_usd:.4f} "
+                                    f"spent): {len(over_budget)} documents still need questions; those written are "
+                                    "cached, so a rerun with a higher budget pays only for the rest")
+    if bank.failures:
+        first = next(iter(bank.failures.items()))
+        raise QuestionsFailed(f"questions could not be written for {len(bank.failures)} of {len(pending)} documents "
+                              f"(document {first[0]}: {first[1]}); the {bank.written} written are cached: rerun to "
+                              "write the rest")
+    return checked
+
+
+def token_lengths(documents: Sequence[Document], count_tokens: Callable[[str], int]) -> dict[str, float]:
+    lengths = [count_tokens(d.text) for d in documents]
+    return {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)}
+

@@ -941,6 +941,12 @@ def check(config: Config) -> None:
         _require(config.sft.min_reward <= high, "sft.min_reward",
                  f"{config.sft.min_reward} is unreachable: reward={config.reward.kind} lies in [{low:g}, {high:g}]; "
                  "lower it, or filter by rank with sft.min_reward=null sft.top_k=<k>")
+    paid_judge = config.judge.kind not in ("lexical", "local", "embedded")
+    if (config.dataset.kind == "documents" and config.dataset.questions.confirm and paid_judge
+            and config.backend.kind == "skypilot"):
+        raise ConfigError("dataset.questions.confirm: the remote job has no terminal to confirm the question writer's "
+                          "cost in: add dataset.questions.confirm=false (and dataset.questions.max_cost_usd=<$> as a "
+                          "budget; the estimate is printed in the job's log)")
     if config.sft.kind == "distill" and config.sft.confirm and config.backend.kind == "skypilot":
         raise ConfigError("sft.confirm: the remote job has no terminal to confirm the teacher's cost in: add "
                           "sft.confirm=false (the plan with its estimate is printed in the job's log)")

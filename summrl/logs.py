@@ -11,6 +11,7 @@ by name where it is made (judges.client, benchmark.__main__, cloud.launch).
 from __future__ import annotations
 
 import logging
+import sys
 
 
 class BelowError(logging.Filter):
@@ -18,3 +19,18 @@ class BelowError(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno < logging.ERROR
+
+
+def console() -> None:
+    """For a CLI Hydra does not run (``summrl.data``): the ``summrl`` logger's lines on stdout, errors on stderr, as
+    under Hydra. Called twice (a test calling the CLI in-process), it adds nothing."""
+    logger = logging.getLogger("summrl")
+    logger.setLevel(logging.INFO)
+    if any(getattr(h, "summrl_console", False) for h in logger.handlers):
+        return
+    out, err = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)
+    out.addFilter(BelowError())
+    err.setLevel(logging.ERROR)
+    for handler in (out, err):
+        handler.summrl_console = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import statistics
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
@@ -179,7 +180,7 @@ async def fill(bank: QuestionBank, documents: Sequence[Document], settings: Any,
                 f"{'unknown (not in litellm cost map)' if usd is None else f'${usd:.4f}'}, over the budget; nothing "
                 "was called. Raise the budget, or write fewer questions (dataset.questions.per_document, fewer "
                 "documents)")
-        if settings.confirm and not confirmed():
+        if settings.confirm and not confirmed(sys.stdin):
             raise QuestionsNotConfirmed("dataset.questions: the question writer's cost was not confirmed; nothing was "
                                         "called (dataset.questions.confirm=false skips the question)")
     checked: dict[str, Checked] = {}

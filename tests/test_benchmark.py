@@ -395,3 +395,20 @@ def test_split_all_scores_every_document_with_a_progress_bar_on_a_terminal(tmp_p
 def test_benchmark_split_must_be_val_or_all(tmp_path):
     with pytest.raises(ConfigError, match="benchmark.split: must be one of val, all"):
         compose_benchmark(["experiment=local", "benchmark.split=train"], tmp_path)
+
+
+def test_the_benchmark_scores_your_own_documents_on_the_questions_written_for_them(tmp_path):
+    """dataset=documents: the val documents get questions (offline writer for judge=lexical), and every row is graded
+    on them; train documents are left without (the benchmark scores val only)."""
+    folder = ROOT / "tests" / "fixtures" / "documents"
+    with FakeLLM() as fake:
+        config = compose_benchmark(["experiment=local", "judge=lexical", "dataset=documents", f"dataset.path={folder}",
+                                    f"dataset.questions.cache_dir={tmp_path / 'questions'}", "dataset.val_size=2",
+                                    "benchmark.rollouts_per_doc=1", "benchmark.confirm=false",
+                                    f"benchmark.models=[{fake_model(fake)}]"], tmp_path / "out")
+        assert asyncio.run(run(config)) == 0
+        assert len(fake.requests) == 2  # one summary per val document, and no judge call
+    rows = read_rows(tmp_path / "out" / "rows.csv")
+    assert len(rows) == 2 and all(doc.endswith(".md") for doc in rows.document_id)
+    assert all(len(json.loads(c)) >= 4 for c in rows.correct)  # graded on the written questions
+    assert len(list((tmp_path / "questions").glob("*.json"))) == 2

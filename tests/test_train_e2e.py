@@ -97,15 +97,26 @@ def test_ruler_with_the_embedded_judge_runs_offline(tmp_path, tiny_weights):
     assert all(0.0 <= r["val/qa_accuracy"] <= 1.0 for r in rows if "val/ruler_score" in r)
 
 
-def test_weighted_qa_plus_rubric_trains_offline_and_logs_terms_and_hallucinations(tmp_path, tiny_weights):
-    """experiment=local with qa + 0.2 x rubric (offline rubrics): each term logged as train/reward_<term>, and the val
-    hallucination rate in the history, result.json's val history and its final figure."""
+def test_weighted_qa_plus_rubric_trains_offline_on_your_documents_and_logs_terms_and_hallucinations(tmp_path,
+                                                                                                     tiny_weights):
+    """experiment=local dataset=documents on the fixture folder, with qa + 0.2 x rubric (offline rubrics): the
+    questions are written offline and checked, the run trains on them, each term is logged as train/reward_<term>,
+    and the val hallucination rate is in the history, result.json's val history and its final figure."""
     run_dir = tmp_path / "rubric"
-    result = run_cli(["experiment=local", tiny_weights, "reward=qa_rubric", "trainer.max_steps=1", "dataset.val_size=1",
+    result = run_cli(["experiment=local", tiny_weights, "reward=qa_rubric", "trainer.max_steps=1", "dataset=documents",
+                      f"dataset.path={ROOT / 'tests' / 'fixtures' / 'documents'}", "dataset.val_size=1",
+                      f"dataset.questions.cache_dir={tmp_path / 'questions'}",
                       "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=2", "trainer.max_summary_tokens=16",
                       "run.name=rubric", f"hydra.run.dir={run_dir}"], cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "val hallucination rate" in result.stdout
+    assert "summrl: dataset: 10 documents from" in result.stdout
+    dataset = json.loads((run_dir / "result.json").read_text())["dataset"]
+    assert (dataset["kind"], dataset["documents"], dataset["val"], dataset["train"]) == ("documents", 10, 1, 9)
+    questions = dataset["questions"]
+    assert questions["generated_documents"] == 10 and questions["written_now"] == 10 and questions["kept"] >= 40
+    assert sum(q["kept"] for q in questions["per_document"].values()) == questions["kept"]
+    assert f"{questions['kept']} kept" in (run_dir / "train.log").read_text()
     rows = history(run_dir / "art" / "summrl" / "models" / "rubric")
     train = next(r for r in rows if "train/reward" in r)
     assert train["train/reward"] == pytest.approx(train["train/reward_qa"] + 0.2 * train["train/reward_rubric"])

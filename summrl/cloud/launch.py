@@ -73,6 +73,9 @@ def preflight(config: Any) -> list[str]:
     for name in missing_keys(config.judge):
         problems.append(f"{name} (the judge's key) is not set: export it or put it in .env")
     problems += teacher_key_problems(config)
+    if config.dataset.kind == "documents" and not Path(config.dataset.path).expanduser().resolve().is_relative_to(ROOT):
+        problems.append(f"dataset.path={config.dataset.path} is outside the project folder {ROOT}, the only folder "
+                        "SkyPilot copies to the cluster: move (or copy) the documents into it")
     online = getattr(config.logger, "kind", "none") == "wandb" and wandb_mode(config.logger) == "online"
     if online and not os.environ.get("WANDB_API_KEY"):
         problems.append("WANDB_API_KEY (logger=wandb, online) is not set: export it or put it in .env, "
@@ -150,6 +153,9 @@ def remote_command(config: Any, overrides: list[str]) -> str:
     keys = {_override_key(o) for o in kept}
     pinned = [f"dataset.{k}={getattr(config.dataset, k)}" for k in ("train_size", "val_size")
               if f"dataset.{k}" not in keys]
+    if config.dataset.kind == "documents":  # the cluster has the project folder (the workdir), at another path
+        kept = [o for o in kept if _override_key(o) != "dataset.path"]
+        pinned.append(f"dataset.path={Path(config.dataset.path).expanduser().resolve().relative_to(ROOT).as_posix()}")
     args = [*kept, *pinned, f"run.name={config.run.name}", "backend=local_gpu", *backend]
     return "python -m summrl.train " + " ".join(shlex.quote(a) for a in args)
 

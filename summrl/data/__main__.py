@@ -21,6 +21,7 @@ import time
 
 from dotenv import load_dotenv
 
+from summrl import logs
 from summrl.config import compose, validate
 from summrl.data import load_splits
 from summrl.data.documents import policy_token_counter
@@ -35,8 +36,7 @@ def main(argv: list[str]) -> None:
         print(USAGE, file=sys.stderr)
         sys.exit(2)
     command, overrides = argv[0], argv[1:]
-    logging.basicConfig(format="%(message)s", level=logging.WARNING, stream=sys.stdout)
-    logging.getLogger("summrl").setLevel(logging.INFO)
+    logs.console()
     try:
         # no run folder: nothing is trained (run.dir would name Hydra's, which only a run has)
         config = validate(compose("train", [*overrides, "run.dir=.", "run.name=data"], return_hydra_config=True))

@@ -312,51 +312,55 @@ def limit_length(loaded: Loaded, dataset: "DocumentsDatasetConfig", count_tokens
 
 
 def split_text(text: str, limit: int, count_tokens: Callable[[str], int]) -> list[str]:
-    """``text`` as consecutive parts of at most ``limit`` tokens, cut between paragraphs where possible."""
+    """``text`` as consecutive parts of at most ``limit`` tokens, cut between paragraphs where possible. Joining the
+    parts (a paragraph break between parts cut between paragraphs, a space within one) gives back every word."""
     pieces = _pieces(text, limit, count_tokens)
-    parts, current, size = [], [], 0
-    for piece, tokens in pieces:
-        if current and size + tokens + 2 > limit:  # "\n\n" between pieces: a token or two at most
-            parts.append(current)
-            current, size = [], 0
-        current.append(piece)
-        size += tokens + 2
-    parts.append(current)
-    joined = []
-    for part in parts:
-        text_part = "\n\n".join(part)
-        if len(part) > 1 and count_tokens(text_part) > limit:  # merges across the joins: halve and try again
-            middle = len(part) // 2
-            joined += split_text("\n\n".join(part[:middle]), limit, count_tokens)
-            joined += split_text("\n\n".join(part[middle:]), limit, count_tokens)
-        else:
-            joined.append(text_part)
-    return joined
-
-
-def _pieces(text: str, limit: int, count_tokens: Callable[[str], int]) -> list[tuple[str, int]]:
-    """Paragraphs, each with its token count; one over the limit becomes its sentences, a sentence over it words."""
+    parts: list[list[tuple[str, int, str]]] = [[]]
+    size = 0
+    for piece in pieces:
+        joint = count_tokens(piece[2]) if parts[-1] else 0  # the separator's own tokens, if any
+        if parts[-1] and size + joint + piece[1] > limit:
+            parts.append([])
+            size, joint = 0, 0
+        parts[-1].append(piece)
+        size += joint + piece[1]
     out = []
+    for part in parts:
+        joined = part[0][0] + "".join(sep + piece for piece, _, sep in part[1:])
+        if len(part) > 1 and count_tokens(joined) > limit:  # tokens merged across a join: halve and try again
+            middle = len(part) // 2
+            out += split_text(part[0][0] + "".join(sep + p for p, _, sep in part[1:middle]), limit, count_tokens)
+            out += split_text(part[middle][0] + "".join(sep + p for p, _, sep in part[middle + 1:]), limit, count_tokens)
+        else:
+            out.append(joined)
+    return out
+
+
+def _pieces(text: str, limit: int, count_tokens: Callable[[str], int]) -> list[tuple[str, int, str]]:
+    """(piece, its tokens, the separator before it): paragraphs; one over the limit becomes its sentences, and a
+    sentence over it runs of words."""
+    out: list[tuple[str, int, str]] = []
     for paragraph in (p.strip() for p in _PARAGRAPHS.split(text)):
         if not paragraph:
             continue
         tokens = count_tokens(paragraph)
         if tokens <= limit:
-            out.append((paragraph, tokens))
+            out.append((paragraph, tokens, "\n\n"))
             continue
+        first = True
         for sentence in _SENTENCES.split(paragraph):
-            tokens = count_tokens(sentence)
-            if tokens <= limit:
-                out.append((sentence, tokens))
-                continue
-            words, chunk = sentence.split(" "), []
-            for word in words:
-                if chunk and count_tokens(" ".join([*chunk, word])) > limit - 2:
-                    out.append((" ".join(chunk), count_tokens(" ".join(chunk))))
-                    chunk = []
-                chunk.append(word)
-            if chunk:
-                out.append((" ".join(chunk), count_tokens(" ".join(chunk))))
+            runs = [sentence]
+            if count_tokens(sentence) > limit:
+                runs, chunk = [], []
+                for word in sentence.split(" "):
+                    if chunk and count_tokens(" ".join([*chunk, word])) > limit:
+                        runs.append(" ".join(chunk))
+                        chunk = []
+                    chunk.append(word)
+                runs.append(" ".join(chunk))
+            for run in runs:
+                out.append((run, count_tokens(run), "\n\n" if first else " "))
+                first = False
     return out
 
 

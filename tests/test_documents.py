@@ -1,0 +1,355 @@
+"""dataset=documents: reading a folder or a table, bad input, long documents, and questions written by the judge
+(the loopback judge, a real HTTP server) or offline, checked open and closed book, cached, and paid for only after
+the cost guard. The offline end-to-end run on the fixture folder is test_train_e2e's weighted qa + rubric run."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from summrl.config import DocumentsDatasetConfig
+from summrl.data import DataError, split, split_counts
+from summrl.data.documents import limit_length, read, split_text
+from summrl.judges.questions import OfflineQuestionWriter, QuestionSettings
+from summrl.splits import QuestionsNotConfirmed, load
+from summrl.testing import GENERAL_KNOWLEDGE, FakeLLM, Reply
+from tests.conftest import ROOT, compose_config
+
+FIXTURE = ROOT / "tests" / "fixtures" / "documents"
+
+
+def words(text: str) -> int:
+    """A stand-in tokenizer: one token per word."""
+    return len(text.split())
+
+
+def minimal_pdf(text: str) -> bytes:
+    """A one-page PDF whose text layer is ``text`` (Helvetica), with a correct cross-reference table."""
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+               b"/Resources << /Font << /F1 5 0 R >> >> >>",
+               b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    out, offsets = io.BytesIO(), []
+    out.write(b"%PDF-1.4\n")
+    for number, body in enumerate(objects, 1):
+        offsets.append(out.tell())
+        out.write(b"%d 0 obj\n" % number + body + b"\nendobj\n")
+    xref = out.tell()
+    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
+    for offset in offsets:
+        out.write(b"%010d 00000 n \n" % offset)
+    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
+    return out.getvalue()
+
+
+def dataset(path, **settings) -> DocumentsDatasetConfig:
+    return DocumentsDatasetConfig(path=str(path), **settings)
+
+
+def config_for(path, tmp_path, *overrides):
+    return compose_config(["experiment=local", "dataset=documents", f"dataset.path={path}",
+                           f"dataset.questions.cache_dir={tmp_path / 'questions'}", *overrides])
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_a_folder_is_read_with_relative_paths_as_ids_html_and_pdf_included_and_other_files_listed(tmp_path):
+    folder = tmp_path / "docs"
+    shutil.copytree(FIXTURE, folder)
+    (folder / "notes.html").write_text("<html><head><title>x</title><style>p {}</style></head><body><h1>Budget</h1>"
+                                       "<p>The Orchard Street library got 52,000 dollars in 2025.</p>"
+                                       "<script>var secret = 1;</script></body></html>")
+    (folder / "scan.pdf").write_bytes(minimal_pdf("The Quarry Lane depot opened on May 3, 2021."))
+    (folder / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (folder / ".DS_Store").write_bytes(b"\x00\x01")
+    loaded = read(dataset(folder))
+    ids = [d.id for d in loaded.documents]
+    assert "incidents/2024-03-outage.md" in ids and "contracts/supply-agreement.md" in ids and len(ids) == 12
+    html = next(d for d in loaded.documents if d.id == "notes.html")
+    assert "52,000 dollars" in html.text and "secret" not in html.text and "p {}" not in html.text
+    pdf = next(d for d in loaded.documents if d.id == "scan.pdf")
+    assert pdf.text == "The Quarry Lane depot opened on May 3, 2021."
+    assert dict(loaded.skipped_files) == {".DS_Store": "hidden", "logo.png": "not txt/md/markdown/html/htm/pdf"}
+    assert any("skipped 2 file(s)" in line and "logo.png" in line for line in loaded.lines())
+    assert all(not d.questions for d in loaded.documents)
+
+
+def test_duplicate_documents_are_kept_once_and_reported(tmp_path):
+    folder = tmp_path / "docs"
+    shutil.copytree(FIXTURE, folder)
+    shutil.copy(folder / "town-council.md", folder / "zz-copy.md")
+    loaded = read(dataset(folder))
+    assert [d.id for d in loaded.documents].count("zz-copy.md") == 0 and len(loaded.documents) == 10
+    assert loaded.duplicates == [("zz-copy.md", "town-council.md")]
+    assert loaded.record()["duplicates"] == [{"id": "zz-copy.md", "same_text_as": "town-council.md"}]
+    assert any("1 duplicate document(s) kept once: zz-copy.md = town-council.md" in line for line in loaded.lines())
+
+
+def test_a_jsonl_with_custom_column_names(tmp_path):
+    path = tmp_path / "tickets.jsonl"
+    rows = [{"ticket": f"T-{i}", "body": f"Ticket {i}: the printer in room {100 + i} jammed on June {i + 1}, 2025.",
+             "extra": i} for i in range(4)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    loaded = read(dataset(path, text_field="body", id_field="ticket"))
+    assert [d.id for d in loaded.documents] == ["T-0", "T-1", "T-2", "T-3"]
+    assert loaded.documents[2].text.startswith("Ticket 2: the printer in room 102")
+    assert loaded.columns["ids"] == "column 'ticket'" and "written by the judge" in loaded.columns["questions"]
+    # without an id column, a document's id is its text's hash: the same whatever the row order
+    again = read(dataset(path, text_field="body", id_field="nope"))
+    reversed_path = tmp_path / "reversed.jsonl"
+    reversed_path.write_text("\n".join(json.dumps(r) for r in reversed(rows)) + "\n")
+    assert ({d.id: d.text for d in again.documents}
+            == {d.id: d.text for d in read(dataset(reversed_path, text_field="body", id_field="nope")).documents})
+
+
+def test_a_table_with_its_own_questions_needs_none_written(tmp_path):
+    path = tmp_path / "own.csv"
+    import pandas as pd
+
+    texts = [f"Report {i}. The Harbor Festival in Port {i} drew {100 + i} visitors on June {i + 1}, 2024." for i in range(6)]
+    questions = [json.dumps([{"question": f"How many visitors came to Port {i}?", "answer": str(100 + i)},
+                             {"question": "Who opened it?", "answer": "unanswerable"}]) for i in range(6)]
+    pd.DataFrame({"id": [f"r{i}" for i in range(6)], "text": texts, "questions": questions}).to_csv(path, index=False)
+    config = config_for(path, tmp_path, "dataset.val_size=2")
+    with FakeLLM() as server:  # an LLM judge that would be called if anything were written
+        config.judge = compose_config(["judge=openai_compatible", f"judge.api_base={server.base_url}"]).judge
+        splits = asyncio.run(load(config))
+        assert server.requests == []
+    assert len(splits.val) == 2 and len(splits.train) == 4
+    doc = next(d for d in [*splits.val, *splits.train] if d.id == "r3")
+    assert [(q.question, q.answer) for q in doc.questions] == [("How many visitors came to Port 3?", "103"),
+                                                               ("Who opened it?", "UNANSWERABLE")]
+    assert splits.record["questions"]["given"] == 6 and splits.record["questions"]["written"] == 0
+
+
+BAD_INPUT = {
+    "empty file": (lambda d: (d / "empty.md").write_text("  \n"), "empty.md: an empty document"),
+    "binary file": (lambda d: (d / "blob.txt").write_bytes(b"ab\x00cd"), "blob.txt: a binary file, not text"),
+    "not UTF-8": (lambda d: (d / "latin.txt").write_bytes("caf\xe9 au lait".encode("latin-1")),
+                  "latin.txt: not UTF-8 (byte 0xe9 at offset 3): re-save it as UTF-8"),
+    "nothing readable": (lambda d: [p.unlink() for p in d.rglob("*.md")] and (d / "a.docx").write_bytes(b"PK"),
+                         "no readable document in this folder (found: a.docx)"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_files_fail_with_one_line_naming_the_file_and_the_fix(tmp_path, case):
+    folder = tmp_path / "docs"
+    shutil.copytree(FIXTURE, folder)
+    make, message = BAD_INPUT[case]
+    make(folder)
+    with pytest.raises(DataError, match=".*".join(map(__import__("re").escape, message.split(": ", 1)))):
+        read(dataset(folder))
+
+
+BAD_ROWS = {
+    "no text column": ({"body": "x"}, "no column 'text' (dataset.text_field); its columns are body: set dataset.text_field="),
+    "empty text": ({"text": " "}, "row 0: no text in column 'text'"),
+    "questions not a list": ({"text": "A text.", "questions": {"q": 1}},
+                             "column 'questions' (dataset.questions_field) must be a list of {\"question\""),
+    "question without answer": ({"text": "A text.", "questions": [{"question": "Why?"}]},
+                                "column 'questions' (dataset.questions_field) must be a list of {\"question\""),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ROWS)
+def test_bad_rows_fail_naming_the_row_and_the_fix(tmp_path, case):
+    row, message = BAD_ROWS[case]
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataError) as raised:
+        read(dataset(path))
+    assert str(raised.value).startswith(str(path)) and message in str(raised.value)
+
+
+def test_a_bad_dataset_exits_2_with_its_line_before_anything_loads(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
+    result = subprocess.run([sys.executable, "-m", "summrl.data", "inspect", "experiment=local", "dataset=documents",
+                             f"dataset.path={folder}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("summrl: config error: latin.txt: not UTF-8")
+    assert "Traceback" not in result.stderr
+
+
+# --------------------------------------------------------------------------- long documents and split sizes
+
+
+def long_folder(tmp_path):
+    folder = tmp_path / "long"
+    folder.mkdir()
+    paragraphs = [" ".join(f"w{p}x{i}" for i in range(30)) + "." for p in range(5)]  # 5 paragraphs of 30 words
+    (folder / "long.md").write_text("\n\n".join(paragraphs))
+    (folder / "short.md").write_text("A short note of eight words in all.")
+    return folder, paragraphs
+
+
+def test_long_documents_split_at_paragraphs_with_nothing_lost_or_skip_counted(tmp_path):
+    folder, paragraphs = long_folder(tmp_path)
+    loaded = limit_length(read(dataset(folder, max_document_tokens=70)), dataset(folder, max_document_tokens=70), words)
+    parts = [d for d in loaded.documents if d.id.startswith("long.md#part")]
+    assert [d.id for d in parts] == ["long.md#part1", "long.md#part2", "long.md#part3"]
+    assert all(words(d.text) <= 70 for d in parts)
+    assert [p for d in parts for p in d.text.split("\n\n")] == paragraphs  # cut between paragraphs, nothing dropped
+    assert loaded.long == {"limit": 70, "mode": "split", "over_limit": 1, "parts": 3}
+    assert any("1 document(s) over dataset.max_document_tokens=70 split into 3 parts" in line for line in loaded.lines())
+    skip = dataset(folder, max_document_tokens=70, long_documents="skip")
+    loaded = limit_length(read(skip), skip, words)
+    assert [d.id for d in loaded.documents] == ["short.md"] and loaded.long["over_limit"] == 1
+    refuse = dataset(folder, max_document_tokens=70, long_documents="error")
+    with pytest.raises(DataError, match="document long.md: 150 tokens, over dataset.max_document_tokens=70"):
+        limit_length(read(refuse), refuse, words)
+
+
+def test_a_paragraph_over_the_limit_is_cut_at_sentence_ends():
+    text = "One two three. Four five six. Seven eight nine.\n\nTen."
+    assert split_text(text, 6, words) == ["One two three. Four five six.", "Seven eight nine.\n\nTen."]
+    long_sentence = " ".join(f"w{i}" for i in range(10))  # no sentence end: runs of words, none cut
+    assert split_text(long_sentence, 4, words) == ["w0 w1 w2 w3", "w4 w5 w6 w7", "w8 w9"]
+
+
+@pytest.mark.parametrize("train,val,expected", [("all", 0.1, (1, 9)), ("all", 3, (3, 7)), (0.5, "all", (5, 5)),
+                                                (4, 0.2, (2, 4)), ("6", "2", (2, 6))])
+def test_split_sizes_are_counts_fractions_or_all(train, val, expected):
+    from summrl.config import split_size
+
+    assert split_counts(10, split_size(train, "t"), split_size(val, "v"), "src") == expected
+
+
+def test_split_sizes_the_data_cannot_meet_or_bad_values_are_refused():
+    from summrl.errors import ConfigError
+
+    with pytest.raises(DataError, match="only 10 documents are available"):
+        split_counts(10, 8, 5, "src")
+    with pytest.raises(ConfigError, match="dataset.val_size: must be a count"):
+        compose_config(["experiment=local", "dataset.val_size=most"])
+    with pytest.raises(ConfigError, match="can't both be all"):
+        compose_config(["experiment=local", "dataset.val_size=all", "dataset.train_size=all"])
+
+
+# --------------------------------------------------------------------------- questions
+
+
+def test_the_offline_writer_writes_extractive_cloze_questions_deterministically():
+    writer = OfflineQuestionWriter()
+    document = read(dataset(FIXTURE)).documents[0]
+    first = asyncio.run(writer.write(document, 4, 1))
+    assert first == asyncio.run(writer.write(document, 4, 1))
+    for question, answer in first[:-1]:
+        assert question.startswith('Fill in the blank: "') and "____" in question
+        assert question.replace("____", answer).removeprefix('Fill in the blank: "').rstrip('"') in document.text
+    assert first[-1][1] == "UNANSWERABLE"
+
+
+def test_questions_are_written_once_through_the_judge_and_reruns_make_no_calls(tmp_path, capsys):
+    with FakeLLM() as server:
+        config = config_for(FIXTURE, tmp_path, "judge=openai_compatible", f"judge.api_base={server.base_url}",
+                            "dataset.questions.confirm=false", "dataset.val_size=3")
+        config.judge.cache_dir = None  # the question cache alone must spare the calls
+        splits = asyncio.run(load(config))
+        calls = len(server.requests)
+        # 10 documents (val and train: reward=qa), each: 1 writing, 2 answering and at most 2 grading calls
+        assert calls == 40  # closed book, every answerable question is missed: one grading call
+        q = splits.record["questions"]
+        assert q["generated_documents"] == 10 and q["written"] == 50 and q["written_now"] == 10
+        assert q["kept"] == 50 and q["dropped"] == {"not_in_document": 0, "closed_book": 0, "answered_by_document": 0}
+        assert q["closed_book_answer_rate"] == 0.0
+        assert all(len(d.questions) == 5 for d in [*splits.val, *splits.train])
+        again = asyncio.run(load(config))
+        assert len(server.requests) == calls  # every question came from the cache
+        assert again.record["questions"]["cache_hits"] == 10 and again.record["questions"]["written_now"] == 0
+        assert [d.questions for d in again.val] == [d.questions for d in splits.val]
+
+
+def test_the_check_drops_a_question_answered_closed_book_and_one_the_document_does_not_answer(tmp_path, monkeypatch):
+    folder = tmp_path / "one"
+    folder.mkdir()
+    shutil.copy(FIXTURE / "volunteer-day.md", folder / "volunteer-day.md")
+    shutil.copy(FIXTURE / "hiring-memo.md", folder / "hiring-memo.md")
+    planted = {"questions": [
+        {"question": "Complete: They collected 640 kilograms of litter and planted 75 young oak trees near the ____",
+         "answer": "pond"},
+        {"question": "Complete: On April 27, 2025 around 150 volunteers cleaned up Fernhill Park in ____",
+         "answer": "Bristol"},  # in the document, and the judge knows it without it
+        {"question": "Complete: The mayor of Bristol is ____", "answer": "Jones"},  # not in the document
+        {"question": "What is the phone number of office 1?", "answer": "UNANSWERABLE"},
+        {"question": "Complete: Local bakery Crumb and Co gave free bread rolls to every volunteer at ____",
+         "answer": "noon"}]}
+    monkeypatch.setitem(GENERAL_KNOWLEDGE, planted["questions"][1]["question"], "Bristol")
+    with FakeLLM() as server:
+        config = config_for(folder, tmp_path, "judge=openai_compatible", f"judge.api_base={server.base_url}",
+                            "dataset.questions.confirm=false", "dataset.val_size=1", "dataset.train_size=1",
+                            "dataset.seed=1", "reward=ruler")  # ruler: only the val document needs questions
+        assert split(read(config.dataset).documents, config.dataset, "here")[0][0].id == "volunteer-day.md"
+        server.script.append(Reply(json.dumps(planted)))  # the first call writes the val document's questions
+        splits = asyncio.run(load(config))
+    q = splits.record["questions"]
+    assert q["per_document"]["volunteer-day.md"] == {
+        "written": 5, "kept": 3, "dropped": {"not_in_document": 1, "closed_book": 1, "answered_by_document": 0}}
+    assert [x.question for x in splits.val[0].questions] == [planted["questions"][i]["question"] for i in (0, 3, 4)]
+    assert q["closed_book_answer_rate"] == pytest.approx(1 / 4)  # 4 answerable questions asked closed book
+    assert splits.train[0].questions == ()  # reward=ruler: train documents need no questions
+
+
+def test_paid_question_writing_is_estimated_budgeted_and_confirmed_before_any_call(tmp_path, monkeypatch, caplog):
+    import logging
+
+    with FakeLLM() as server:
+        paid = ["judge=openai_compatible", "judge.model=gpt-4o-mini", f"judge.api_base={server.base_url}"]
+        over = config_for(FIXTURE, tmp_path, *paid, "dataset.questions.max_cost_usd=0.0001")
+        with caplog.at_level(logging.INFO, logger="summrl"), pytest.raises(QuestionsNotConfirmed) as refused:
+            asyncio.run(load(over))
+        assert "dataset.questions.max_cost_usd=0.0001: the estimate is $0.00" in str(refused.value)
+        assert "over the budget; nothing was called" in str(refused.value)
+        assert "10 documents to write questions for (0 cached): judge gpt-4o-mini:" in caplog.text
+        monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+        with pytest.raises(QuestionsNotConfirmed, match="not confirmed; nothing was called"):
+            asyncio.run(load(config_for(FIXTURE, tmp_path, *paid)))
+        assert server.requests == []
+        monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+        splits = asyncio.run(load(config_for(FIXTURE, tmp_path, *paid, "dataset.val_size=2")))
+        assert server.requests and splits.record["questions"]["written_now"] == 10
+
+
+def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, capsys, caplog):
+    import logging
+
+    from summrl.data.__main__ import main
+
+    caplog.set_level(logging.INFO, logger="summrl")
+    args = ["experiment=local", "dataset=documents", f"dataset.path={FIXTURE}",
+            f"dataset.questions.cache_dir={tmp_path / 'q'}", "dataset.max_document_tokens=null"]
+    main(["prepare", *args])
+    out = capsys.readouterr().out
+    assert "prepared 10 documents" in out and "10 written now, 0 from the cache" in out
+    caplog.clear()
+    main(["prepare", *args])
+    assert "0 written now, 10 from the cache" in capsys.readouterr().out
+    assert "all 10 documents' questions are cached; nothing to write" in caplog.text
+    splits = asyncio.run(load(config_for(FIXTURE, tmp_path, f"dataset.questions.cache_dir={tmp_path / 'q'}")))
+    assert splits.record["questions"]["cache_hits"] == 10 and splits.record["questions"]["written_now"] == 0
+
+
+def test_on_a_cloud_gpu_the_documents_travel_in_the_project_folder_and_the_cost_is_not_asked_remotely(tmp_path):
+    from summrl.cloud.launch import preflight, remote_command
+    from summrl.errors import ConfigError
+
+    cloud = ["dataset=documents", "dataset.questions.confirm=false"]  # the defaults: backend=skypilot, a paid judge
+    config = compose_config([*cloud, f"dataset.path={FIXTURE}"])
+    command = remote_command(config, [*cloud, f"dataset.path={FIXTURE}"])
+    assert "dataset.path=tests/fixtures/documents" in command and str(ROOT) not in command
+    assert not [p for p in preflight(config) if "dataset.path" in p]
+    outside = compose_config([*cloud, f"dataset.path={tmp_path}"])
+    assert any(p.startswith(f"dataset.path={tmp_path} is outside the project folder") for p in preflight(outside))
+    with pytest.raises(ConfigError, match="dataset.questions.confirm: the remote job has no terminal"):
+        compose_config(["dataset=documents", f"dataset.path={FIXTURE}"])

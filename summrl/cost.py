@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, TextIO
 
 from summrl.data import Document
-from summrl.rollout import summary_messages
+from summrl.prompt import summary_messages
 
 
 @dataclass

@@ -56,7 +56,7 @@ def startup_seconds(repeats: int = 3) -> list[float]:
 
 async def throughput(session, documents, max_tokens: int, repeats: int) -> tuple[list[float], list[float]]:
     """Completion tokens per second: 2 documents x 4 requests sent at once, then the same 8 one by one."""
-    from summrl.rollout import summary_messages
+    from summrl.prompt import summary_messages
 
     client = session.model.openai_client()
     requests = [summary_messages(d, 350) for d in documents[:2] for _ in range(4)]

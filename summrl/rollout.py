@@ -11,17 +11,7 @@ from typing import Optional
 import art
 
 from summrl.data import Document
-
-SYSTEM_PROMPT = "You are a specialized AI assistant that writes concise, informative summaries of documents."
-
-
-def summary_prompt(document: Document, max_words: int) -> str:
-    return (
-        f"Here is a document:\n\n{document.text}\n\n"
-        f"Write a summary of this document in at most {max_words} words. "
-        "Keep the concrete facts a reader could ask about: names, dates, numbers, places and outcomes."
-    )
-
+from summrl.prompt import summary_messages, word_count
 
 def sample_seed(*key: object) -> int:
     """A summary's sampling seed from its key, e.g. (run seed, document id, sample index) for val.
@@ -30,18 +20,6 @@ def sample_seed(*key: object) -> int:
     """
     digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
     return int.from_bytes(digest[:4], "big") >> 1
-
-
-def summary_messages(document: Document, max_words: int) -> list[dict]:
-    """The chat a summarizer sees: the policy's rollouts, SFT samples and teachers all get these messages."""
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": summary_prompt(document, max_words)},
-    ]
-
-
-def word_count(text: str) -> int:
-    return len(text.split())
 
 
 async def rollout(

@@ -37,7 +37,8 @@ from summrl.job import write_json
 from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.preflight import model_key_names
 from summrl.rewards import Missing
-from summrl.rollout import rollout, sample_seed, summary_messages, summary_of
+from summrl.prompt import summary_messages
+from summrl.rollout import rollout, sample_seed, summary_of
 from summrl.storage import CheckpointBackup, NoBackup, sft_dir
 from summrl.storage import SFT_RECORD as RECORD
 

@@ -359,7 +359,7 @@ def test_embedded_train_sft_lowers_the_loss_and_raises_the_chosen_summaries_logp
     from summrl.backends.embedded import EmbeddedBackend
     from summrl.backends.embedded.backend import chat_messages
     from summrl.data import load_splits
-    from summrl.rollout import summary_messages
+    from summrl.prompt import summary_messages
 
     config = compose_config(["experiment=local", tiny_weights])
     _, train = load_splits(config.dataset)
@@ -406,7 +406,7 @@ def test_embedded_sft_loss_is_the_cross_entropy_of_the_assistant_tokens_only(tmp
 
     from summrl.backends.embedded import EmbeddedBackend
     from summrl.data import load_splits
-    from summrl.rollout import summary_messages
+    from summrl.prompt import summary_messages
 
     config = compose_config(["experiment=local"])
     _, train = load_splits(config.dataset)

@@ -30,7 +30,7 @@ from summrl.facts import hallucinates
 from summrl.judges import build_judge
 from summrl.rewards import Missing, build_reward
 from summrl.rewards.ruler import RulerReward
-from summrl.rollout import word_count
+from summrl.prompt import word_count
 from summrl.splits import load as load_documents
 
 log = logging.getLogger(__name__)

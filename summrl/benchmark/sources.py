@@ -15,7 +15,7 @@ from typing import Optional
 from summrl.data import Document
 from summrl.rewards import Missing
 from summrl.rewards.ruler import RulerReward
-from summrl.rollout import summary_messages
+from summrl.prompt import summary_messages
 
 
 @dataclass

@@ -16,7 +16,7 @@ import art
 from summrl.data import Document
 from summrl.judges.client import JudgeClient, JudgeError
 from summrl.rewards.base import Missing, Score
-from summrl.rollout import summary_messages
+from summrl.prompt import summary_messages
 
 
 def ruler_schema(n: int) -> dict:

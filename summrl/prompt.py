@@ -1,0 +1,28 @@
+"""The prompt a summarizer sees (the policy's rollouts, SFT samples, teachers and benchmarked models all get it), and
+how its word limit is counted. Light on purpose: the cost guard and the data tools read it without loading ART."""
+
+from __future__ import annotations
+
+from summrl.data import Document
+
+SYSTEM_PROMPT = "You are a specialized AI assistant that writes concise, informative summaries of documents."
+
+
+def summary_prompt(document: Document, max_words: int) -> str:
+    return (
+        f"Here is a document:\n\n{document.text}\n\n"
+        f"Write a summary of this document in at most {max_words} words. "
+        "Keep the concrete facts a reader could ask about: names, dates, numbers, places and outcomes."
+    )
+
+
+def summary_messages(document: Document, max_words: int) -> list[dict]:
+    """The chat a summarizer sees: the policy's rollouts, SFT samples and teachers all get these messages."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": summary_prompt(document, max_words)},
+    ]
+
+
+def word_count(text: str) -> int:
+    return len(text.split())

@@ -22,6 +22,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional
 
+from summrl.data import DataError
+from summrl.data.documents import read as read_documents
 from summrl.errors import NETWORK_FIX, NetworkError, is_network, network_message
 from summrl.job import write_result
 from summrl.judges import missing_keys
@@ -73,9 +75,14 @@ def preflight(config: Any) -> list[str]:
     for name in missing_keys(config.judge):
         problems.append(f"{name} (the judge's key) is not set: export it or put it in .env")
     problems += teacher_key_problems(config)
-    if config.dataset.kind == "documents" and not Path(config.dataset.path).expanduser().resolve().is_relative_to(ROOT):
-        problems.append(f"dataset.path={config.dataset.path} is outside the project folder {ROOT}, the only folder "
-                        "SkyPilot copies to the cluster: move (or copy) the documents into it")
+    if config.dataset.kind == "documents":
+        if not Path(config.dataset.path).expanduser().resolve().is_relative_to(ROOT):
+            problems.append(f"dataset.path={config.dataset.path} is outside the project folder {ROOT}, the only folder "
+                            "SkyPilot copies to the cluster: move (or copy) the documents into it")
+        try:  # a bad file fails here, not after the cluster has started
+            read_documents(config.dataset)
+        except DataError as e:
+            problems.append(str(e))
     online = getattr(config.logger, "kind", "none") == "wandb" and wandb_mode(config.logger) == "online"
     if online and not os.environ.get("WANDB_API_KEY"):
         problems.append("WANDB_API_KEY (logger=wandb, online) is not set: export it or put it in .env, "

@@ -8,8 +8,6 @@ parsed here into :class:`ModelEntry` / :class:`BestOfNEntry`, and ``benchmark.ru
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -22,7 +20,7 @@ from summrl.config import ModelConfig, StorageConfig, TrainerConfig, reward_kind
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.preflight import missing_model_keys
-from summrl.storage import SFT_DIR, SFT_RECORD
+from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, sft_step
 
 
 @dataclass
@@ -43,30 +41,6 @@ class BestOfNEntry:
     label: str
     model: Optional[ModelEntry] = None  # candidates from a litellm model ...
     step: Optional[int] = None  # ... or from a checkpoint of benchmark.run_dir (0 = the base model)
-
-
-@dataclass
-class TrainedRun:
-    """A training run folder's ART model and the checkpoint steps to benchmark (0 = the base model)."""
-
-    run_dir: Path
-    name: str  # the ART model name (the run's run.name)
-    checkpoints_dir: Path
-    steps: list[int]
-    sft_step: Optional[int] = None  # the SFT checkpoint's step, for a run with an SFT stage (sft=...)
-
-    def checkpoint(self, step: int) -> Path:
-        return self.checkpoints_dir / f"{step:04d}"
-
-    def stage(self, step: int) -> str:
-        """Which stage wrote a step's weights: base (step 0), sft (the SFT checkpoint) or grpo."""
-        return "base" if step == 0 else "sft" if step == self.sft_step else "grpo"
-
-
-def sft_step(run_dir: Path) -> Optional[int]:
-    """The step of a run's SFT checkpoint (sft/record.json, written once SFT has trained), or None."""
-    path = run_dir / SFT_DIR / SFT_RECORD
-    return int(json.loads(path.read_text())["step"]) if path.is_file() else None
 
 
 @dataclass
@@ -241,23 +215,6 @@ def _entry(index: int, value: Any) -> Union[ModelEntry, BestOfNEntry]:
     return _model_entry(where, value)
 
 
-def find_trained_model(run_dir: Path) -> tuple[str, Path]:
-    """The ART model of a run folder: ``art/<project>/models/<name>/checkpoints``."""
-    found = sorted(p for p in run_dir.glob("art/*/models/*/checkpoints") if p.is_dir())
-    if not found:
-        raise ConfigError(f"benchmark.run_dir: {run_dir} has no checkpoints (expected art/<project>/models/<name>/"
-                          "checkpoints/NNNN, as python -m summrl.train writes); point it at a training run folder")
-    if len(found) > 1:
-        raise ConfigError(f"benchmark.run_dir: {run_dir} holds several models ({', '.join(p.parent.name for p in found)}); "
-                          "point it at one run's folder")
-    return found[0].parent.name, found[0]
-
-
-def checkpoint_steps(checkpoints_dir: Path) -> list[int]:
-    return sorted(int(p.name) for p in checkpoints_dir.iterdir()
-                  if p.is_dir() and re.fullmatch(r"\d+", p.name) and (p / "adapter_model.safetensors").exists())
-
-
 def _trained_run(run_dir: Any, steps: Any, every: int) -> Optional[TrainedRun]:
     if run_dir is None:
         if steps is not None:
@@ -266,7 +223,7 @@ def _trained_run(run_dir: Any, steps: Any, every: int) -> Optional[TrainedRun]:
     path = Path(str(run_dir)).expanduser()
     if not path.is_dir():
         raise ConfigError(f"benchmark.run_dir: {path} is not a folder (a training run folder, e.g. runs/<run.name>)")
-    name, checkpoints_dir = find_trained_model(path)
+    name, checkpoints_dir = find_trained_model(path, "benchmark.run_dir")
     available = checkpoint_steps(checkpoints_dir)
     sft = sft_step(path)
     if steps is None:  # the base model, the SFT checkpoint, every `every`th step and the last

@@ -102,11 +102,18 @@ def run_config(run: TrainedRun, key: str = "run_dir"):
     and the backend a server or an export needs."""
     from omegaconf import OmegaConf
 
-    from summrl.config import Config, typed_config
+    from summrl.config import KIND_SCHEMAS, Config, typed_config
 
     path = run.run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"{key}: {path} is missing (python -m summrl.train writes it): point {key} at a training run "
                           "folder")
-    cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+    saved = OmegaConf.load(path)
+    for group, schemas in KIND_SCHEMAS.items():  # each group typed by its option's schema, as Hydra composed it
+        kind = saved[group].get("kind")
+        if kind not in schemas:
+            raise ConfigError(f"{key}: {path} has {group}.kind={kind!r}, which this summrl does not know")
+        saved[group] = OmegaConf.merge(OmegaConf.structured(schemas[kind]), saved[group])
+    # Hydra saves the config unresolved: run.dir and run.name point at Hydra's runtime, which only a run has
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), saved, {"run": {"dir": str(run.run_dir), "name": run.name}})
     return typed_config(cfg, Config)

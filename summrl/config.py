@@ -190,6 +190,27 @@ class DocumentsDatasetConfig(SplitConfig):
         _require(bool(self.text_field), "dataset.text_field", "must name the text column")
 
 
+@dataclass
+class InboxDatasetConfig:
+    """Online learning (dataset=inbox): the documents ``summrl.serve`` recorded in this run's ``inbox/`` (serve.record),
+    each trained on once, in the order they arrived, continuing the run from its latest checkpoint. The first
+    ``val_size`` recorded documents are the online val set (fixed as the inbox grows; never trained on); their questions
+    are written as for dataset=documents. trainer.min_new_documents says how many new ones a run needs."""
+
+    kind: str = "inbox"
+    name: str = "inbox"
+    val_size: int = 4
+    max_document_tokens: Optional[int] = 4096
+    long_documents: str = "skip"  # split | skip | error (a served document passed serve.max_document_tokens)
+    questions: QuestionsConfig = field(default_factory=QuestionsConfig)
+    seed: int = 80  # unused: the inbox keeps its order
+
+    def __post_init__(self) -> None:
+        _require(self.val_size > 0, "dataset.val_size", f"must be > 0 (the first recorded documents), got {self.val_size}")
+        _require(self.long_documents in LONG_DOCUMENTS, "dataset.long_documents",
+                 f"must be one of {', '.join(LONG_DOCUMENTS)}, got {self.long_documents!r}")
+
+
 # --------------------------------------------------------------------------- trainer
 
 
@@ -212,10 +233,15 @@ class TrainerConfig:
     # have no reward, the run stops, naming the judge, the errors by kind and what to do.
     max_missing_reward_rate: float = 0.2
     missing_reward_window: int = 64
+    # dataset=inbox: a run needs at least this many new recorded documents; with fewer it waits up to
+    # wait_for_documents_s (0: it does not wait), then ends cleanly (exit 0) without training.
+    min_new_documents: int = 1
+    wait_for_documents_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "groups_per_step", "rollouts_per_group", "eval_every",
-                    "val_rollouts_per_doc", "max_summary_tokens", "max_words", "num_epochs", "missing_reward_window"):
+                    "val_rollouts_per_doc", "max_summary_tokens", "max_words", "num_epochs", "missing_reward_window",
+                    "min_new_documents"):
             value = getattr(self, key)
             _require(value > 0, f"trainer.{key}", f"must be > 0, got {value}")
         _require(self.rollouts_per_group >= 2, "trainer.rollouts_per_group",
@@ -738,7 +764,7 @@ class RunConfig:
 # Groups whose options differ in shape: each option's YAML starts from its kind's schema, registered in Hydra's
 # ConfigStore as <group>/base_<kind> (conf/judge/gemini_flash.yaml: defaults: [base_litellm, _self_]).
 KIND_SCHEMAS: dict[str, dict[str, type]] = {
-    "dataset": {"repliqa": RepliqaDatasetConfig, "documents": DocumentsDatasetConfig},
+    "dataset": {"repliqa": RepliqaDatasetConfig, "documents": DocumentsDatasetConfig, "inbox": InboxDatasetConfig},
     "judge": {"lexical": LexicalJudgeConfig, "litellm": LLMJudgeConfig, "embedded": EmbeddedJudgeConfig,
               "local": LocalJudgeConfig},
     "reward": {"qa": QARewardConfig, "ruler": RulerRewardConfig, "rubric": RubricRewardConfig,
@@ -760,7 +786,7 @@ class Config:
 
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = MISSING
-    dataset: Any = MISSING  # RepliqaDatasetConfig | DocumentsDatasetConfig
+    dataset: Any = MISSING  # RepliqaDatasetConfig | DocumentsDatasetConfig | InboxDatasetConfig
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: Any = MISSING  # QARewardConfig | RulerRewardConfig | RubricRewardConfig | WeightedRewardConfig
     judge: Any = MISSING  # LexicalJudgeConfig | LLMJudgeConfig | EmbeddedJudgeConfig | LocalJudgeConfig
@@ -947,6 +973,11 @@ def check(config: Config) -> None:
         raise ConfigError("dataset.questions.confirm: the remote job has no terminal to confirm the question writer's "
                           "cost in: add dataset.questions.confirm=false (and dataset.questions.max_cost_usd=<$> as a "
                           "budget; the estimate is printed in the job's log)")
+    if config.dataset.kind == "inbox":
+        _require(config.sft.kind == "none", "sft", "dataset=inbox continues a trained run on new documents: an SFT "
+                 "warm start belongs at a run's start; use sft=none")
+        _require(config.backend.kind != "skypilot", "dataset", "dataset=inbox reads this machine's run folder "
+                 "(runs/<name>/inbox): train with backend=embedded or backend=local_gpu where the server records")
     if config.sft.kind == "distill" and config.sft.confirm and config.backend.kind == "skypilot":
         raise ConfigError("sft.confirm: the remote job has no terminal to confirm the teacher's cost in: add "
                           "sft.confirm=false (the plan with its estimate is printed in the job's log)")

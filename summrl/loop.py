@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 import traceback
@@ -18,9 +19,10 @@ from typing import Optional, Sequence, Union
 import art
 import numpy as np
 import torch
+from art.utils.get_model_step import get_step_from_dir
 from art.utils.iterate_dataset import iterate_dataset
 
-from summrl import algorithm, sft
+from summrl import algorithm, inbox, sft
 from summrl.backends import build_backend, internal_config
 from summrl.config import Config
 from summrl.data import Document
@@ -31,6 +33,7 @@ from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: 
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
 from summrl.rollout import rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
+from summrl.splits import Splits
 from summrl.splits import load as load_documents
 from summrl.storage import CheckpointBackup, model_dir
 from summrl.tracking import Tracker, open_tracker
@@ -295,6 +298,23 @@ async def sft_stage(session: Session, val: Sequence[Document], train_docs: Seque
     return step, {**record, "val_before": by_step.get(0), "val_after": by_step.get(record["step"])}
 
 
+async def online_documents(config: Config, splits: Splits) -> tuple[Splits, Optional[inbox.Online]]:
+    """dataset=inbox: the recorded documents the run has not trained on at its latest checkpoint. With fewer than
+    trainer.min_new_documents, it reads the inbox again every few seconds for up to trainer.wait_for_documents_s."""
+    if config.dataset.kind != "inbox":
+        return splits, None
+    t = config.trainer
+    deadline = time.monotonic() + t.wait_for_documents_s
+    while True:
+        step = get_step_from_dir(str(model_dir(config)))  # the checkpoint the backend will resume from
+        online = inbox.online(config.run.dir, step, splits.train, splits.lines or {}, {d.id for d in splits.val})
+        remaining = deadline - time.monotonic()
+        if (len(online.new) >= t.min_new_documents and splits.val) or remaining <= 0:
+            return splits, online
+        await asyncio.sleep(min(5.0, remaining))
+        splits = await load_documents(config)
+
+
 def scored_at(history: list[dict], step: int) -> bool:
     return any(h["step"] == step for h in history)
 
@@ -319,13 +339,25 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         record.update(dataset=splits.record)
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
+        splits, online = await online_documents(config, splits)  # dataset=inbox: the new documents, before loading
+        if online is not None:
+            val, train_docs = splits.val, splits.train
+            record.update(dataset=splits.record, online={"new_documents": len(online.new), "consumed_before": online.start})
+            if len(online.new) < t.min_new_documents:
+                log.info(f"summrl: inbox: {len(online.new)} new document(s), fewer than trainer.min_new_documents="
+                         f"{t.min_new_documents}: nothing to train (rerun when more have been recorded)")
+                record.update(status="completed")
+                return None
         sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend
         session = await open_session(config, tracker)
         step = await session.model.get_step()
         record.resume_at(step)
         history = record.val_history
+        planned = (f"{len(online.new)} new inbox documents, {math.ceil(len(online.new) / t.groups_per_step)} step(s) "
+                   f"from step {step}" if online is not None else
+                   f"{'resuming at' if step else 'starting at'} step {step} of {t.max_steps}")
         log.info(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
-                 f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}")
+                 f" | {planned}")
 
         sft_steps = 0
         if config.sft.kind != "none":
@@ -333,12 +365,17 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             record.update(sft=sft_record)
             sft_steps = sft_record["step"]
             record.save()
-        for batch in training_batches(train_docs, t, config.seed, initial_step=step - sft_steps):
-            if batch.step >= t.max_steps:
+        # dataset=inbox: each new document once, in the order it was recorded; otherwise epochs of the train split
+        batches = (online.batches(step, t.groups_per_step) if online is not None
+                   else training_batches(train_docs, t, config.seed, initial_step=step - sft_steps))
+        for batch in batches:
+            if batch.step >= t.max_steps and online is None:
                 break
             if batch.step % t.eval_every == 0 and not scored_at(history, batch.step + sft_steps):
                 history.append(await evaluate(session, val, batch.step + sft_steps))
                 record.save()  # survives a crash
+            if online is not None:
+                online.before_step(batch)  # the watermark first: see summrl.inbox
             scored, trained = await train_step(session, batch.items, batch.step)
             await session.model.log(scored.groups, split="train", step=trained.step,
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})

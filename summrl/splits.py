@@ -22,7 +22,8 @@ from typing import Any, Callable, Optional, Sequence
 from summrl.config import reward_kinds
 from summrl.cost import Calls, confirmed
 from summrl.data import Document, all_documents, load_splits, split
-from summrl.data.documents import Loaded, limit_length, policy_token_counter, read
+from summrl import inbox
+from summrl.data.documents import Loaded, limit_length, policy_token_counter, read, text_hash
 from summrl.errors import ConfigError, ExpectedFailure
 from summrl.judges import build_judge, missing_keys
 from summrl.judges.cache import JsonCache
@@ -50,6 +51,7 @@ class Splits:
     val: list[Document]
     train: list[Document]
     record: dict[str, Any] = field(default_factory=dict)  # result.json's "dataset"
+    lines: Optional[dict[str, int]] = None  # dataset=inbox: each document's inbox line (the watermark counts lines)
 
 
 class LazyCounter:
@@ -82,6 +84,8 @@ async def load(config: Any, *, every_document: bool = False, val_only: bool = Fa
     train (the benchmark's split=all); ``val_only``: only val needs questions (the benchmark). Raises DataError,
     ConfigError, QuestionsNotConfirmed, QuestionsFailed."""
     dataset = config.dataset
+    if dataset.kind == "inbox":
+        return await load_inbox(config)
     if dataset.kind == "repliqa":
         if every_document:
             return Splits(all_documents(dataset), [], {"kind": "repliqa", "split": "all"})
@@ -89,12 +93,51 @@ async def load(config: Any, *, every_document: bool = False, val_only: bool = Fa
         return Splits(val, train, {"kind": "repliqa", "val": len(val), "train": len(train)})
     loaded = read_documents(config)
     val, train = ((list(loaded.documents), []) if every_document else split(loaded.documents, dataset, loaded.source))
-    train_needs = needs_questions(config, True) and not val_only
+    return await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True) and not val_only,
+                                train_required=not every_document)
+
+
+async def load_inbox(config: Any) -> Splits:
+    """dataset=inbox: what the server recorded in the run's inbox, in order; the first ``val_size`` documents are
+    val. Which of the rest are new is the watermark's business (:func:`summrl.inbox.online`, at the resume step)."""
+    got = inbox.read(config.run.dir)
+    if got.cut_short:
+        log.info("summrl: inbox: the last line was cut short (a crash while recording): skipped")
+    documents, lines, seen = [], {}, set()
+    for row in got.rows:
+        text = row["text"].strip()
+        digest = text_hash(text)
+        if digest in seen:  # served twice: trained on once
+            continue
+        seen.add(digest)
+        doc_id = str(row.get("id") or digest[:16])
+        if doc_id in lines:  # one id for two texts: keep both, apart
+            doc_id = f"{doc_id}~{row['line']}"
+        documents.append(Document(id=doc_id, topic="", text=text, questions=()))
+        lines[doc_id] = row["line"]
+    loaded = limit_length(Loaded(str(inbox.inbox_dir(config.run.dir) / inbox.DOCUMENTS), documents), config.dataset,
+                          LazyCounter(config.model))
+    n_val = config.dataset.val_size
+    val, train = loaded.documents[:n_val], loaded.documents[n_val:]
+    if not val:
+        return Splits([], [], {"kind": "inbox", "recorded": len(got.rows), "documents": 0}, lines={})
+    splits = await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True),
+                                  train_required=False)
+    splits.record.update(kind="inbox", recorded=len(got.rows), cut_short=got.cut_short)
+    splits.lines = {d.id: lines[d.id.split("#part")[0]] for d in [*splits.val, *splits.train]}
+    return splits
+
+
+async def with_questions(config: Any, loaded: Loaded, val: list[Document], train: list[Document], *,
+                         train_needs: bool, train_required: bool) -> Splits:
+    """Questions for the val documents (and the train ones when ``train_needs``) that have none: cached, or written
+    and checked after the cost guard. A document none of whose questions pass is left out."""
+    dataset = config.dataset
     need = [d for d in val if not d.questions] + [d for d in train if not d.questions and train_needs]
     bank = question_bank(config)
     checked = await fill(bank, need, dataset.questions) if need else {}
 
-    def with_questions(documents: Sequence[Document], required: bool) -> list[Document]:
+    def questioned(documents: Sequence[Document], required: bool) -> list[Document]:
         out = []
         for document in documents:
             if document.id in checked:
@@ -103,17 +146,17 @@ async def load(config: Any, *, every_document: bool = False, val_only: bool = Fa
                 out.append(document)
         return out
 
-    val_out = with_questions(val, True)
-    train_out = with_questions(train, train_needs)
+    val_out = questioned(val, True)
+    train_out = questioned(train, train_needs)
     left_out = sorted({d.id for d in [*val, *train]} - {d.id for d in [*val_out, *train_out]})
     if left_out:
         log.info(f"summrl: dataset: {len(left_out)} document(s) left out, none of their written questions passed the "
                  f"check: {', '.join(left_out[:10])}{' ...' if len(left_out) > 10 else ''}")
-    if not val_out or (not train_out and not every_document):
-        raise ConfigError(f"dataset.path={dataset.path}: after the question check, {len(val_out)} val and "
-                          f"{len(train_out)} train documents are left: add documents, or change dataset.val_size")
+    if not val_out or (not train_out and train_required):
+        raise ConfigError(f"{loaded.source}: after the question check, {len(val_out)} val and {len(train_out)} train "
+                          "documents are left: add documents, or change dataset.val_size")
     usage = bank.writer.client.usage if bank.writer.client is not None else None
-    record = {"kind": "documents", **loaded.record(), "val": len(val_out), "train": len(train_out),
+    record = {"kind": dataset.kind, **loaded.record(), "val": len(val_out), "train": len(train_out),
               "questions": {"given": sum(bool(d.questions) for d in loaded.documents),
                             "generated_documents": len(checked), "cache_hits": bank.hits, "written_now": bank.written,
                             **totals(checked), "left_out": left_out,

@@ -19,7 +19,7 @@ from summrl.benchmark.charts import bar_chart, step_chart
 from summrl.benchmark.config import EMBEDDED_JUDGES, BenchmarkConfig, BestOfNEntry, ModelEntry
 from summrl.benchmark.publish import publish
 from summrl.benchmark.rows import Row, RowStore, correctness, read_rows, row_key
-from summrl.benchmark.serving import start_server
+from summrl.backends.serving import start_server
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
 from summrl.benchmark.summary import markdown, summarize
 from summrl.config import LexicalJudgeConfig, RulerRewardConfig, reward_kinds
@@ -300,7 +300,7 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
     ruler = ruler_used(config, jobs)
     needs_server = (config.judge.kind == "embedded" or (config.judge.kind == "local" and ruler)
                     or any(j.serve_step is not None for j in jobs))
-    server = await start_server(config) if needs_server else None
+    server = await start_server(config, config.benchmark.run) if needs_server else None
     try:
         judge_config = config.judge
         if config.judge.kind == "local" and not ruler:

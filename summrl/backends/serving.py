@@ -1,4 +1,5 @@
-"""Serving a trained run's checkpoints (and the base model) on an OpenAI-compatible endpoint.
+"""Serving a trained run's checkpoints (and the base model) on an OpenAI-compatible endpoint: the benchmark's and
+``summrl.serve``'s. ``config`` is any config with ``model`` and ``backend`` sections (training's, the benchmark's).
 
 ``backend=embedded``: the embedded engine (transformers + peft, CPU) behind the embedded server,
 one checkpoint's adapter at a time; the base model's name selects no adapter (also the endpoint of
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from summrl.backends import internal_config
-from summrl.benchmark.config import BenchmarkConfig, TrainedRun
+from summrl.checkpoints import TrainedRun
 
 
 class CheckpointServer(Protocol):
@@ -30,7 +31,7 @@ class CheckpointServer(Protocol):
 class EmbeddedServer:
     """The embedded engine on 127.0.0.1: the base model and, after ``serve(step)``, that step's adapter."""
 
-    def __init__(self, config: BenchmarkConfig, run: Optional[TrainedRun]) -> None:
+    def __init__(self, config: Any, run: Optional[TrainedRun]) -> None:
         self.config, self.run = config, run
         self.api_key = secrets.token_urlsafe(16)
         self.step = 0
@@ -77,7 +78,7 @@ class EmbeddedServer:
 class LocalGPUServer:
     """ART's LocalBackend (vLLM + Unsloth) serving the run's adapters on this machine's GPU."""
 
-    def __init__(self, config: BenchmarkConfig, run: TrainedRun) -> None:
+    def __init__(self, config: Any, run: TrainedRun) -> None:
         self.config, self.run = config, run
         self.base_url = self.api_key = ""
 
@@ -106,8 +107,7 @@ class LocalGPUServer:
         await self.backend.close()
 
 
-async def start_server(config: BenchmarkConfig) -> CheckpointServer:
-    run = config.benchmark.run
+async def start_server(config: Any, run: Optional[TrainedRun]) -> CheckpointServer:
     if config.backend.kind == "local_gpu":
         assert run is not None
         return await LocalGPUServer(config, run).start()

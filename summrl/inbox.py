@@ -1,0 +1,140 @@
+"""Online learning's inbox: the documents ``summrl.serve`` summarized (``serve.record=true``), and which of them a run
+has trained on (``dataset=inbox``).
+
+``<run_dir>/inbox/documents.jsonl`` gets one JSON line per summarized document: its id, text, time and the step that
+served it (never a request's headers or keys). Each line is one ``write`` to a file opened with ``O_APPEND``, so
+concurrent writers never interleave and a crash mid-write loses at most that line; the reader skips a last line cut
+short.
+
+``<run_dir>/inbox/watermark.json`` maps a checkpoint step to how many inbox lines the run had consumed when it reached
+that step. An online step writes its entry *before* it trains: a crash before its checkpoint is saved resumes at the
+previous step, whose entry still holds; a crash after resumes at this step, whose entry is already there. So nothing
+is trained twice and nothing is skipped. The first ``dataset.val_size`` documents ever recorded are the run's val set
+for online learning (fixed as the inbox grows) and are never trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+INBOX = "inbox"
+DOCUMENTS = "documents.jsonl"
+WATERMARK = "watermark.json"
+
+
+def inbox_dir(run_dir: Any) -> Path:
+    return Path(run_dir) / INBOX
+
+
+class Recorder:
+    """Appends served documents to a run's inbox."""
+
+    def __init__(self, run_dir: Any) -> None:
+        self.path = inbox_dir(run_dir) / DOCUMENTS
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(self, document_id: str, text: str, step: int) -> None:
+        line = json.dumps({"id": document_id, "text": text, "time": time.time(), "step": step}) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())  # one write: the line lands whole, or (a crash) cut at its end
+        finally:
+            os.close(fd)
+
+
+@dataclass
+class InboxRead:
+    rows: list[dict]  # in recording order; each has its line number as "line"
+    cut_short: int  # a last line a crash cut short (0 or 1): skipped
+
+
+def read(run_dir: Any) -> InboxRead:
+    path = inbox_dir(run_dir) / DOCUMENTS
+    if not path.exists():
+        return InboxRead([], 0)
+    rows, cut = [], 0
+    lines = path.read_bytes().split(b"\n")
+    for number, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except ValueError:
+            if number == len(lines) - 1:  # the last line, with no newline: a write cut short
+                cut = 1
+                continue
+            raise ValueError(f"{path}, line {number + 1}: not JSON: the inbox is written only by summrl.serve; "
+                             "remove the line") from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not row["text"].strip():
+            raise ValueError(f"{path}, line {number + 1}: not an inbox record (id, text, time, step)")
+        rows.append({**row, "line": number})
+    return InboxRead(rows, cut)
+
+
+def watermark(run_dir: Any) -> dict[int, int]:
+    path = inbox_dir(run_dir) / WATERMARK
+    try:
+        return {int(k): int(v) for k, v in json.loads(path.read_text())["consumed"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def consumed_at(run_dir: Any, step: int) -> int:
+    """Inbox lines consumed when the run reached ``step`` (0 before any online step)."""
+    marks = watermark(run_dir)
+    earlier = [s for s in marks if s <= step]
+    return marks[max(earlier)] if earlier else 0
+
+
+def mark(run_dir: Any, step: int, consumed: int) -> None:
+    """Record (atomically) that reaching ``step`` consumes the inbox up to line ``consumed``; later entries, from a
+    crashed attempt, are dropped."""
+    marks = {s: c for s, c in watermark(run_dir).items() if s < step}
+    marks[step] = consumed
+    folder = inbox_dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".watermark.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"consumed": {str(s): c for s, c in sorted(marks.items())}}, f)
+    os.replace(tmp, folder / WATERMARK)
+
+
+@dataclass
+class Batch:
+    step: int  # the step this batch trains (0-based, like ART's iterate_dataset)
+    items: list[Any]
+    consumed: int  # inbox lines consumed once this batch is trained
+
+
+@dataclass
+class Online:
+    """dataset=inbox: the new documents (each with its inbox line), trained once each, in order, from ``step`` on."""
+
+    run_dir: Path
+    new: list[tuple[Any, int]]  # (document, its line)
+    start: int  # lines consumed at the step the run resumes from
+
+    def batches(self, step: int, size: int) -> list[Batch]:
+        out = []
+        for k in range(0, len(self.new), size):
+            chunk = self.new[k:k + size]
+            out.append(Batch(step + len(out), [d for d, _ in chunk], chunk[-1][1] + 1))
+        return out
+
+    def before_step(self, batch: Batch) -> None:
+        mark(self.run_dir, batch.step + 1, batch.consumed)
+
+
+def online(run_dir: Any, step: int, documents: list[Any], lines: dict[str, int], val_ids: set[str],
+           limit: Optional[int] = None) -> Online:
+    """The documents recorded after what ``step`` consumed, val documents left out."""
+    start = consumed_at(run_dir, step)
+    new = sorted(((d, lines[d.id]) for d in documents if d.id not in val_ids and lines[d.id] >= start),
+                 key=lambda pair: pair[1])
+    return Online(Path(run_dir), new[:limit] if limit else new, start)

@@ -1,0 +1,284 @@
+"""The server ``summrl.serve`` runs: a trained checkpoint behind an OpenAI-compatible API, plus ``/v1/summarize``.
+
+Generation goes to the backend's own serving (:mod:`summrl.backends.serving`: the embedded engine and its batcher, or
+ART's vLLM on a GPU) over its OpenAI endpoint on loopback, so concurrent requests are batched there. This app adds
+what a user of a summarizer needs: the training prompt (``/v1/summarize``), best-of-N with a selector (RULER, the
+document's rubrics, or length), a bearer key, clear HTTP errors that never stop the server (400, 401, 404, 413, 429,
+503 while loading), recording to the run's inbox, and reloading a newer checkpoint between requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import time
+from typing import Any, Optional, Union
+
+from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from summrl.checkpoints import checkpoint_steps, resolve_step
+from summrl.config import RubricRewardConfig, RulerRewardConfig
+from summrl.data import Document
+from summrl.data.tokenizer import load_tokenizer
+from summrl.inbox import Recorder
+from summrl.prompt import summary_messages, word_count
+from summrl.rewards.base import Missing
+from summrl.serve.config import ServeConfig
+
+log = logging.getLogger(__name__)
+
+
+class SummarizeRequest(BaseModel):
+    document: str
+    id: Optional[str] = None  # recorded with the document (serve.record); default: the text's hash
+    seed: Optional[int] = None
+
+
+class Service:
+    """The loaded model, the selector, the inbox recorder, and the reload gate."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.step = config.step
+        self.server: Any = None
+        self.client: Any = None  # openai.AsyncOpenAI on the backend's endpoint
+        self.inner = ""  # the name the backend serves the step under
+        self.ready = False
+        self.failed: Optional[str] = None  # why loading failed
+        self.in_flight = 0
+        self.gate = asyncio.Lock()  # held by a reload: new requests wait; it waits for those in flight
+        self.last_check = time.monotonic()
+        self.failed_reloads: set[int] = set()
+        self.selector: Any = None
+        self.judge_usage: Any = None
+        self.recorder = Recorder(config.run.run_dir) if config.serve.record else None
+        self.tokenizer: Any = None
+        s = config.serve
+        key_env = s.api_key_env
+        self.api_key = os.environ.get(key_env) if key_env else None
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.run.name}@{self.step}"
+
+    async def start(self) -> None:
+        """Load the model, then the selector's judge (it may use the same endpoint); ``ready`` when done."""
+        from openai import AsyncOpenAI
+
+        from summrl.backends.serving import start_server
+
+        try:
+            train = self.config.train
+            self.tokenizer = await asyncio.to_thread(load_tokenizer, train.model)
+            self.server = await start_server(train, self.config.run)
+            self.inner = await self.server.serve(self.step)
+            self.client = AsyncOpenAI(base_url=self.server.base_url, api_key=self.server.api_key or "none",
+                                      max_retries=0, timeout=600)
+            self.selector = self._selector()
+            self.ready = True
+            s = self.config.serve
+            log.info(f"summrl: serving {self.name} on http://{s.host}:{s.port} (OpenAI base URL http://{s.host}:"
+                     f"{s.port}/v1){f' | best of {s.best_of_n} by {s.selector}' if s.best_of_n > 1 else ''}"
+                     f"{' | recording to the inbox' if self.recorder else ''}"
+                     f"{f' | reload: follows {self.config.follow}' if s.reload == 'auto' else ''}")
+        except Exception as e:
+            self.failed = f"{type(e).__name__}: {e}"
+            log.error(f"summrl: the model could not be loaded: {self.failed}")
+            raise
+
+    def _selector(self) -> Any:
+        s, train = self.config.serve, self.config.train
+        if s.best_of_n == 1 or s.selector == "length":
+            return None
+        from summrl.judges import build_judge
+
+        endpoint = (train.model.base_model, self.server.base_url, self.server.api_key)  # base weights: the judge
+        judge = build_judge(train.judge, endpoint if train.judge.kind in ("embedded", "local") else None)
+        if s.selector == "ruler":
+            from summrl.rewards.ruler import RulerReward
+
+            self.judge_usage = judge.client.usage
+            rubric = getattr(train.reward, "rubric", None) or RulerRewardConfig().rubric
+            return RulerReward(judge.client, rubric=rubric, max_words=train.trainer.max_words)
+        from summrl.rewards.rubric import RubricReward
+
+        rubric = train.reward if train.reward.kind == "rubric" else RubricRewardConfig()
+        self.judge_usage = judge.client.usage if getattr(judge, "client", None) else None
+        return RubricReward(judge, max_rubrics=rubric.max_rubrics, positive_weight=rubric.positive_weight,
+                            negative_weight=rubric.negative_weight, cache_dir=rubric.cache_dir)
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.close()
+
+    # ------------------------------------------------------------------ requests
+
+    async def enter(self) -> None:
+        if self.failed:
+            raise HTTPException(503, detail=f"the model failed to load: {self.failed}")
+        if not self.ready:
+            raise HTTPException(503, detail="the model is loading; GET /health says when it is ready",
+                                headers={"Retry-After": "5"})
+        if self.in_flight >= self.config.serve.max_queue:
+            raise HTTPException(429, detail=f"{self.in_flight} requests in flight (serve.max_queue="
+                                            f"{self.config.serve.max_queue}): retry shortly", headers={"Retry-After": "1"})
+        await self.maybe_reload()
+        async with self.gate:
+            self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+    async def maybe_reload(self) -> None:
+        """serve.reload=auto: between requests, serve the step the config follows once training has written it. A
+        failed load keeps the previous step and logs one line (once per step)."""
+        s = self.config.serve
+        if s.reload != "auto" or time.monotonic() - self.last_check < s.reload_check_s:
+            return
+        self.last_check = time.monotonic()
+        run = self.config.run
+        run.steps = checkpoint_steps(run.checkpoints_dir)
+        try:
+            target = self.step if self.config.follow == "fixed" else resolve_step(run, self.config.follow)
+        except Exception:
+            return
+        if target == self.step or target in self.failed_reloads:
+            return
+        async with self.gate:
+            while self.in_flight:  # the requests of the step being replaced finish first
+                await asyncio.sleep(0.01)
+            try:
+                self.inner = await self.server.serve(target)
+            except Exception as e:
+                self.failed_reloads.add(target)
+                log.error(f"summrl: reload of step {target} failed, still serving step {self.step}: "
+                          f"{type(e).__name__}: {str(e)[:200]}")
+                return
+            log.info(f"summrl: reloaded: serving step {target} (was {self.step})")
+            self.step = target
+
+    async def generate(self, messages: list[dict], n: int, **params: Any) -> Any:
+        return await self.client.chat.completions.create(model=self.inner, messages=messages, n=n, **params)
+
+    async def summarize(self, request: SummarizeRequest) -> dict:
+        s, t = self.config.serve, self.config.train.trainer
+        text = request.document.strip()
+        if not text:
+            raise HTTPException(400, detail="document: empty; send {\"document\": \"<the text>\"}")
+        tokens = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if tokens > s.max_document_tokens:
+            raise HTTPException(413, detail=f"document: {tokens} tokens, over serve.max_document_tokens="
+                                            f"{s.max_document_tokens}; split it, or raise the limit")
+        document = Document(id=request.id or hashlib.sha256(text.encode()).hexdigest()[:16], topic="", text=text,
+                            questions=())
+        temperature = t.temperature if s.temperature is None else s.temperature
+        step = self.step
+        response = await self.generate(summary_messages(document, t.max_words), s.best_of_n,
+                                       max_tokens=t.max_summary_tokens, temperature=temperature, seed=request.seed)
+        samples = [c.message.content or "" for c in response.choices]
+        chosen, score, fallback, cost = await self.select(document, samples)
+        if self.recorder is not None:
+            self.recorder.record(document.id, text, step)
+        return {"summary": samples[chosen], "words": word_count(samples[chosen]), "step": step, "model": self.name,
+                "best_of_n": s.best_of_n, "selector": s.selector if s.best_of_n > 1 else None, "chosen": chosen,
+                "rank_score": score, "judge_cost_usd": cost, "fallback": fallback}
+
+    async def select(self, document: Document, samples: list[str]) -> tuple[int, Optional[float], Optional[str], float]:
+        """(index of the best sample, its score, why the first was returned instead (None), the judge's $)."""
+        s, max_words = self.config.serve, self.config.train.trainer.max_words
+        if len(samples) == 1:
+            return 0, None, None, 0.0
+        if s.selector == "length":  # the shortest within the limit (the shortest of all, when none is)
+            words = [word_count(x) for x in samples]
+            within = [i for i, w in enumerate(words) if w <= max_words] or list(range(len(samples)))
+            best = min(within, key=lambda i: (words[i], i))
+            return best, 1.0 - words[best] / max_words, None, 0.0
+        spent = self.judge_usage.cost_usd if self.judge_usage is not None else 0.0
+        try:
+            scores: list[Union[Any, Missing]] = await self.selector.score_group(document, samples)
+        except Exception as e:  # a judge failure is never a 500: the first sample, and why
+            scores, reason = [], f"{type(e).__name__}: {str(e)[:200]}"
+        else:
+            reason = next((m.error for m in scores if isinstance(m, Missing)), "")
+        cost = (self.judge_usage.cost_usd - spent) if self.judge_usage is not None else 0.0
+        ranked = [(x.reward, -i) for i, x in enumerate(scores) if not isinstance(x, Missing)]
+        if not ranked:
+            log.warning(f"summrl: warning: best-of-{len(samples)} selection failed, returned the first sample: {reason}")
+            return 0, None, f"the judge failed, so the first sample is returned: {reason}", cost
+        reward, negative_index = max(ranked)
+        return -negative_index, float(reward), None, cost
+
+
+def build_app(service: Service) -> FastAPI:
+    app = FastAPI(title="summrl serve")
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
+                             for e in error.errors())
+        return JSONResponse({"error": {"message": f"bad request: {problems}", "type": "invalid_request_error"}},
+                            status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(error.detail), "code": error.status_code}},
+                            status_code=error.status_code, headers=error.headers)
+
+    def authorize(authorization: Optional[str]) -> None:
+        if service.api_key and authorization != f"Bearer {service.api_key}":
+            raise HTTPException(401, detail=f"missing or wrong bearer key (the server's {service.config.serve.api_key_env})",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if service.ready:
+            return JSONResponse({"status": "ok", "model": service.name, "step": service.step})
+        return JSONResponse({"status": "failed" if service.failed else "loading", "error": service.failed},
+                            status_code=503)
+
+    @app.get("/v1/models")
+    async def models(authorization: Optional[str] = Header(default=None)) -> dict:
+        authorize(authorization)
+        if service.ready:
+            await service.maybe_reload()  # a request like any other: the step it reports is the one that answers
+        return {"object": "list", "data": [{"id": service.name, "object": "model", "owned_by": "summrl",
+                                            "step": service.step}]}
+
+    @app.post("/v1/summarize")
+    async def summarize(request: SummarizeRequest, authorization: Optional[str] = Header(default=None)) -> dict:
+        authorize(authorization)
+        await service.enter()
+        try:
+            return await service.summarize(request)
+        finally:
+            service.leave()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request, authorization: Optional[str] = Header(default=None)) -> dict:
+        authorize(authorization)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise HTTPException(400, detail="bad request: the body is not JSON") from None
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise HTTPException(400, detail="bad request: messages: a non-empty list of chat messages is required")
+        if body.get("stream"):
+            raise HTTPException(400, detail="bad request: stream=true is not supported")
+        model = body.get("model")
+        await service.enter()
+        try:
+            if model not in (service.name, "summrl", service.config.run.name):
+                raise HTTPException(404, detail=f"model {model!r} is not served here; served: {service.name}")
+            params = {k: body[k] for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+                                          "logprobs", "top_logprobs", "response_format") if body.get(k) is not None}
+            response = await service.generate(body["messages"], int(body.get("n") or 1), **params)
+            return {**response.model_dump(exclude_none=True), "model": service.name}
+        finally:
+            service.leave()
+
+    return app

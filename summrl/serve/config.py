@@ -1,0 +1,113 @@
+"""``python -m summrl.serve``'s typed config: which run and step to serve, and how (``conf/serve.yaml``).
+
+The model, its prompt (``trainer.max_words``, ``max_summary_tokens``, ``temperature``), the backend and the judge are
+the run's own (its ``.hydra/config.yaml``): a server answers as the run was trained. ``judge=<option>`` on the command
+line replaces the run's judge for best-of-N selection; ``backend.*`` and ``serve.*`` overrides apply on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from summrl.checkpoints import TrainedRun, resolve_step, run_config, trained_run
+from summrl.config import KIND_SCHEMAS, _require, config_error
+from summrl.errors import ConfigError
+
+SELECTORS = ("ruler", "rubric", "length")
+RELOAD = ("off", "auto")
+
+
+@dataclass
+class ServeSection:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # The variable holding the bearer key clients must send (Authorization: Bearer <key>); null: no key asked.
+    api_key_env: Optional[str] = None
+    best_of_n: int = 1  # summaries sampled per request; the selector returns the best
+    selector: str = "ruler"  # ruler (the judge ranks them) | rubric (the document's rubrics) | length (no judge)
+    temperature: Optional[float] = None  # null: the run's trainer.temperature
+    max_document_tokens: int = 4096  # in the policy's tokens; a longer document gets 413
+    max_queue: int = 64  # requests in flight beyond this get 429 with Retry-After
+    record: bool = False  # append each summarized document to <run_dir>/inbox/ (online learning: dataset=inbox)
+    reload: str = "off"  # auto: serve a newer checkpoint of the run as soon as training writes one
+    reload_check_s: float = 2.0  # how often auto reload looks for a newer checkpoint (between requests)
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.port <= 65535, "serve.port", f"must be in 1..65535, got {self.port}")
+        _require(self.best_of_n >= 1, "serve.best_of_n", f"must be >= 1, got {self.best_of_n}")
+        _require(self.selector in SELECTORS, "serve.selector",
+                 f"must be one of {', '.join(SELECTORS)}, got {self.selector!r}")
+        _require(self.temperature is None or 0.0 <= self.temperature <= 2.0, "serve.temperature",
+                 f"must be in [0, 2] or null (the run's trainer.temperature), got {self.temperature}")
+        _require(self.max_document_tokens > 0, "serve.max_document_tokens", f"must be > 0, got {self.max_document_tokens}")
+        _require(self.max_queue > 0, "serve.max_queue", f"must be > 0, got {self.max_queue}")
+        _require(self.reload in RELOAD, "serve.reload", f"must be off or auto, got {self.reload!r}")
+        _require(self.reload_check_s > 0, "serve.reload_check_s", f"must be > 0, got {self.reload_check_s}")
+
+
+@dataclass
+class ServeSchema:
+    """conf/serve.yaml (``serve_schema`` in Hydra's ConfigStore)."""
+
+    run_dir: str = MISSING  # a training run folder, runs/<run.name>
+    step: str = "best"  # best (the best val score in result.json) | latest | <N>; 0 is the base model
+    serve: ServeSection = field(default_factory=ServeSection)
+    judge: Any = None  # null: the run's judge
+    backend: Any = None  # null: the run's backend
+    # With reload=auto and step=latest the served step follows training; otherwise reload serves `step`'s newest.
+
+
+@dataclass
+class ServeConfig:
+    """The validated config a server runs with: the run, its step, the run's training config (model, trainer,
+    backend, judge, reward) with this command's overrides applied, and the serve section."""
+
+    run: TrainedRun
+    step: int
+    follow: str  # what reload=auto follows: latest | best | fixed
+    train: Any  # summrl.config.Config
+    serve: ServeSection
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="serve_schema", node=ServeSchema)
+
+
+def validate_serve(cfg: DictConfig) -> ServeConfig:
+    """Type conf/serve.yaml, read the run's own config and resolve the step. Raises ConfigError (one line)."""
+    if "hydra" in cfg:
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])  # type: ignore[arg-type]
+    try:
+        schema: ServeSchema = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ServeSchema), cfg))  # type: ignore[assignment]
+    except Exception as e:  # OmegaConf's: a wrong type, a missing run_dir
+        raise config_error(e) from None
+    run = trained_run(schema.run_dir, "run_dir")
+    train = run_config(run)
+    for group in ("judge", "backend"):
+        chosen = getattr(schema, group)
+        if chosen is not None:  # judge=<option> on the command line: its YAML starts from its kind's schema
+            if type(chosen) not in KIND_SCHEMAS[group].values():
+                raise ConfigError(f"{group}: choose one of its options ({group}=<option>), got {chosen!r}")
+            setattr(train, group, chosen)
+    if train.backend.kind not in ("embedded", "local_gpu"):
+        raise ConfigError(f"backend: the run was trained with backend={train.backend.kind}; serve it on this machine "
+                          "with backend=embedded (CPU, CUDA or MPS) or backend=local_gpu (vLLM on a GPU)")
+    s = schema.serve
+    if s.best_of_n > 1 and s.selector == "ruler" and train.judge.kind == "lexical":
+        raise ConfigError("serve.selector=ruler ranks the samples with an LLM judge; the run's judge is lexical: choose "
+                          "judge=local (offline), judge=gemini_flash, or serve.selector=length")
+    if train.judge.kind in ("embedded", "local") and train.backend.kind != "embedded":
+        raise ConfigError(f"judge={train.judge.kind} uses the embedded model: serve with backend=embedded, or choose "
+                          "another judge")
+    text = str(schema.step).strip().lower()
+    step = resolve_step(run, schema.step, "step")
+    follow = text if text in ("latest", "best") else "fixed"
+    return ServeConfig(run=run, step=step, follow=follow, train=train, serve=s)
+
+
+register()
+

@@ -1,0 +1,165 @@
+"""summrl.serve as a user runs it: a subprocess serving a copy of the shared trained run (tiny model) on loopback,
+reached with the real ``openai`` client and plain HTTP; best-of-N ranked by the loopback judge; and the whole online
+loop (serve with recording, train on the inbox, the server reloads the new step, the watermark advances, a second
+train finds nothing new)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from summrl.backends.embedded.server import free_port
+from summrl.testing import FakeLLM, Reply
+from tests.conftest import ROOT, run_cli
+
+SERVE_KEY = "planted-serve-key-4f1a"
+
+
+class Served:
+    def __init__(self, run_dir: Path, args: list[str], log: Path, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.log = log
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "summrl.serve", f"run_dir={run_dir}", f"serve.port={self.port}", *args],
+            cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                                               **(env or {})})
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert self.process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.3)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def run_copy(shared_run, tmp_path_factory) -> Path:
+    """The shared run (steps 1-3, tiny model), copied: serving and online training write into it."""
+    target = tmp_path_factory.mktemp("served") / "run"
+    shutil.copytree(shared_run.run_dir, target)
+    return target
+
+
+def summarize(url: str, document: str, key: str | None = SERVE_KEY, **extra) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"{url}/v1/summarize", json={"document": document, **extra}, headers=headers, timeout=120)
+
+
+def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_get_clear_errors(run_copy, tmp_path):
+    with FakeLLM() as judge:
+        served = Served(run_copy, ["step=2", "serve.best_of_n=4", "serve.max_document_tokens=64", "serve.max_queue=2",
+                                   "judge=openai_compatible", f"judge.api_base={judge.base_url}", "judge.max_retries=0",
+                                   "judge.cache_dir=null"], tmp_path / "serve.log")
+        try:
+            document = "The Orchard Street library reopened on May 3, 2025 after a 52,000 dollar repair."
+            reply = summarize(served.url, document, key=None).json()
+            assert (reply["best_of_n"], reply["selector"], reply["step"], reply["fallback"]) == (4, "ruler", 2, None)
+            ranked = re.findall(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', judge.requests[-1]["messages"][-1]["content"],
+                                re.S)
+            assert len(ranked) == 4  # the judge saw the four samples; the fake ranks them by length
+            best = max(ranked, key=lambda t: len(t[1]))[1]  # ties: the first, as max keeps it
+            assert reply["summary"] == json.loads(best)[-1]["content"]
+            assert reply["rank_score"] == pytest.approx(min(1.0, len(best) / 1000), abs=1e-6)
+            judge.script.append(Reply(status=500))  # the judge fails: the first sample, and why; never a 500
+            failed = summarize(served.url, document, key=None)
+            assert failed.status_code == 200 and failed.json()["fallback"].startswith("the judge failed")
+            assert failed.json()["chosen"] == 0 and failed.json()["rank_score"] is None
+
+            bad = httpx.post(f"{served.url}/v1/summarize", content=b"{not json", timeout=30,
+                             headers={"content-type": "application/json"})
+            assert bad.status_code == 400 and "bad request" in bad.json()["error"]["message"]
+            missing = httpx.post(f"{served.url}/v1/summarize", json={"text": "x"}, timeout=30)
+            assert missing.status_code == 400 and "document" in missing.json()["error"]["message"]
+            long = summarize(served.url, " ".join(["word"] * 200), key=None)
+            assert long.status_code == 413 and "serve.max_document_tokens=64" in long.json()["error"]["message"]
+
+            async def burst() -> list[httpx.Response]:
+                async with httpx.AsyncClient(timeout=120) as client:
+                    return await asyncio.gather(*(client.post(f"{served.url}/v1/summarize", json={"document": document})
+                                                  for _ in range(6)))
+
+            statuses = [r.status_code for r in asyncio.run(burst())]
+            assert 429 in statuses and 200 in statuses  # serve.max_queue=2: the rest are told to come back
+            limited = next(r for r in asyncio.run(burst()) if r.status_code == 429)
+            assert limited.headers["retry-after"] == "1" and "serve.max_queue=2" in limited.json()["error"]["message"]
+            assert httpx.get(f"{served.url}/health").json()["step"] == 2  # still serving
+        finally:
+            served.stop()
+
+
+def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weights):
+    """The real openai client (chat with n=2, a wrong key), then: post 8 documents with recording on, train one
+    step on the inbox offline, the server reloads step 4 by itself, the watermark advances, and a second train
+    with nothing new trains nothing."""
+    env = {"SERVE_KEY": SERVE_KEY}
+    served = Served(run_copy, ["step=latest", "serve.record=true", "serve.reload=auto", "serve.reload_check_s=0.2",
+                               "serve.api_key_env=SERVE_KEY"], tmp_path / "serve.log", env=env)
+    try:
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=SERVE_KEY)
+        (model,) = client.models.list().data
+        assert model.id == "shared@3"
+        chat = client.chat.completions.create(model="shared@3", n=2, max_tokens=8, temperature=1.0, seed=1,
+                                              messages=[{"role": "user", "content": "Summarize: the bridge reopened."}])
+        assert len(chat.choices) == 2 and chat.model == "shared@3" and all(c.message.content for c in chat.choices)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="wrong", max_retries=0).models.list()
+        assert summarize(served.url, "A document.", key=None).status_code == 401
+
+        for i in range(8):
+            reply = summarize(served.url, f"Report {i}. The Harbor Festival in Port {i} drew {100 + i} visitors on "
+                                          f"June {i + 1}, 2024, and Mayor Ruth Okafor opened it.", id=f"r{i}")
+            assert reply.status_code == 200 and reply.json()["step"] == 3
+            assert reply.json()["words"] == len(reply.json()["summary"].split())
+        recorded = [json.loads(line) for line in (run_copy / "inbox" / "documents.jsonl").read_text().splitlines()]
+        assert [r["id"] for r in recorded] == [f"r{i}" for i in range(8)] and {r["step"] for r in recorded} == {3}
+        assert set(recorded[0]) == {"id", "text", "time", "step"}  # nothing of the request but the document
+
+        with FakeLLM() as judge:
+            online = ["experiment=local", tiny_weights, "run.name=shared", f"hydra.run.dir={run_copy}",
+                      "dataset=inbox", "reward=ruler", "judge=openai_compatible", f"judge.api_base={judge.base_url}",
+                      "dataset.questions.confirm=false", f"dataset.questions.cache_dir={tmp_path / 'questions'}",
+                      "storage.enabled=false", "trainer.max_summary_tokens=16", "trainer.val_rollouts_per_doc=1",
+                      "trainer.rollouts_per_group=2", "trainer.groups_per_step=4"]
+            first = run_cli(online, cwd=ROOT)
+            assert first.returncode == 0, first.stderr[-3000:]
+            assert "4 new inbox documents, 1 step(s) from step 3" in first.stdout
+            assert json.loads((run_copy / "inbox" / "watermark.json").read_text()) == {"consumed": {"4": 8}}
+            deadline = time.monotonic() + 30
+            while client.models.list().data[0].id != "shared@4":  # reloaded between requests, no restart
+                assert time.monotonic() < deadline, served.log.read_text()[-2000:]
+                time.sleep(0.3)
+            assert "reloaded: serving step 4 (was 3)" in served.log.read_text()
+            assert httpx.get(f"{served.url}/health").json()["step"] == 4
+
+            second = run_cli(online, cwd=ROOT)
+            assert second.returncode == 0, second.stderr[-3000:]
+            assert "0 new document(s), fewer than trainer.min_new_documents=1: nothing to train" in second.stdout
+            assert sorted(p.name for p in (run_copy / "art" / "summrl" / "models" / "shared" / "checkpoints").iterdir()
+                          )[-1] == "0004"
+    finally:
+        served.stop()

@@ -1,5 +1,9 @@
 """Benchmarks that print JSON. `python -m summrl.perf step [--steps N]`, `python -m summrl.perf judge`,
-`python -m summrl.perf faults [--rate 0.3]`, `python -m summrl.perf sft`.
+`python -m summrl.perf faults [--rate 0.3]`, `python -m summrl.perf sft`,
+`python -m summrl.perf serve --run-dir runs/<name>`.
+
+serve: ``python -m summrl.serve`` on a run, one server per ``--best-of-n``: one /v1/summarize request alone, then
+16 at once (p50/p95 latency, wall time, documents/s, and the wall time over one request's: the batching figure).
 
 step: the embedded GRPO step of `experiment=local` (2 sample documents x 4 rollouts, 128 new tokens),
 timed with the loop's own ``train_step``, with algorithm=grpo and, alternating on the same documents,
@@ -329,6 +333,65 @@ async def bench_sft(samples: int, max_tokens: int, repeats: int) -> dict:
             "mean_sample_tokens": round(statistics.mean(lengths), 1), "batch_size": config.sft.batch_size}
 
 
+def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], selector: str, step: str) -> dict:
+    """``python -m summrl.serve`` as a user starts it, one server per best_of_n: a lone /v1/summarize request (3
+    times, median), then ``concurrency`` at once: their latency (p50, p95), the wall time, documents/s, and the
+    wall time over one request's (batching's figure: 1 means free, ``concurrency`` means none)."""
+    import httpx
+
+    from summrl.backends.embedded.server import free_port
+
+    documents = [line for line in (ROOT / "summrl" / "data" / "repliqa_sample.jsonl").read_text().splitlines()]
+    texts = list(dict.fromkeys(json.loads(line)["document_extracted"] for line in documents))[:concurrency]
+    out: dict = {"run_dir": run_dir, "step": step, "concurrency": concurrency, "selector": selector}
+    for n in best_of_n:
+        port = free_port()
+        log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        server = subprocess.Popen([sys.executable, "-m", "summrl.serve", f"run_dir={run_dir}", f"step={step}",
+                                   f"serve.port={port}", f"serve.best_of_n={n}", f"serve.selector={selector}"],
+                                  cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            started = time.perf_counter()
+            while True:
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if server.poll() is not None:
+                    raise RuntimeError(f"summrl.serve exited: {Path(log.name).read_text()[-2000:]}")
+                time.sleep(0.3)
+            load_s = time.perf_counter() - started
+
+            async def post(client, text: str) -> float:
+                start = time.perf_counter()
+                response = await client.post(f"{url}/v1/summarize", json={"document": text, "seed": 1})
+                response.raise_for_status()
+                return time.perf_counter() - start
+
+            async def measure() -> tuple[list[float], list[float], float]:
+                async with httpx.AsyncClient(timeout=600) as client:
+                    await post(client, texts[0])  # warm-up
+                    alone = [await post(client, texts[i % len(texts)]) for i in range(3)]
+                    start = time.perf_counter()
+                    latencies = await asyncio.gather(*(post(client, texts[i % len(texts)]) for i in range(concurrency)))
+                    return alone, list(latencies), time.perf_counter() - start
+
+            alone, latencies, wall = asyncio.run(measure())
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        ordered = sorted(latencies)
+        single = statistics.median(alone)
+        out[f"best_of_{n}"] = {
+            "load_s": round(load_s, 1), "single_s": round(single, 2),
+            "p50_s": round(statistics.median(ordered), 2), "p95_s": round(ordered[max(0, round(0.95 * len(ordered)) - 1)], 2),
+            "wall_s": round(wall, 2), "documents_per_s": round(concurrency / wall, 3),
+            "wall_over_single": round(wall / single, 2)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m summrl.perf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -348,11 +411,22 @@ def main(argv: list[str] | None = None) -> None:
     sft.add_argument("--samples", type=int, default=16)
     sft.add_argument("--max-tokens", type=int, default=128)
     sft.add_argument("--repeats", type=int, default=3, help="train_sft calls to time (median reported)")
+    serve = sub.add_parser("serve", help="summrl.serve: latency and throughput of concurrent /v1/summarize requests")
+    serve.add_argument("--run-dir", required=True, help="a training run folder (runs/<name>)")
+    serve.add_argument("--step", default="latest")
+    serve.add_argument("--concurrency", type=int, default=16)
+    serve.add_argument("--best-of-n", type=int, nargs="+", default=[1, 4])
+    serve.add_argument("--selector", default="length", help="length needs no judge; ruler measures the judge too")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     if args.benchmark == "faults":
         print(json.dumps(bench_faults(args.rate, args.seed), indent=2))
+        return
+    if args.benchmark == "serve":
+        result = bench_serve(args.run_dir, args.concurrency, tuple(args.best_of_n), args.selector, args.step)
+        result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+        print(json.dumps(result, indent=2))
         return
     if args.benchmark == "judge":
         print(json.dumps(asyncio.run(bench_judge(args.documents, args.group_size, args.delay)), indent=2))

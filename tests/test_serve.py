@@ -155,6 +155,16 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
                 time.sleep(0.3)
             assert "reloaded: serving step 4 (was 3)" in served.log.read_text()
             assert httpx.get(f"{served.url}/health").json()["step"] == 4
+            checkpoints = run_copy / "art" / "summrl" / "models" / "shared" / "checkpoints"
+            shutil.copytree(checkpoints / "0004", checkpoints / "0005")  # a step 5 whose weights can't be read
+            (checkpoints / "0005" / "adapter_model.safetensors").write_bytes(b"not safetensors")
+            time.sleep(0.3)
+            assert client.models.list().data[0].id == "shared@4"  # the failed reload keeps serving step 4
+            assert summarize(served.url, "Still answering.", id="still").json()["step"] == 4
+            assert served.log.read_text().count("reload of step 5 failed, still serving step 4") == 1
+            shutil.rmtree(checkpoints / "0005")
+            (run_copy / "inbox" / "documents.jsonl").write_text(  # what step 4 consumed; the probe above was new
+                "".join(line + "\n" for line in (run_copy / "inbox" / "documents.jsonl").read_text().splitlines()[:8]))
 
             second = run_cli(online, cwd=ROOT)
             assert second.returncode == 0, second.stderr[-3000:]

@@ -339,31 +339,16 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
     wall time over one request's (batching's figure: 1 means free, ``concurrency`` means none)."""
     import httpx
 
-    from summrl.backends.embedded.server import free_port
+    from summrl.serve.process import ServeProcess
 
     documents = [line for line in (ROOT / "summrl" / "data" / "repliqa_sample.jsonl").read_text().splitlines()]
     texts = list(dict.fromkeys(json.loads(line)["document_extracted"] for line in documents))[:concurrency]
     out: dict = {"run_dir": run_dir, "step": step, "concurrency": concurrency, "selector": selector}
     for n in best_of_n:
-        port = free_port()
-        log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        server = subprocess.Popen([sys.executable, "-m", "summrl.serve", f"run_dir={run_dir}", f"step={step}",
-                                   f"serve.port={port}", f"serve.best_of_n={n}", f"serve.selector={selector}"],
-                                  cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
+        log = Path(tempfile.mkdtemp(prefix="summrl-perf-serve-")) / "serve.log"
+        server = ServeProcess(run_dir, [f"step={step}", f"serve.best_of_n={n}", f"serve.selector={selector}"], log)
+        url, load_s = server.url, server.load_s
         try:
-            started = time.perf_counter()
-            while True:
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if server.poll() is not None:
-                    raise RuntimeError(f"summrl.serve exited: {Path(log.name).read_text()[-2000:]}")
-                time.sleep(0.3)
-            load_s = time.perf_counter() - started
-
             async def post(client, text: str) -> float:
                 start = time.perf_counter()
                 response = await client.post(f"{url}/v1/summarize", json={"document": text, "seed": 1})
@@ -380,8 +365,7 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
 
             alone, latencies, wall = asyncio.run(measure())
         finally:
-            server.terminate()
-            server.wait(timeout=60)
+            server.stop()
         ordered = sorted(latencies)
         single = statistics.median(alone)
         out[f"best_of_{n}"] = {

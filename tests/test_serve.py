@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,41 +16,11 @@ import httpx
 import openai
 import pytest
 
-from summrl.backends.embedded.server import free_port
+from summrl.serve.process import ServeProcess
 from summrl.testing import FakeLLM, Reply
 from tests.conftest import ROOT, run_cli
 
 SERVE_KEY = "planted-serve-key-4f1a"
-
-
-class Served:
-    def __init__(self, run_dir: Path, args: list[str], log: Path, env: dict | None = None) -> None:
-        self.port = free_port()
-        self.log = log
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "summrl.serve", f"run_dir={run_dir}", f"serve.port={self.port}", *args],
-            cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                                                               **(env or {})})
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert self.process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.3)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +38,7 @@ def summarize(url: str, document: str, key: str | None = SERVE_KEY, **extra) -> 
 
 def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_get_clear_errors(run_copy, tmp_path):
     with FakeLLM() as judge:
-        served = Served(run_copy, ["step=2", "serve.best_of_n=4", "serve.max_document_tokens=64", "serve.max_queue=2",
+        served = ServeProcess(run_copy, ["step=2", "serve.best_of_n=4", "serve.max_document_tokens=64", "serve.max_queue=2",
                                    "judge=openai_compatible", f"judge.api_base={judge.base_url}", "judge.max_retries=0",
                                    "judge.cache_dir=null"], tmp_path / "serve.log")
         try:
@@ -117,7 +83,7 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
     step on the inbox offline, the server reloads step 4 by itself, the watermark advances, and a second train
     with nothing new trains nothing."""
     env = {"SERVE_KEY": SERVE_KEY}
-    served = Served(run_copy, ["step=latest", "serve.record=true", "serve.reload=auto", "serve.reload_check_s=0.2",
+    served = ServeProcess(run_copy, ["step=latest", "serve.record=true", "serve.reload=auto", "serve.reload_check_s=0.2",
                                "serve.api_key_env=SERVE_KEY"], tmp_path / "serve.log", env=env)
     try:
         client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=SERVE_KEY)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 import traceback
@@ -323,6 +324,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         session = await open_session(config, tracker)
         step = await session.model.get_step()
         record.resume_at(step)
+        # A managed job's id (SkyPilot sets it in the job's environment): its recoveries are counted per job id.
+        record.begin_attempt(step, os.environ.get("SKYPILOT_MANAGED_JOB_ID"))
         history = record.val_history
         log.info(f"summrl: run {config.run.name} in {config.run.dir} | {len(train_docs)} train / {len(val)} val documents"
                  f" | {'resuming at' if step else 'starting at'} step {step} of {t.max_steps}")
@@ -345,6 +348,9 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             session.tracker.log_history()
             step = trained.step
             await backup.after_step(step)
+            record.trained(step)
+            record.save()  # with the checkpoint's backup: a preempted machine leaves its attempt's steps in S3
+            backup.save_result(config.run.dir)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
             log.info(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}")
         if not scored_at(history, step):

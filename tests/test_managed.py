@@ -275,3 +275,67 @@ def test_the_dry_run_of_a_managed_spot_sweep_prints_both_tasks_and_their_cost_of
     for value in PLANTED.values():
         assert value not in out + result.stderr
     assert not list((tmp_path / "multirun").glob("*/result.json"))  # nothing was submitted
+
+
+# --------------------------------------------------------------------------- a simulated preemption
+
+PREEMPT_ARGS = ["experiment=local", "backend=skypilot", "backend.managed=true", "judge=lexical", "trainer.max_steps=4",
+                "trainer.eval_every=100", "trainer.max_summary_tokens=8", "trainer.groups_per_step=1",
+                "trainer.rollouts_per_group=2", "trainer.val_rollouts_per_doc=1", "dataset.val_size=1",
+                "dataset.train_size=4", "storage.enabled=true",
+                "storage.bucket=preempt"]
+
+
+def local_command(task_run: str, run_dir) -> list[str]:
+    """The managed job's own command (its task's last line), with the GPU backend it asks for swapped for the
+    embedded one: this machine has no GPU. Everything else (run name, data, trainer, storage) is the job's."""
+    import shlex
+
+    args = shlex.split(task_run.splitlines()[-1])
+    assert args[:3] == ["python", "-m", "summrl.train"] and "backend=local_gpu" in args
+    kept = [a for a in args[3:] if a != "backend=local_gpu" and not a.startswith(("backend.", "++backend."))]
+    return [sys.executable, "-m", "summrl.train", *kept, "backend=embedded", f"hydra.run.dir={run_dir}"]
+
+
+def test_a_preempted_managed_job_resumes_from_s3_with_no_step_repeated_or_lost(cloud_env, tmp_path, s3_endpoint,
+                                                                               tiny_weights, monkeypatch):
+    import shutil
+    import signal
+    import time
+
+    from tests.conftest import CREDENTIALS, keys
+
+    overrides = [*PREEMPT_ARGS, tiny_weights, f"storage.endpoint_url={s3_endpoint}"]
+    config = default_config(*overrides)
+    command = local_command(build_task(config, overrides, "summrl-preempt").run, tmp_path / "run")
+    # The job's environment on a recovered machine: the same secrets, and SkyPilot's managed job id.
+    env = {**os.environ, **CREDENTIALS, "SKYPILOT_MANAGED_JOB_ID": "41", "PYTHONUNBUFFERED": "1"}
+    prefix = "summrl/summrl/summary-rl/"
+    s3(s3_endpoint).create_bucket(Bucket="preempt")
+
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while f"{prefix}checkpoints/0002.complete" not in keys(s3_endpoint, "preempt", prefix):
+        assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()[-3000:]
+        time.sleep(0.2)
+    first.send_signal(signal.SIGKILL)  # a spot pod: gone without notice, mid-run
+    first.wait()
+    done = sorted(int(k[len(prefix) + 12:-9]) for k in keys(s3_endpoint, "preempt", prefix) if k.endswith(".complete"))
+    assert done[-1] < 4, "the run finished before it was killed: it was not preempted mid-run"
+
+    shutil.rmtree(tmp_path / "run")  # a fresh machine: only the S3 backup is left
+    second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"restored step {done[-1]}" in second.stdout
+
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "completed" and result["steps"] == 4
+    assert (result["managed_job_id"], result["recoveries"]) == ("41", 1)
+    first_attempt, second_attempt = result["attempts"]
+    assert (first_attempt["start_step"], first_attempt["end_step"]) == (0, done[-1])
+    assert (second_attempt["start_step"], second_attempt["end_step"]) == (done[-1], 4)
+    assert first_attempt["steps_trained"] + second_attempt["steps_trained"] == 4
+    history = tmp_path / "run" / "art" / "summrl" / "models" / "summary-rl" / "history.jsonl"
+    trained = [row["training_step"] for row in map(json.loads, history.read_text().splitlines())
+               if any(k.startswith("train/") for k in row)]
+    assert trained == [1, 2, 3, 4]  # each step trained once: none repeated, none lost

@@ -68,10 +68,34 @@ class ModelConfig:
     weights: Optional[str] = None
     lr: float = 5e-5
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # What the model needs on a GPU backend (backend=skypilot checks backend.accelerators against it before
+    # launch): the memory of each GPU, and how many GPUs (2: ART's dedicated mode, training on GPU 0, vLLM on GPU 1).
+    min_gpu_memory_gb: Optional[int] = None
+    gpus: int = 1
+    # Minutes one GRPO step takes at the trainer's defaults on an H100 (an estimate, for the cost before launch).
+    step_minutes: Optional[float] = None
+    # vLLM engine args and Unsloth init args that fit this model (ART's _internal_config). backend.local_gpu's own
+    # fields and its engine_args are applied on top, so a key they own is refused here.
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    init_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "model.lr", f"must be > 0, got {self.lr} (e.g. model.lr=1e-5)")
         _require(bool(self.base_model), "model.base_model", "must not be empty")
+        _require(self.gpus in (1, 2), "model.gpus",
+                 f"must be 1 or 2 (2: ART's dedicated mode; ART 0.5.18 serves on one GPU only), got {self.gpus}")
+        _require(self.min_gpu_memory_gb is None or self.min_gpu_memory_gb > 0, "model.min_gpu_memory_gb",
+                 f"must be > 0 or null, got {self.min_gpu_memory_gb}")
+        _require(self.step_minutes is None or self.step_minutes > 0, "model.step_minutes",
+                 f"must be > 0 or null, got {self.step_minutes}")
+        for key in ("gpu_memory_utilization", "max_model_len", "enforce_eager", "enable_sleep_mode"):
+            _require(key not in self.engine_args, f"model.engine_args.{key}",
+                     f"is the backend's to set: backend.local_gpu.{key} (backend.{key} with backend=local_gpu)"
+                     if key != "enable_sleep_mode" else "is ART's to set (off in dedicated mode)")
+        for key in ("load_in_4bit", "max_seq_length", "model_name"):
+            _require(key not in self.init_args, f"model.init_args.{key}",
+                     f"is the backend's to set: backend.local_gpu.{key} (backend.{key} with backend=local_gpu)"
+                     if key != "model_name" else "is model.base_model")
 
 
 # --------------------------------------------------------------------------- dataset
@@ -612,6 +636,51 @@ class LocalGPUBackendConfig:
                      f"has its own setting: use backend.{key}")
 
 
+# Memory of one GPU (GB) by SkyPilot's accelerator name (`sky show-gpus`): what a model preset's
+# min_gpu_memory_gb is checked against, offline. An accelerator not listed is not checked.
+GPU_MEMORY_GB = {"H100": 80, "H100-SXM": 80, "H100-NVL": 94, "H200": 141, "B200": 180, "GH200": 96,
+                 "A100-80GB": 80, "A100": 40, "L40S": 48, "L40": 48, "A6000": 48, "RTXA6000": 48, "A40": 48,
+                 "L4": 24, "A10G": 24, "A10": 24, "RTX4090": 24, "RTX3090": 24, "T4": 16, "V100": 16}
+RECOVERY_STRATEGIES = ("EAGER_NEXT_REGION", "FAILOVER")  # SkyPilot's managed-job recovery strategies
+
+
+def parse_accelerators(value: str, key: str) -> tuple[str, int]:
+    """NAME or NAME:COUNT (SkyPilot's syntax), as (name, count)."""
+    name, _, count = str(value).partition(":")
+    _require(bool(name) and (not count or count.isdigit() and int(count) > 0), key,
+             f"must be NAME or NAME:COUNT, e.g. H100:1, got {value!r}")
+    return name, int(count or 1)
+
+
+@dataclass
+class JobRecoveryConfig:
+    """SkyPilot's ``resources.job_recovery`` for a managed job: how it comes back after a preemption or a failure."""
+
+    strategy: str = "EAGER_NEXT_REGION"  # EAGER_NEXT_REGION (SkyPilot's default) | FAILOVER (same region first)
+    max_restarts_on_errors: int = 0  # restarts after the job itself fails (preemptions are always recovered)
+    recover_on_exit_codes: list[int] = field(default_factory=list)  # exit codes recovered without counting
+
+    def __post_init__(self) -> None:
+        _require(self.strategy in RECOVERY_STRATEGIES, "backend.job_recovery.strategy",
+                 f"must be one of {', '.join(RECOVERY_STRATEGIES)}, got {self.strategy!r}")
+        _require(self.max_restarts_on_errors >= 0, "backend.job_recovery.max_restarts_on_errors",
+                 f"must be >= 0, got {self.max_restarts_on_errors}")
+        _require(all(0 <= c <= 255 for c in self.recover_on_exit_codes), "backend.job_recovery.recover_on_exit_codes",
+                 f"must be exit codes in [0, 255], got {list(self.recover_on_exit_codes)}")
+
+
+@dataclass
+class CandidateConfig:
+    """One machine the job may run on (backend.candidates): SkyPilot's any_of / ordered entries."""
+
+    accelerators: str = MISSING  # e.g. H100:1, H100-SXM:1, A100-80GB:1
+    infra: Optional[str] = None  # runpod, lambda, aws, ...; null: any infra SkyPilot has enabled
+    use_spot: Optional[bool] = None  # null: backend.use_spot
+
+
+FAILOVER = ("cheapest", "ordered")
+
+
 @dataclass
 class SkyPilotBackendConfig:
     """Run this same job on a cloud GPU that SkyPilot provisions, with backend=local_gpu there."""
@@ -630,11 +699,36 @@ class SkyPilotBackendConfig:
     setup: Optional[str] = None  # extra shell run after the install, e.g. "pip install flash-attn"
     # The remote backend=local_gpu's settings, e.g. backend.local_gpu.gpu_memory_utilization=0.7
     local_gpu: LocalGPUBackendConfig = field(default_factory=LocalGPUBackendConfig)
+    # A managed job (sky.jobs.launch): SkyPilot's jobs controller provisions it, recovers it after a preemption and
+    # takes its machine down at the end; the job resumes from the S3 backup (storage.enabled=true). Submits and returns.
+    managed: bool = False
+    use_spot: bool = False  # spot GPUs (managed jobs only: a spot pod is interrupted without notice)
+    spot_fallback: bool = False  # on-demand when no spot capacity: any_of [{use_spot: true}, {use_spot: false}]
+    job_recovery: JobRecoveryConfig = field(default_factory=JobRecoveryConfig)
+    # Machines to fail over across, instead of infra + accelerators, e.g.
+    # [{infra: runpod, accelerators: "H100:1"}, {infra: lambda, accelerators: "H100:1"}, {accelerators: "A100-80GB:1"}]
+    candidates: list[CandidateConfig] = field(default_factory=list)
+    failover: str = "cheapest"  # cheapest: SkyPilot's any_of; ordered: the candidates in their order
+    # Refuse a launch (a sweep: the whole sweep) whose estimated GPU + judge cost is over this many $; null: no limit.
+    max_cost_usd: Optional[float] = None
+    # Minutes before step 0 (provisioning, install, model download) billed at the GPU's price in the estimate.
+    setup_minutes: float = 15.0
 
     def __post_init__(self) -> None:
         _require(bool(self.infra), "backend.infra", "must name a SkyPilot infra, e.g. runpod")
-        _require(":" not in self.accelerators or self.accelerators.rsplit(":", 1)[1].isdigit(),
-                 "backend.accelerators", f"must be NAME or NAME:COUNT, e.g. H100:1, got {self.accelerators!r}")
+        parse_accelerators(self.accelerators, "backend.accelerators")
+        for i, c in enumerate(self.candidates):
+            parse_accelerators(c.accelerators, f"backend.candidates.{i}.accelerators")
+        _require(self.failover in FAILOVER, "backend.failover",
+                 f"must be cheapest (SkyPilot's any_of) or ordered, got {self.failover!r}")
+        spot = self.use_spot or any(c.use_spot for c in self.candidates)
+        _require(not spot or self.managed, "backend.use_spot",
+                 "a spot pod is interrupted without notice and only a managed job comes back: add backend.managed=true")
+        _require(not self.spot_fallback or spot, "backend.spot_fallback",
+                 "falls back from spot to on-demand, and no GPU asks for spot: add backend.use_spot=true")
+        _require(self.max_cost_usd is None or self.max_cost_usd >= 0, "backend.max_cost_usd",
+                 f"must be >= 0 or null (no limit), got {self.max_cost_usd}")
+        _require(self.setup_minutes >= 0, "backend.setup_minutes", f"must be >= 0, got {self.setup_minutes}")
         _require(self.disk_size > 0, "backend.disk_size", f"must be > 0, got {self.disk_size}")
         _require(self.idle_minutes_to_autostop >= 0, "backend.idle_minutes_to_autostop",
                  f"must be >= 0, got {self.idle_minutes_to_autostop}")
@@ -944,6 +1038,24 @@ def _default_kind(schema: type) -> str:
     return next(f.default for f in fields(schema) if f.name == "kind")
 
 
+def check_skypilot(config: Config) -> None:
+    """A managed job resumes only from S3; and the model must fit every GPU the job may land on."""
+    b, model = config.backend, config.model
+    _require(not b.managed or config.storage.enabled, "backend.managed",
+             "a recovered job restarts on a fresh machine and resumes only from the S3 backup: set "
+             "storage.enabled=true (with BACKUP_BUCKET), or backend.managed=false")
+    for key, accelerators in [(f"backend.candidates.{i}.accelerators", c.accelerators)
+                              for i, c in enumerate(b.candidates)] or [("backend.accelerators", b.accelerators)]:
+        name, count = parse_accelerators(accelerators, key)
+        memory = GPU_MEMORY_GB.get(name)
+        _require(memory is None or model.min_gpu_memory_gb is None or memory >= model.min_gpu_memory_gb, key,
+                 f"{accelerators} is too small for model={model.name}: it needs {model.min_gpu_memory_gb} GB per GPU, "
+                 f"{name} has {memory} GB; choose a larger GPU (e.g. H100:{model.gpus}) or a smaller model")
+        _require(count >= model.gpus, key,
+                 f"{accelerators} is too small for model={model.name}: it trains on {model.gpus} GPUs (ART's dedicated "
+                 f"mode), got {count}; use {name}:{model.gpus}")
+
+
 def check(config: Config) -> None:
     """The rules that span fields and groups."""
     if "ruler" in reward_kinds(config.reward) and config.judge.kind == "lexical":
@@ -954,6 +1066,8 @@ def check(config: Config) -> None:
     if config.judge.kind in ("embedded", "local") and config.backend.kind != "embedded":
         raise ConfigError(f"judge={config.judge.kind} uses the embedded backend's model; got "
                           f"backend.kind={config.backend.kind}: use backend=embedded or another judge")
+    if config.backend.kind == "skypilot":
+        check_skypilot(config)
     if config.backend.kind == "serverless" and config.storage.enabled:
         raise ConfigError("backend=serverless keeps its checkpoints on W&B, so there is nothing local to back up: "
                           "add storage.enabled=false")

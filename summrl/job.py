@@ -84,6 +84,7 @@ class RunRecord:
         self.earlier: dict = read_result(self.run_dir) or {}
         self.fields: dict[str, Any] = {}
         self.val_history: list[dict] = list(self.earlier.get("val_history", []))
+        self.attempts: list[dict] = list(self.earlier.get("attempts", []))  # one per invocation that trained
         self.started = time.time()
         self.saved = False  # this invocation has written the record
 
@@ -92,6 +93,24 @@ class RunRecord:
         if earlier and not self.earlier:
             self.earlier = earlier
             self.val_history = list(earlier.get("val_history", []))
+            self.attempts = list(earlier.get("attempts", []))
+
+    def begin_attempt(self, step: int, managed_job_id: Optional[str]) -> None:
+        """This invocation trains from ``step`` (0, or the checkpoint it resumed). A managed job's recovery is a new
+        attempt of the same job id. The previous attempt trained at least to ``step``: its checkpoint is the one
+        restored, though the attempt may have been killed before its record said so."""
+        if self.attempts and self.attempts[-1]["end_step"] < step:
+            self.attempts[-1].update(end_step=step, steps_trained=step - self.attempts[-1]["start_step"])
+        self.attempts.append({"attempt": len(self.attempts) + 1, "managed_job_id": managed_job_id,
+                              "started_at": time.time(), "start_step": step, "end_step": step, "steps_trained": 0})
+        if managed_job_id is not None:
+            same = [a for a in self.attempts if a["managed_job_id"] == managed_job_id]
+            self.update(managed_job_id=managed_job_id, recoveries=len(same) - 1)
+
+    def trained(self, step: int) -> None:
+        """This attempt has trained up to ``step``."""
+        if self.attempts:
+            self.attempts[-1].update(end_step=step, steps_trained=step - self.attempts[-1]["start_step"])
 
     def resume_at(self, step: int) -> None:
         """The run resumes at ``step``: the earlier val scores up to it are kept, later ones are scored again."""
@@ -104,7 +123,8 @@ class RunRecord:
         """Write the record (atomically): this invocation's fields, the val history, the run's total wall time
         (this invocation's time not counted when ``timed`` is false: it trained nothing)."""
         wall_s = round(self.earlier.get("wall_s", 0.0) + (time.time() - self.started if timed else 0.0), 1)
-        write_result(self.run_dir, {**self.fields, "val_history": self.val_history, "wall_s": wall_s})
+        attempts = {"attempts": self.attempts} if self.attempts else {}
+        write_result(self.run_dir, {**self.fields, "val_history": self.val_history, **attempts, "wall_s": wall_s})
         self.saved = True
 
     def fail(self, kind: str, line: str, exit_code: int) -> None:
@@ -116,7 +136,8 @@ class RunRecord:
         if not self.saved:
             if self.earlier and "status" not in self.fields:
                 return
-            self.fields = {**{k: v for k, v in self.earlier.items() if k not in ("traceback", "val_history", "wall_s")},
+            self.fields = {**{k: v for k, v in self.earlier.items()
+                              if k not in ("traceback", "val_history", "attempts", "wall_s")},
                            **self.fields, "status": "failed", "error": line, **self.job.record()}
         self.update(error_kind=kind, exit_code=exit_code)
         self.save(timed=timed)

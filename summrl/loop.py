@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import random
 import time
 import traceback
@@ -352,6 +353,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         session = await open_session(config, tracker)
         step = await session.model.get_step()
         record.resume_at(step)
+        # A managed job's id (SkyPilot sets it in the job's environment): its recoveries are counted per job id.
+        record.begin_attempt(step, os.environ.get("SKYPILOT_MANAGED_JOB_ID"))
         history = record.val_history
         planned = (f"{len(online.new)} new inbox documents, {math.ceil(len(online.new) / t.groups_per_step)} step(s) "
                    f"from step {step}" if online is not None else
@@ -382,6 +385,9 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             session.tracker.log_history()
             step = trained.step
             await backup.after_step(step)
+            record.trained(step)
+            record.save()  # with the checkpoint's backup: a preempted machine leaves its attempt's steps in S3
+            backup.save_result(config.run.dir)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
             log.info(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}")
         if not scored_at(history, step):

@@ -311,6 +311,12 @@ class NoBackup:
 
 def fetch_result(config: Any) -> Optional[dict]:
     """The run's backed-up result.json (written by the run itself, wherever it ran), or None."""
+    data = fetch_file(config, "result.json")
+    return None if data is None else json.loads(data)
+
+
+def fetch_file(config: Any, rel: str) -> Optional[bytes]:
+    """One file of the run's backup (``result.json``, ``history.jsonl``), or None when it is not there."""
     storage = config.storage
     bucket = resolve_bucket(storage)
     if not storage.enabled or not bucket:
@@ -318,7 +324,7 @@ def fetch_result(config: Any) -> Optional[dict]:
     root = "/".join(p for p in (storage.prefix, config.project, config.run.name) if p)
     client = _s3_client(storage)
     try:
-        return json.loads(client.get_object(Bucket=bucket, Key=f"{root}/result.json")["Body"].read())
+        return client.get_object(Bucket=bucket, Key=f"{root}/{rel}")["Body"].read()
     except client.exceptions.NoSuchKey:
         return None
 

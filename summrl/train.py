@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> float | None:
         record = RunRecord(config.run.dir, job) if Path(config.run.dir) != record.run_dir else record
         if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
 
-            return run_from_hydra(config)
+            return run_from_hydra(config, record)
         check(config)  # the backend's packages, GPU and keys, and the backup bucket: all listed, before loading
         # ART's gather draws a progress bar per batch; the loop prints one line per step instead.
         os.environ.setdefault("TQDM_DISABLE", "1")

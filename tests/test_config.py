@@ -190,3 +190,35 @@ def test_every_schema_is_in_hydras_config_store_and_option_files_hold_only_what_
                 default.update({k: v for k, v in OmegaConf.to_container(OmegaConf.load(CONF / group / f"{parent}.yaml")).items()
                                 if k != "defaults"})
             assert not list(repeated(option, default, group)), f"{path.name} repeats its schema's defaults"
+
+
+@pytest.mark.parametrize("model,accelerators,message", [
+    ("qwen2_5_7b", "A100:1", "backend.accelerators: A100:1 is too small for model=qwen2_5_7b: it needs 80 GB per GPU, "
+                             "A100 has 40 GB"),
+    ("qwen2_5_14b", "H100:1", "backend.accelerators: H100:1 is too small for model=qwen2_5_14b: it trains on 2 GPUs"),
+    ("qwen2_5_3b", "L4:1", "backend.accelerators: L4:1 is too small for model=qwen2_5_3b: it needs 40 GB per GPU"),
+])
+def test_a_model_on_a_gpu_too_small_for_it_is_refused_naming_both(model, accelerators, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_config(["judge=lexical", f"model={model}", f"backend.accelerators={accelerators}"])
+    with pytest.raises(ConfigError, match=message.replace("backend.accelerators", r"backend.candidates.1.accelerators")):
+        compose_config(["judge=lexical", f"model={model}", "backend.failover=ordered",
+                        f'backend.candidates=[{{accelerators: "H200:2"}}, {{infra: runpod, accelerators: "{accelerators}"}}]'])
+
+
+def test_bigger_presets_fit_their_gpus_and_the_14b_runs_in_arts_dedicated_mode():
+    from summrl.backends import internal_config
+
+    for model, accelerators in (("qwen2_5_7b", "H100:1"), ("qwen2_5_14b", "H100-SXM:2"), ("qwen2_5_14b", "A100-80GB:2")):
+        config = compose_config(["judge=lexical", f"model={model}", f"backend.accelerators={accelerators}"])
+        assert config.model.step_minutes > 0
+    remote = compose_config(["judge=lexical", "model=qwen2_5_14b", "backend=local_gpu",
+                             "+backend.engine_args.max_num_seqs=32"])
+    internal = internal_config(remote)
+    assert (internal["trainer_gpu_ids"], internal["inference_gpu_ids"]) == ([0], [1])  # training GPU 0, vLLM GPU 1
+    assert internal["engine_args"]["max_num_seqs"] == 32  # the backend's own engine args win over the preset's
+    assert internal["engine_args"]["gpu_memory_utilization"] == 0.8
+    assert "trainer_gpu_ids" not in internal_config(compose_config(["judge=lexical", "model=qwen2_5_7b",
+                                                                    "backend=local_gpu"]))
+    with pytest.raises(ConfigError, match="model.engine_args.gpu_memory_utilization: is the backend's to set"):
+        compose_config([*LOCAL, "+model.engine_args.gpu_memory_utilization=0.5"])

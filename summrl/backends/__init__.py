@@ -69,12 +69,18 @@ def internal_config(config: Any) -> Optional[dict]:
     """
     if config.backend.kind != "local_gpu":
         return None
-    b, lora = config.backend, config.model.lora
-    engine = {"gpu_memory_utilization": b.gpu_memory_utilization, "enforce_eager": b.enforce_eager,
-              **({"max_model_len": b.max_model_len} if b.max_model_len else {}), **dict(b.engine_args)}
-    return {
+    b, model = config.backend, config.model
+    lora = model.lora
+    # The model preset's settings first, the backend's on top (config.py refuses a key both would set).
+    engine = {**dict(model.engine_args), "gpu_memory_utilization": b.gpu_memory_utilization,
+              "enforce_eager": b.enforce_eager, **({"max_model_len": b.max_model_len} if b.max_model_len else {}),
+              **dict(b.engine_args)}
+    internal = {
         "engine_args": engine,
-        "init_args": {"load_in_4bit": b.load_in_4bit, "max_seq_length": b.max_seq_length},
+        "init_args": {**dict(model.init_args), "load_in_4bit": b.load_in_4bit, "max_seq_length": b.max_seq_length},
         "peft_args": {"r": lora.r, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
                       "target_modules": list(lora.target_modules)},
     }
+    if model.gpus == 2:  # ART's dedicated mode: Unsloth trains on GPU 0, vLLM serves on GPU 1
+        internal.update(trainer_gpu_ids=[0], inference_gpu_ids=[1])
+    return internal

@@ -25,7 +25,8 @@ from typing import Any, Optional
 from summrl.data import DataError
 from summrl.data.documents import read as read_documents
 from summrl.errors import NETWORK_FIX, NetworkError, is_network, network_message
-from summrl.job import write_result
+from summrl.cloud import managed, plan, pricing
+from summrl.job import RunRecord, write_result
 from summrl.judges import missing_keys
 from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems
 from summrl.storage import fetch_result, resolve_bucket
@@ -204,8 +205,28 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
     task.update_secrets(secrets(config))
     task.update_envs({name: os.environ[name] for name in FORWARDED_ENVS if os.environ.get(name)})
     if resources:
-        task.set_resources(sky.Resources(infra=b.infra, accelerators=b.accelerators, disk_size=b.disk_size))
+        task.set_resources(sky.Resources.from_yaml_config(resources_spec(b)))
     return task
+
+
+def resources_spec(b: Any) -> dict:
+    """The task's ``resources`` as a SkyPilot YAML mapping: one machine, or the candidates as ``any_of`` (cheapest
+    first) or ``ordered``; spot with its on-demand fallback; a managed job's ``job_recovery``."""
+    spec: dict[str, Any] = {"disk_size": b.disk_size}
+    if b.managed:
+        r = b.job_recovery
+        spec["job_recovery"] = {"strategy": r.strategy, "max_restarts_on_errors": r.max_restarts_on_errors,
+                                **({"recover_on_exit_codes": list(r.recover_on_exit_codes)}
+                                   if r.recover_on_exit_codes else {})}
+    machines = [{"infra": c.infra, "accelerators": c.accelerators, "use_spot": b.use_spot if c.use_spot is None
+                 else c.use_spot} for c in b.candidates] or [{"infra": b.infra, "accelerators": b.accelerators,
+                                                              "use_spot": b.use_spot}]
+    machines = [{k: v for k, v in m.items() if v is not None} for m in machines]  # no infra: any enabled one
+    if b.spot_fallback:  # after every spot choice, the same machine on demand
+        machines += [{**m, "use_spot": False} for m in machines if m["use_spot"]]
+    if len(machines) == 1:
+        return {**spec, **machines[0]}
+    return {**spec, ("ordered" if b.failover == "ordered" else "any_of"): machines}
 
 
 @contextlib.contextmanager
@@ -240,7 +261,7 @@ def describe(task: Any, resources: Optional[dict] = None) -> str:
 # --------------------------------------------------------------------------- the lifecycle
 
 
-def run_from_hydra(config: Any) -> Optional[float]:
+def run_from_hydra(config: Any, record: Optional[RunRecord] = None) -> Optional[float]:
     """run_on_cluster for the current Hydra job: its task overrides, and its number in a multirun.
     A single run exits with the remote job's exit code."""
     from hydra.core.hydra_config import HydraConfig
@@ -249,7 +270,7 @@ def run_from_hydra(config: Any) -> Optional[float]:
     hydra_cfg = HydraConfig.get()
     job_num = hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None
     try:
-        return run_on_cluster(config, list(hydra_cfg.overrides.task), job_num)
+        return run_on_cluster(config, list(hydra_cfg.overrides.task), job_num, record)
     except RemoteJobFailed as e:
         if job_num is not None:
             raise  # a sweep records the failed job and goes on
@@ -257,14 +278,20 @@ def run_from_hydra(config: Any) -> Optional[float]:
         sys.exit(e.exit_code)  # a single run exits as the remote job did
 
 
-def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = None) -> Optional[float]:
+def job_name(config: Any) -> str:
+    """A managed job's name: the cluster name and the run's (a multirun's jobs each have their own run name)."""
+    return f"{config.backend.cluster_name}-{config.run.name}"
+
+
+def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = None,
+                   record: Optional[RunRecord] = None) -> Optional[float]:
     """Preflight, then launch (or reuse) the cluster, stream the job's logs, and end as the remote job did.
     Returns the remote run's final val score when its result.json is in the S3 backup (else None).
 
     Raises PreflightError before anything is provisioned, and RemoteJobFailed when the job fails.
     """
     b = config.backend
-    cluster = cluster_name(config, job_num)
+    cluster = job_name(config) if b.managed else cluster_name(config, job_num)  # the task's name
     logging.getLogger("alembic").setLevel(logging.WARNING)  # SkyPilot's state DB migrations, at Hydra's INFO
     problems = preflight(config)
     if importlib.util.find_spec("sky") is None:  # nothing more can be checked without it
@@ -277,10 +304,18 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
             if not is_network(e):
                 raise
             unreachable, task = e, build_task(config, overrides, cluster, resources=False)
-    name, _, count = b.accelerators.partition(":")
-    asked = {"infra": b.infra, "accelerators": {name: int(count or 1)}, "disk_size": b.disk_size} if unreachable else None
+    asked = resources_spec(b) if unreachable else None
+    with quiet_sky():
+        estimates = plan.estimates(config, overrides, job_num)
     if b.dry_run:
-        log.info(f"summrl: dry run: cluster {cluster}, {b.accelerators} on {b.infra}\n{describe(task, asked)}")
+        where = f"{b.accelerators} on {b.infra}" if not b.candidates else f"{len(b.candidates)} candidate machines"
+        what = f"managed job {cluster}" if b.managed else f"cluster {cluster}"
+        log.info(f"summrl: dry run: {what}, {where}\n{describe(task, asked)}")
+    log.info(pricing.describe(estimates[job_num or 0], config))
+    if job_num in (None, 0) and len(estimates) > 1:
+        log.info(f"summrl: estimated cost of the sweep of {len(estimates)} jobs: {pricing.usd(pricing.total(estimates))}")
+    if problem := pricing.budget_problem(estimates, b.max_cost_usd):
+        problems.append(problem)
     with quiet_sky():
         try:
             task.validate()  # workdir, resources, run: before any money is spent
@@ -304,6 +339,9 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
     if b.dry_run:
         log.info("summrl: dry run: the task is valid; nothing was launched")
         return None
+
+    if b.managed:
+        return managed.submit(config, task, cluster, estimates[job_num or 0], record)
 
     import sky
 
@@ -355,11 +393,18 @@ def offered_problems(task: Any, b: Any) -> list[str]:
     problems = []
     for r in task.resources:
         if r.cloud is None or str(r.cloud).lower() in ("kubernetes", "ssh", "slurm"):
-            continue  # no catalog: the cluster itself says what it has
+            continue  # no catalog (or any cloud): the cluster, or SkyPilot's optimizer at launch, says what it has
         feasible = r.cloud.get_feasible_launchable_resources(r, num_nodes=task.num_nodes)
-        if not feasible.resources_list:
+        if feasible.resources_list:
+            continue
+        if not b.candidates:
             problems.append(f"backend.accelerators={b.accelerators} is not offered on {b.infra} (SkyPilot's catalog): "
                             f"see `sky show-gpus --infra {b.infra}`, e.g. backend.accelerators=H100-SXM:1")
+        else:
+            wanted = ",".join(f"{k}:{v}" for k, v in (r.accelerators or {}).items())
+            infra = str(r.cloud).lower()
+            problems.append(f"backend.candidates: {wanted}{' (spot)' if r.use_spot else ''} is not offered on {infra} "
+                            f"(SkyPilot's catalog): see `sky show-gpus --infra {infra}`, or drop that candidate")
     return problems
 
 

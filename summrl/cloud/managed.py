@@ -1,0 +1,47 @@
+"""backend.managed=true: submit the task as a SkyPilot managed job (``sky.jobs.launch``) and return.
+
+SkyPilot's jobs controller (a small CPU VM it starts, which stops itself when idle) provisions the machine, restarts
+the job on a new one after a preemption (or an error, up to ``job_recovery.max_restarts_on_errors``) and takes it
+down at the end. A restarted job runs its command from scratch on a fresh machine; the command is the same
+``python -m summrl.train ... run.name=<name>``, so it restores the latest complete checkpoint from S3 and goes on
+(storage.enabled=true is required by config validation). The local run folder gets a ``result.json`` saying what was
+submitted: ``summrl.sweep`` reads it to find the job, its backup and its price.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional
+
+from summrl.job import RunRecord
+
+log = logging.getLogger(__name__)
+
+
+def submission(config: Any, name: str, job_id: int, estimate: Any) -> dict:
+    """What summrl.sweep needs to find the job and its backup, and to price it. No secret: a bucket named by
+    $BACKUP_BUCKET is read from the environment again (bucket: null)."""
+    s = config.storage
+    return {"id": job_id, "name": name, "submitted_at": time.time(),
+            "usd_per_hour": estimate.price.usd_per_hour, "price_source": estimate.price.source,
+            "machine": estimate.price.machine, "estimated_usd": estimate.total_usd,
+            "backup": {"bucket": s.bucket, "prefix": s.prefix, "endpoint_url": s.endpoint_url, "region": s.region,
+                       "project": config.project, "run_name": config.run.name}}
+
+
+def submit(config: Any, task: Any, name: str, estimate: Any, record: Optional[RunRecord] = None) -> None:
+    """Submit the managed job and record it in the local run folder's result.json; returns at once."""
+    import sky
+
+    record = record or RunRecord(config.run.dir)
+    log.info(f"summrl: submitting run {config.run.name} as managed job {name}")
+    job_ids, _ = sky.stream_and_get(sky.jobs.launch(task, name=name))
+    job_id = int(job_ids[0])
+    record.update(status="submitted", run_name=config.run.name, run_dir=config.run.dir, seed=config.seed,
+                  managed_job=submission(config, name, job_id, estimate), **record.job.record())
+    record.save(timed=False)
+    where = record.job.sweep and str(record.run_dir.parent) or config.run.dir
+    log.info(f"summrl: submitted managed job {job_id} ({name}); it runs and recovers without this terminal. "
+             f"See it with `python -m summrl.sweep status {where}` or `sky jobs logs {job_id}`")
+    return None

@@ -1,0 +1,63 @@
+"""The jobs a command launches, each with its estimated cost: one run, or every job of a ``-m`` sweep.
+
+Hydra hands a multirun's job only its own overrides, so the sweep is read again the way Hydra's basic sweeper
+expands it: the sweeper's params (an experiment preset's), then the command line's overrides, split into jobs by
+``BasicSweeper.split_arguments``. Each job is composed and priced once per process (summrl.cloud.pricing).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Optional
+
+from summrl.cloud import pricing
+
+log = logging.getLogger(__name__)
+
+_cache: dict[tuple, list] = {}
+
+
+def sweep_overrides(argv: list[str], params: dict) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper expands ``params`` and the command line's task overrides."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    task = [a for a in argv if not a.startswith("-") and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    parser = OverridesParser.create()
+    overrides = parser.parse_overrides([f"{k}={v}" for k, v in params.items()]) + parser.parse_overrides(task)
+    (jobs,) = BasicSweeper.split_arguments(overrides, None) or [[[]]]
+    return jobs
+
+
+def estimates(config: Any, overrides: list[str], job_num: Optional[int]) -> list[pricing.Estimate]:
+    """This run's estimate; in a multirun, every job's, in job order (this job's at ``job_num``)."""
+    if job_num is None:
+        return [pricing.estimate_run(config)]
+    from hydra.core.hydra_config import HydraConfig
+
+    params = dict(HydraConfig.get().sweeper.get("params") or {})
+    try:
+        jobs = sweep_overrides(sys.argv[1:], params)
+    except Exception:  # not the command line of this sweep (a launcher running jobs in other processes)
+        jobs = []
+    if len(jobs) <= job_num or sorted(jobs[job_num]) != sorted(overrides):
+        log.warning("summrl: warning: the sweep's other jobs could not be read back from the command line: "
+                    "each job is estimated (and checked against backend.max_cost_usd) on its own")
+        return [pricing.estimate_run(config)] * (job_num + 1)
+    key = (tuple(sys.argv), tuple(sorted(params.items())))
+    if key not in _cache:
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.types import RunMode
+
+        from summrl.config import validate
+
+        hydra = GlobalHydra.instance().hydra  # the running app's own loader: the same search path and schemas
+        name = HydraConfig.get().job.config_name
+        found = []
+        for num, job in enumerate(jobs):
+            other = config if num == job_num else validate(hydra.compose_config(name, job, run_mode=RunMode.RUN))
+            other.run.name = f"{other.run.name}-{num}" if num != job_num else other.run.name
+            found.append(pricing.estimate_run(other))
+        _cache[key] = found
+    return _cache[key]

@@ -1,0 +1,167 @@
+"""`python -m summrl.sweep status|pull|cancel <sweep or run folder>`: the managed jobs a sweep submitted.
+
+Each job folder's ``result.json`` says what was submitted (summrl.cloud.managed): the job's id, its S3 backup and
+its hourly price. ``status`` joins SkyPilot's record of each job (state, recoveries, time run) with the run's backed-up
+history (its step and last val score) and prices the time run (summrl.cloud.pricing's price at submission).
+``pull`` brings each run's ``result.json`` and ``history.jsonl`` down from S3 into its job folder, where
+``summrl.report`` reads them as it reads a local sweep. ``cancel`` cancels every job not yet finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from summrl.job import read_result, write_result
+from summrl.storage import fetch_file
+
+COLUMNS = ("job", "run", "managed job", "state", "step", "last val", "recoveries", "$ so far")
+
+
+def job_folders(folder: Path) -> list[Path]:
+    """The run folder itself, or the sweep's numbered job folders (as summrl.report reads them)."""
+    if (folder / "result.json").is_file():
+        return [folder]
+    return sorted((p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def submitted(folder: Path) -> list[tuple[Path, dict]]:
+    """(job folder, its managed_job record) for every job the sweep submitted."""
+    found = []
+    for job in job_folders(folder):
+        managed = (read_result(job) or {}).get("managed_job")
+        if managed:
+            found.append((job, managed))
+    return found
+
+
+def backup_config(managed: dict) -> Any:
+    """The storage settings summrl.storage reads, from the submission record."""
+    b = managed["backup"]
+    storage = SimpleNamespace(enabled=True, bucket=b["bucket"], prefix=b["prefix"], endpoint_url=b["endpoint_url"],
+                              region=b["region"])
+    return SimpleNamespace(storage=storage, project=b["project"], run=SimpleNamespace(name=b["run_name"]))
+
+
+def history_rows(data: Optional[bytes]) -> list[dict]:
+    return [json.loads(line) for line in (data or b"").decode().splitlines() if line.strip()]
+
+
+def progress(rows: list[dict]) -> tuple[Optional[int], Optional[float]]:
+    """The last step trained and the last val score, from ART's history rows."""
+    steps = [int(r["training_step"]) for r in rows if "training_step" in r]
+    val = [r["val/reward"] for r in rows if "val/reward" in r]
+    return (max(steps) if steps else None), (val[-1] if val else None)
+
+
+def field(record: Any, name: str) -> Any:
+    """A SkyPilot job record's field (a pydantic record, or a mapping)."""
+    return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
+
+
+def queue(ids: list[int]) -> dict[int, Any]:
+    """SkyPilot's records of these managed jobs, by id (the controller is not woken up for it)."""
+    import sky
+
+    records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=ids))
+    return {int(field(r, "job_id")): r for r in records}
+
+
+def spent(managed: dict, record: Any) -> Optional[float]:
+    """$ so far: the hourly price at submission x the time SkyPilot says the job has run (across recoveries)."""
+    hours = (field(record, "job_duration") or 0.0) / 3600 if record is not None else 0.0
+    price = managed.get("usd_per_hour")
+    return None if price is None else price * hours
+
+
+def status(folder: Path) -> list[dict]:
+    jobs = submitted(folder)
+    records = queue([m["id"] for _, m in jobs]) if jobs else {}
+    rows = []
+    for job, managed in jobs:
+        record = records.get(int(managed["id"]))
+        step, val = progress(history_rows(fetch_file(backup_config(managed), "history.jsonl")))
+        state = field(record, "status") if record is not None else "UNKNOWN (not in SkyPilot's queue)"
+        rows.append({"job": job.name, "run": managed["backup"]["run_name"], "managed job": managed["id"],
+                     "state": getattr(state, "value", state), "step": step, "last val": val,
+                     "recoveries": field(record, "recovery_count") if record is not None else None,
+                     "$ so far": spent(managed, record)})
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    def cell(key: str, value: Any) -> str:
+        if value is None:
+            return "-"
+        if key == "$ so far":
+            return f"${value:,.2f}"
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    table = [list(COLUMNS)] + [[cell(k, r[k]) for k in COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
+    total = [r["$ so far"] for r in rows]
+    if rows:
+        lines.append(f"total so far: {'unknown' if None in total else f'${sum(total):,.2f}'}")
+    return "\n".join(lines)
+
+
+def pull(folder: Path) -> list[str]:
+    """Each run's backed-up result.json and history into its job folder; returns what was missing."""
+    missing = []
+    for job, managed in submitted(folder):
+        backup = backup_config(managed)
+        result = fetch_file(backup, "result.json")
+        history = fetch_file(backup, "history.jsonl")
+        if result is None:
+            missing.append(f"{job.name}: no result.json in the backup yet (the run has not trained a step)")
+        else:  # the run's own record, plus what was submitted (summrl.sweep keeps finding the job)
+            write_result(job, {**json.loads(result), "managed_job": managed})
+        if history is not None:
+            target = job / "art" / backup.project / "models" / backup.run.name / "history.jsonl"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(history)
+    return missing
+
+
+def cancel(folder: Path) -> list[int]:
+    import sky
+
+    ids = [int(m["id"]) for _, m in submitted(folder)]
+    if ids:
+        sky.get(sky.jobs.cancel(job_ids=ids))
+    return ids
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m summrl.sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["status", "pull", "cancel"])
+    parser.add_argument("folder", type=Path, help="a sweep folder (multirun/<date>/<time>) or one run's folder")
+    args = parser.parse_args(argv)
+    from dotenv import load_dotenv
+
+    load_dotenv()  # AWS_* and BACKUP_BUCKET, as the jobs read them
+    if not args.folder.is_dir():
+        print(f"summrl: {args.folder} is not a folder", file=sys.stderr)
+        return 2
+    if not submitted(args.folder):
+        print(f"summrl: no managed job was submitted from {args.folder} (backend.managed=true records one per job)",
+              file=sys.stderr)
+        return 2
+    if args.command == "status":
+        print(render(status(args.folder)))
+    elif args.command == "pull":
+        missing = pull(args.folder)
+        for line in missing:
+            print(f"summrl: {line}", file=sys.stderr)
+        print(f"summrl: pulled {len(submitted(args.folder)) - len(missing)} runs into {args.folder}; "
+              f"python -m summrl.report {args.folder}")
+    else:
+        ids = cancel(args.folder)
+        print(f"summrl: cancelled managed jobs {', '.join(map(str, ids))} ({time.strftime('%H:%M:%S')})")
+    return 0

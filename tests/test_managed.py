@@ -1,0 +1,341 @@
+"""backend.managed=true: the managed job's task, its cost before launch, the budget, and `summrl.sweep`.
+
+SkyPilot builds and validates every task offline against the fixture RunPod catalog (tests/fixtures/sky_catalog,
+whose H100 spot price differs from its on-demand one, so a test sees which is used). Only SkyPilot's network calls
+(sky.jobs.launch, queue_v2, cancel and their request stream) are replaced, by a recorder; S3 is the loopback endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from tests import test_cloud  # first: it points SkyPilot at the fixture catalog before anything imports sky
+from tests.conftest import ROOT, s3, said
+from tests.test_cloud import PLANTED, SKY_RUNTIME, cloud_env, default_config  # noqa: F401  (cloud_env: a fixture)
+
+import sky  # noqa: E402
+
+from summrl.cloud import launch, pricing  # noqa: E402
+from summrl.cloud import sweep as sweep_cli  # noqa: E402
+from summrl.cloud.launch import PreflightError, build_task, run_on_cluster  # noqa: E402
+from summrl.cost import token_price  # noqa: E402
+from summrl.job import RunRecord  # noqa: E402
+
+MANAGED = ["backend.managed=true", "storage.bucket=runs"]
+
+
+class FakeJobs:
+    """Records SkyPilot's managed-job calls; submitted jobs get ids 41, 42, ..."""
+
+    def __init__(self, monkeypatch):
+        self.calls, self.records = [], {}
+        monkeypatch.setattr(sky.jobs, "launch", self.launch)
+        monkeypatch.setattr(sky.jobs, "queue_v2", lambda refresh, job_ids=None, **kw: ("queue", refresh, job_ids))
+        monkeypatch.setattr(sky.jobs, "cancel", lambda job_ids=None, **kw: ("cancel", job_ids))
+        monkeypatch.setattr(sky, "stream_and_get", self.answer)
+        monkeypatch.setattr(sky, "get", self.answer)
+        for name in ("launch", "tail_logs", "down"):  # the cluster path must not be taken
+            monkeypatch.setattr(sky, name, lambda *a, _n=name, **k: self.calls.append((_n,)))
+
+    def launch(self, task, name=None, **kwargs):
+        self.calls.append(("jobs.launch", task, name))
+        return ("launch", 41 + len([c for c in self.calls if c[0] == "jobs.launch"]) - 1)
+
+    def answer(self, request):
+        kind = request[0]
+        self.calls.append((f"get {kind}", request))
+        if kind == "launch":
+            return [request[1]], None
+        if kind == "queue":
+            return [self.records[i] for i in request[2] if i in self.records], len(request[2]), {}, len(request[2])
+        return None
+
+    def launched(self):
+        return [c for c in self.calls if c[0] == "jobs.launch"]
+
+
+def managed_config(*overrides, **env):
+    return default_config(*MANAGED, *overrides)
+
+
+# --------------------------------------------------------------------------- the task
+
+
+def test_managed_spot_task_with_fallback_and_recovery_validates_offline(cloud_env):
+    config = managed_config("backend.use_spot=true", "backend.spot_fallback=true",
+                            "backend.job_recovery.strategy=FAILOVER", "backend.job_recovery.max_restarts_on_errors=3",
+                            "backend.job_recovery.recover_on_exit_codes=[33]")
+    task = build_task(config, [], "summrl-job")
+    task.validate()
+    resources = sorted(task.resources, key=lambda r: r.use_spot)
+    assert [(str(r.cloud), r.accelerators, r.use_spot) for r in resources] == [
+        ("RunPod", {"H100": 1}, False), ("RunPod", {"H100": 1}, True)]
+    for r in resources:
+        assert r.job_recovery == {"strategy": "FAILOVER", "max_restarts_on_errors": 3, "recover_on_exit_codes": [33]}
+    spec = task.to_yaml_config(use_user_specified_yaml=True)["resources"]
+    # any_of: SkyPilot takes the cheapest, spot, and the same machine on demand when there is no spot capacity.
+    assert sorted(c["use_spot"] for c in spec["any_of"]) == [False, True]
+    # The remote job is the same command: it resumes from S3 by its run name (no backend.managed there).
+    assert "run.name=summary-rl backend=local_gpu" in task.run and "managed" not in task.run
+
+
+def test_candidates_become_ordered_or_any_of_and_unoffered_ones_are_named(cloud_env, monkeypatch):
+    candidates = ('backend.candidates=[{infra: runpod, accelerators: "H100-SXM:1"}, '
+                  '{infra: runpod, accelerators: "A100-80GB:1", use_spot: true}]')
+    for failover, key in (("ordered", "ordered"), ("cheapest", "any_of")):
+        config = managed_config(candidates, f"backend.failover={failover}")
+        task = build_task(config, [], "summrl-job")
+        task.validate()
+        spec = task.to_yaml_config(use_user_specified_yaml=True)["resources"][key]
+        machines = [(c["accelerators"], c["use_spot"]) for c in spec]
+        if key == "any_of":  # a set: SkyPilot's optimizer picks the cheapest
+            machines = sorted(machines, key=str, reverse=True)
+        assert machines == [({"H100-SXM": 1}, False), ({"A100-80GB": 1}, True)]
+        assert all(c["job_recovery"]["strategy"] == "EAGER_NEXT_REGION" for c in spec)
+    assert isinstance(task.resources, set) and len(task.resources) == 2
+    fake = FakeJobs(monkeypatch)
+    with pytest.raises(PreflightError, match=r"backend.candidates: H200:1 is not offered on runpod"):
+        run_on_cluster(managed_config('backend.candidates=[{infra: runpod, accelerators: "H200:1"}]',
+                                      "backend.dry_run=true"), [], None)
+    assert not fake.launched()
+
+
+def test_managed_without_storage_and_spot_without_managed_are_refused_in_one_line():
+    from summrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^backend.managed: .* set storage.enabled=true"):
+        default_config("backend.managed=true", "storage.enabled=false")
+    with pytest.raises(ConfigError, match=r"^backend.use_spot: .* add backend.managed=true"):
+        default_config("backend.use_spot=true")
+
+
+# --------------------------------------------------------------------------- the cost before launch
+
+
+def test_estimate_is_catalog_price_times_hours_plus_judge_calls(cloud_env):
+    config = managed_config("backend.use_spot=true", "trainer.max_steps=10", "trainer.eval_every=5",
+                            "backend.setup_minutes=30")
+    e = pricing.estimate_run(config)
+    assert e.price.source == "SkyPilot's catalog" and e.price.usd_per_hour == 1.25  # the fixture's spot price
+    assert e.hours == pytest.approx((30 + 10 * 5.6) / 60)  # qwen2_5_3b declares 5.6 min a step
+    assert e.gpu_usd == pytest.approx(1.25 * (30 + 56) / 60)
+    # QA: one answering call per summary and one grading call per document, every train step and val pass
+    # (steps 0, 5 and 10 here); priced by litellm's cost map for the judge's model.
+    t = config.trainer
+    assert e.judge.calls == 10 * t.groups_per_step * (t.rollouts_per_group + 1) + 3 * 91 * (t.val_rollouts_per_doc + 1)
+    assert e.judge_usd == pytest.approx(token_price("gemini/gemini-2.5-flash", e.judge.input_tokens,
+                                                    e.judge.output_tokens))
+    assert e.total_usd == pytest.approx(e.gpu_usd + e.judge_usd)
+    on_demand = pricing.estimate_run(managed_config("trainer.max_steps=10", "trainer.eval_every=5",
+                                                    "backend.setup_minutes=30"))
+    assert on_demand.price.usd_per_hour == 2.39
+    ruler = pricing.estimate_run(managed_config("reward=ruler", "trainer.max_steps=10", "trainer.eval_every=5"))
+    # RULER: one ranking call per train group; val ranks each document's summaries and grades their QA too.
+    assert ruler.judge.calls == 10 * t.groups_per_step + 3 * 91 * (t.val_rollouts_per_doc + 1 + 1)
+    text = pricing.describe(e, config)
+    assert "H100:1 on runpod (spot) at $1.25/h from SkyPilot's catalog" in text and "10 steps x 5.6 min" in text
+
+
+def test_without_the_catalog_the_dated_snapshot_prices_the_gpu(cloud_env):
+    # Lambda's catalog is not in the fixture and can't be downloaded here: SkyPilot raises a network error.
+    price = pricing.hourly_price("lambda", "H100:1", False)
+    snapshot = json.loads((ROOT / "summrl" / "cloud" / "prices.json").read_text())
+    assert price.source == f"the price snapshot of {snapshot['date']}"
+    assert price.usd_per_hour == next(r["on_demand"] for r in snapshot["usd_per_hour"]
+                                      if (r["cloud"], r["accelerator"], r["count"]) == ("lambda", "H100", 1))
+    # A candidate on any infra is priced at the snapshot's cheapest offer of that GPU.
+    assert pricing.hourly_price(None, "A100-80GB:1", False).usd_per_hour == 1.39
+
+
+def test_over_budget_is_refused_by_the_preflight_with_the_figures_and_nothing_is_launched(cloud_env, monkeypatch):
+    fake = FakeJobs(monkeypatch)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")  # a second problem: both are listed together
+    with pytest.raises(PreflightError) as e:
+        run_on_cluster(managed_config("backend.max_cost_usd=5"), [], None)
+    message = str(e.value)
+    estimate = pricing.estimate_run(managed_config())
+    assert (f"backend.max_cost_usd=5: the estimated cost of this run is ${estimate.total_usd:,.2f} (GPU "
+            f"${estimate.gpu_usd:,.2f} + judge ${estimate.judge_usd:,.2f}), over the budget of $5.00") in message
+    assert "AWS_SECRET_ACCESS_KEY" in message
+    assert fake.launched() == [] and fake.calls == []
+    # In a dry run too, beside the task.
+    with pytest.raises(PreflightError, match="backend.max_cost_usd=5: the estimated cost"):
+        run_on_cluster(managed_config("backend.max_cost_usd=5", "backend.dry_run=true"), [], None)
+
+
+# --------------------------------------------------------------------------- submitting, and summrl.sweep
+
+
+def submit_sweep(tmp_path, fake, seeds=(1, 2, 3)):
+    """What `-m backend.managed=true seed=1,2,3` leaves: one job folder per job with its submission record."""
+    folder = tmp_path / "multirun" / "2026-11-23" / "10-00-00"
+    for num, seed in enumerate(seeds):
+        config = managed_config(f"seed={seed}", f"storage.endpoint_url={fake.endpoint}")
+        config.run.name, config.run.dir = f"abl-{num}", str(folder / str(num))
+        record = RunRecord(config.run.dir)
+        record.job.overrides, record.job.sweep, record.job.num = [f"seed={seed}"], "2026-11-23_10-00-00", num
+        run_on_cluster(config, [f"seed={seed}"], num, record)
+    return folder
+
+
+def test_sweep_status_pull_cancel_then_report(cloud_env, monkeypatch, tmp_path, s3_endpoint, capsys):
+    from sky.jobs.state import ManagedJobStatus
+    from sky.schemas.api.responses import ManagedJobRecord
+
+    fake = FakeJobs(monkeypatch)
+    fake.endpoint = s3_endpoint
+    s3(s3_endpoint).create_bucket(Bucket="runs")
+    folder = submit_sweep(tmp_path, fake)
+    assert [c[2] for c in fake.launched()] == ["summrl-abl-0", "summrl-abl-1", "summrl-abl-2"]
+    records = [json.loads((folder / str(n) / "result.json").read_text()) for n in range(3)]
+    assert [(r["status"], r["managed_job"]["id"]) for r in records] == [("submitted", 41), ("submitted", 42),
+                                                                          ("submitted", 43)]
+    assert records[0]["managed_job"]["usd_per_hour"] == 2.39 and records[0]["overrides"] == ["seed=1"]
+    for value in PLANTED.values():  # the bucket named by BACKUP_BUCKET is not written down either
+        assert value not in json.dumps(records)
+
+    # What the jobs left in S3: job 41 finished 2 steps after a recovery, 42 is at step 1, 43 has not started.
+    history = [{"training_step": 0, "val/reward": 0.40, "val/qa_accuracy": 0.40},
+               {"training_step": 1, "train/reward": 0.5}, {"training_step": 1, "val/reward": 0.45},
+               {"training_step": 2, "train/reward": 0.6}, {"training_step": 2, "val/reward": 0.55,
+                                                           "val/qa_accuracy": 0.5}]
+    remote = {"status": "completed", "steps": 2, "final_val_score": 0.55, "best_val_score": 0.55,
+              "overrides": ["seed=1"], "seed": 1, "wall_s": 600.0, "recoveries": 1, "managed_job_id": "41",
+              "val_history": [{"step": 0, "val_reward": 0.40, "val_qa_accuracy": 0.40},
+                              {"step": 2, "val_reward": 0.55, "val_qa_accuracy": 0.5}],
+              "attempts": [{"attempt": 1, "start_step": 0, "end_step": 1}, {"attempt": 2, "start_step": 1,
+                                                                           "end_step": 2}]}
+    client = s3(s3_endpoint)
+    client.put_object(Bucket="runs", Key="summrl/summrl/abl-0/history.jsonl",
+                      Body="\n".join(json.dumps(h) for h in history).encode())
+    client.put_object(Bucket="runs", Key="summrl/summrl/abl-0/result.json", Body=json.dumps(remote).encode())
+    client.put_object(Bucket="runs", Key="summrl/summrl/abl-1/history.jsonl",
+                      Body=json.dumps({"training_step": 1, "val/reward": 0.31}).encode())
+    client.put_object(Bucket="runs", Key="summrl/summrl/abl-1/result.json",
+                      Body=json.dumps({"status": "running", "overrides": ["seed=2"], "seed": 2}).encode())
+    fake.records = {
+        41: ManagedJobRecord(job_id=41, status=ManagedJobStatus.SUCCEEDED, recovery_count=1, job_duration=3600.0),
+        42: ManagedJobRecord(job_id=42, status=ManagedJobStatus.RECOVERING, recovery_count=2, job_duration=7200.0),
+        43: ManagedJobRecord(job_id=43, status=ManagedJobStatus.PENDING, recovery_count=0, job_duration=0.0)}
+
+    assert sweep_cli.main(["status", str(folder)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["job", "run", "managed", "job", "state", "step", "last", "val", "recoveries", "$",
+                                "so", "far"]
+    assert lines[1].split() == ["0", "abl-0", "41", "SUCCEEDED", "2", "0.550", "1", "$2.39"]  # 1 h run x $2.39/h
+    assert lines[2].split() == ["1", "abl-1", "42", "RECOVERING", "1", "0.310", "2", "$4.78"]
+    assert lines[3].split() == ["2", "abl-2", "43", "PENDING", "-", "-", "0", "$0.00"]
+    assert lines[4] == "total so far: $7.17"
+    assert ("get queue", ("queue", False, [41, 42, 43])) in fake.calls  # the controller is not woken up
+
+    assert sweep_cli.main(["pull", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert "2: no result.json in the backup yet" in err and "pulled 2 runs" in out
+    pulled = json.loads((folder / "0" / "result.json").read_text())
+    assert pulled["final_val_score"] == 0.55 and pulled["attempts"] == remote["attempts"]
+    assert pulled["managed_job"]["id"] == 41  # status still finds the job after a pull
+    assert (folder / "0" / "art" / "summrl" / "models" / "abl-0" / "history.jsonl").is_file()
+
+    from summrl import report
+
+    table, curves, *_ = report.collect(folder)
+    assert list(table["status"]) == ["completed", "running", "submitted"]
+    assert list(table["final_val_score"])[0] == 0.55
+    assert curves["0"]["reward"] == [(0, 0.40), (1, 0.45), (2, 0.55)]
+
+    assert sweep_cli.main(["cancel", str(folder)]) == 0
+    assert ("get cancel", ("cancel", [41, 42, 43])) in fake.calls
+    assert "cancelled managed jobs 41, 42, 43" in capsys.readouterr().out
+
+
+def test_the_dry_run_of_a_managed_spot_sweep_prints_both_tasks_and_their_cost_offline(cloud_env, tmp_path):
+    """The issue's command, with no network: the tasks, each job's estimate and the sweep's total."""
+    env = {**os.environ, "SKY_RUNTIME_DIR": str(SKY_RUNTIME), "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "summrl.train", "-m", "backend.managed=true", "backend.use_spot=true", "reward=qa,ruler",
+         "backend.dry_run=true", "run.name=abl", f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert out.count("use_spot: true") == 2 and out.count("strategy: EAGER_NEXT_REGION") == 2
+    for job, reward in ((0, "qa"), (1, "ruler")):
+        assert f"summrl: dry run: managed job summrl-abl-{job}, H100:1 on runpod" in out
+        assert f"python -m summrl.train reward={reward} " in out
+        assert f"summrl: estimated cost of run abl-{job}: $" in out
+    assert "H100:1 on runpod (spot) at $1.25/h from SkyPilot's catalog" in out
+    assert out.count("summrl: estimated cost of the sweep of 2 jobs: $") == 1
+    assert out.count("the task is valid; nothing was launched") == 2
+    for value in PLANTED.values():
+        assert value not in out + result.stderr
+    assert not list((tmp_path / "multirun").glob("*/result.json"))  # nothing was submitted
+
+
+# --------------------------------------------------------------------------- a simulated preemption
+
+PREEMPT_ARGS = ["experiment=local", "backend=skypilot", "backend.managed=true", "judge=lexical", "trainer.max_steps=4",
+                "trainer.eval_every=100", "trainer.max_summary_tokens=8", "trainer.groups_per_step=1",
+                "trainer.rollouts_per_group=2", "trainer.val_rollouts_per_doc=1", "dataset.val_size=1",
+                "dataset.train_size=4", "storage.enabled=true",
+                "storage.bucket=preempt"]
+
+
+def local_command(task_run: str, run_dir) -> list[str]:
+    """The managed job's own command (its task's last line), with the GPU backend it asks for swapped for the
+    embedded one: this machine has no GPU. Everything else (run name, data, trainer, storage) is the job's."""
+    import shlex
+
+    args = shlex.split(task_run.splitlines()[-1])
+    assert args[:3] == ["python", "-m", "summrl.train"] and "backend=local_gpu" in args
+    kept = [a for a in args[3:] if a != "backend=local_gpu" and not a.startswith(("backend.", "++backend."))]
+    return [sys.executable, "-m", "summrl.train", *kept, "backend=embedded", f"hydra.run.dir={run_dir}"]
+
+
+def test_a_preempted_managed_job_resumes_from_s3_with_no_step_repeated_or_lost(cloud_env, tmp_path, s3_endpoint,
+                                                                               tiny_weights, monkeypatch):
+    import shutil
+    import signal
+    import time
+
+    from tests.conftest import CREDENTIALS, keys
+
+    overrides = [*PREEMPT_ARGS, tiny_weights, f"storage.endpoint_url={s3_endpoint}"]
+    config = default_config(*overrides)
+    command = local_command(build_task(config, overrides, "summrl-preempt").run, tmp_path / "run")
+    # The job's environment on a recovered machine: the same secrets, and SkyPilot's managed job id.
+    env = {**os.environ, **CREDENTIALS, "SKYPILOT_MANAGED_JOB_ID": "41", "PYTHONUNBUFFERED": "1"}
+    prefix = "summrl/summrl/summary-rl/"
+    s3(s3_endpoint).create_bucket(Bucket="preempt")
+
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while f"{prefix}checkpoints/0002.complete" not in keys(s3_endpoint, "preempt", prefix):
+        assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()[-3000:]
+        time.sleep(0.2)
+    first.send_signal(signal.SIGKILL)  # a spot pod: gone without notice, mid-run
+    first.wait()
+    done = sorted(int(k[len(prefix) + 12:-9]) for k in keys(s3_endpoint, "preempt", prefix) if k.endswith(".complete"))
+    assert done[-1] < 4, "the run finished before it was killed: it was not preempted mid-run"
+
+    shutil.rmtree(tmp_path / "run")  # a fresh machine: only the S3 backup is left
+    second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"restored step {done[-1]}" in second.stdout
+
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "completed" and result["steps"] == 4
+    assert (result["managed_job_id"], result["recoveries"]) == ("41", 1)
+    first_attempt, second_attempt = result["attempts"]
+    assert (first_attempt["start_step"], first_attempt["end_step"]) == (0, done[-1])
+    assert (second_attempt["start_step"], second_attempt["end_step"]) == (done[-1], 4)
+    assert first_attempt["steps_trained"] + second_attempt["steps_trained"] == 4
+    history = tmp_path / "run" / "art" / "summrl" / "models" / "summary-rl" / "history.jsonl"
+    trained = [row["training_step"] for row in map(json.loads, history.read_text().splitlines())
+               if any(k.startswith("train/") for k in row)]
+    assert trained == [1, 2, 3, 4]  # each step trained once: none repeated, none lost

@@ -1,0 +1,378 @@
+"""``python -m summrl.export run_dir=runs/<name> [step=best|latest|<N>]``: a trained checkpoint as files anyone loads.
+
+Writes into ``export.dir`` (default ``<run_dir>/export/step-<N>/``):
+
+- ``adapter/``: the checkpoint's PEFT LoRA adapter (not ART's optimizer state) and the tokenizer;
+- ``merged/``: the base model with the adapter merged (peft's ``merge_and_unload``), in safetensors, which
+  ``transformers.AutoModelForCausalLM.from_pretrained`` loads; a GGUF base is de-quantized to ``export.dtype``;
+- ``README.md``: a model card (Hugging Face front matter) with the run's config, val scores and the command;
+- ``export.json``: what was exported from where, and how.
+
+``export.push_to_hub=<user>/<name>`` then uploads the folder with ``huggingface_hub``. A bad run folder or step, an
+existing folder that is not an export, or a push without a Hugging Face token ends with one line and exit code 2
+before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shlex
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from summrl import __version__, cli
+from summrl.checkpoints import TrainedRun, resolve_step, run_config, trained_run
+from summrl.config import _require, config_error
+from summrl.errors import ConfigError, ExpectedFailure, exit_on
+from summrl.secrets import redact_text, secret_values
+
+log = logging.getLogger("summrl.export")  # not __main__ under python -m: summrl's console handlers
+
+DTYPES = ("float32", "bfloat16", "float16")
+ADAPTER_FILES = ("adapter_model.safetensors",)  # adapter_config.json is rewritten; optimizer.pt stays behind
+# Licenses of the shipped base models (conf/model/), for the card's front matter; another base model gets none.
+LICENSES: dict[str, dict[str, str]] = {
+    "HuggingFaceTB/SmolLM2-135M-Instruct": {"license": "apache-2.0"},
+    "Qwen/Qwen2.5-3B-Instruct": {"license": "other", "license_name": "qwen-research",
+                                 "license_link": "https://huggingface.co/Qwen/Qwen2.5-3B-Instruct/blob/main/LICENSE"},
+}
+
+
+@dataclass
+class ExportSection:
+    dir: Optional[str] = None  # null: <run_dir>/export/step-<N>/; an earlier export there is replaced
+    # The merged model's saved dtype: float32 | bfloat16 | float16. null: the run's backend.dtype (embedded), else
+    # bfloat16 (the GPU backends train and serve in it). The merge itself is done in float32, on the CPU.
+    dtype: Optional[str] = None
+    push_to_hub: Optional[str] = None  # a Hub repo id (<user or org>/<name>): upload the folder once written
+    private: bool = True  # a repo that push_to_hub creates is private; an existing repo keeps its visibility
+
+    def __post_init__(self) -> None:
+        _require(self.dtype is None or self.dtype in DTYPES, "export.dtype",
+                 f"must be one of {', '.join(DTYPES)} or null (the run's dtype), got {self.dtype!r}")
+
+
+@dataclass
+class ExportSchema:
+    """conf/export.yaml (``export_schema`` in Hydra's ConfigStore)."""
+
+    run_dir: str = MISSING  # a training run folder, runs/<run.name>
+    step: str = "best"  # best (the best val score in result.json) | latest | <N>
+    export: ExportSection = field(default_factory=ExportSection)
+
+
+ConfigStore.instance().store(name="export_schema", node=ExportSchema)
+
+
+@dataclass
+class ExportConfig:
+    run: TrainedRun
+    step: int
+    chosen: str  # why this step: best | latest | asked
+    train: Any  # the run's summrl.config.Config
+    dir: Path
+    dtype: str
+    push_to_hub: Optional[str]
+    private: bool
+
+
+def validate_export(cfg: DictConfig) -> ExportConfig:
+    """Type conf/export.yaml, read the run, resolve the step and check the destination and the Hub token: every
+    failure a user can fix, before any model loads. Raises ConfigError (one line)."""
+    if "hydra" in cfg:
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])  # type: ignore[arg-type]
+    try:
+        schema: ExportSchema = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ExportSchema), cfg))  # type: ignore[assignment]
+    except Exception as e:  # OmegaConf's: a wrong type, a missing run_dir
+        raise config_error(e) from None
+    run = trained_run(schema.run_dir, "run_dir")
+    step = resolve_step(run, schema.step, "step")
+    text = str(schema.step).strip().lower()
+    if step == 0:  # best can be the base model, when training did not beat it
+        raise ConfigError(f"step={schema.step}: step 0 is the base model{' (it scored best)' if text == 'best' else ''}; "
+                          f"there is no adapter to export: name a trained step (step=latest or one of "
+                          f"{', '.join(map(str, run.steps)) or 'none'})")
+    train = run_config(run)
+    section = schema.export
+    dtype = section.dtype or (train.backend.dtype if train.backend.kind == "embedded" else "bfloat16")
+    target = Path(section.dir).expanduser() if section.dir else run.run_dir / "export" / f"step-{step}"
+    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not (target / "export.json").is_file())):
+        raise ConfigError(f"export.dir: {target} exists and is not an earlier export (no export.json); choose a new or "
+                          "empty folder")
+    if section.push_to_hub is not None:
+        check_hub(section.push_to_hub)
+    return ExportConfig(run=run, step=step, chosen=text if text in ("best", "latest") else "asked", train=train,
+                        dir=target, dtype=dtype, push_to_hub=section.push_to_hub, private=section.private)
+
+
+def check_hub(repo_id: str) -> None:
+    """The repo id's form and a token (HF_TOKEN, or a cached ``hf auth login``), checked offline."""
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+        if "/" not in repo_id:
+            raise HFValidationError("it has no namespace")
+    except HFValidationError as e:
+        raise ConfigError(f"export.push_to_hub={repo_id}: not a Hub repo id ({str(e).splitlines()[0]}); use "
+                          "<user or org>/<name>") from None
+    if not get_token():
+        raise ConfigError(f"export.push_to_hub={repo_id}: no Hugging Face token; export HF_TOKEN=<a write token> or "
+                          "run `hf auth login`, or leave export.push_to_hub unset to export locally only")
+
+
+class PushFailed(ExpectedFailure):
+    """The Hub refused the upload (a token without write access, a repo of someone else): the export is kept."""
+
+
+# --------------------------------------------------------------------------- the export
+
+
+def export(config: ExportConfig, command: str) -> Path:
+    """Write the adapter, the merged model, the card and export.json into ``config.dir``; push them if asked."""
+    import torch
+    from peft import PeftConfig, PeftModel
+
+    from summrl.backends.embedded.engine import load_causal_lm
+
+    run, model = config.run, config.train.model
+    checkpoint = run.checkpoint(config.step)
+    log.info(f"summrl: export: {run.name} step {config.step} ({why(config)}) from {checkpoint}")
+    config.dir.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside its place and moved in at the end: an interrupted export leaves no half folder at export.dir.
+    work = config.dir.parent / f".{config.dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        # float32 for the merge (an exact sum of the base and the LoRA delta), cast to the saved dtype afterwards.
+        tokenizer, base = load_causal_lm(model.base_model, model.weights, torch.float32, torch.device("cpu"))
+
+        adapter = work / "adapter"
+        adapter.mkdir()
+        for name in ADAPTER_FILES:
+            shutil.copyfile(checkpoint / name, adapter / name)
+        adapter_config = PeftConfig.from_pretrained(str(checkpoint))
+        # The checkpoint names the folder it was trained from (a local path, a de-quantization cache); the hub id
+        # is what a user of the adapter can load it onto.
+        adapter_config.base_model_name_or_path = model.base_model
+        adapter_config.inference_mode = True
+        adapter_config.save_pretrained(str(adapter))
+        tokenizer.save_pretrained(adapter)
+        log.info(f"summrl: export: adapter (PEFT LoRA r={adapter_config.r}, tokenizer) -> {config.dir / 'adapter'}")
+
+        merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+        merged.to(getattr(torch, config.dtype))
+        merged.save_pretrained(work / "merged")  # transformers 5 writes safetensors only
+        tokenizer.save_pretrained(work / "merged")
+        del merged, base
+        log.info(f"summrl: export: merged model ({config.dtype}, safetensors) -> {config.dir / 'merged'}")
+
+        (work / "README.md").write_text(model_card(config, command))
+        files = {p.relative_to(work).as_posix(): p.stat().st_size for p in sorted(work.rglob("*")) if p.is_file()}
+        record = {
+            "run": run.name, "run_dir": str(run.run_dir), "step": config.step, "chosen": config.chosen,
+            "source_checkpoint": str(checkpoint), "base_model": model.base_model, "weights": model.weights,
+            "dtype": config.dtype, "files": files, "command": command,
+            "push_to_hub": config.push_to_hub, "summrl": __version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        (work / "export.json").write_text(json.dumps(masked(record), indent=2) + "\n")
+        if config.dir.exists():  # an earlier export (validate_export refused anything else)
+            shutil.rmtree(config.dir)
+        os.replace(work, config.dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    log.info(f"summrl: export: model card -> {config.dir / 'README.md'}; record -> {config.dir / 'export.json'}")
+    if config.push_to_hub:
+        push(config)
+    return config.dir
+
+
+def push(config: ExportConfig) -> None:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    repo = config.push_to_hub
+    api = HfApi()
+    try:
+        api.create_repo(repo_id=repo, repo_type="model", private=config.private, exist_ok=True)
+        api.upload_folder(repo_id=repo, folder_path=str(config.dir), repo_type="model",
+                          commit_message=f"summrl export: {config.run.name} step {config.step}")
+    except HfHubHTTPError as e:
+        raise PushFailed(f"export.push_to_hub={repo}: the Hub refused the upload ({str(e).splitlines()[0]}); the "
+                         f"export is in {config.dir}: check the token's write access to {repo}") from e
+    log.info(f"summrl: export: pushed {config.dir} -> https://huggingface.co/{repo}")
+
+
+def why(config: ExportConfig) -> str:
+    if config.chosen == "best":
+        return f"step=best: the best val reward ({_fmt(val_reward(config.run, config.step))}) in result.json"
+    if config.chosen == "latest":
+        return "step=latest: the last checkpoint"
+    return f"step={config.step}, as asked"
+
+
+def result(run: TrainedRun) -> dict:
+    try:
+        return json.loads((run.run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def val_reward(run: TrainedRun, step: int) -> Any:
+    return next((h.get("val_reward") for h in result(run).get("val_history") or [] if h.get("step") == step), None)
+
+
+# --------------------------------------------------------------------------- the model card
+
+
+def masked(obj: Any, values: Optional[list[str]] = None) -> Any:
+    """A JSON-like copy with the values of secret variables masked. The config holds no key, only the names of the
+    variables that do (``*_env``); secrets.redact would also mask keys that merely look secret (max_summary_tokens)."""
+    values = secret_values() if values is None else values
+    if isinstance(obj, dict):
+        return {k: masked(v, values) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [masked(v, values) for v in obj]
+    return redact_text(obj, values) if isinstance(obj, str) else obj
+
+
+def _fmt(value: Any) -> str:
+    return "" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def model_card(config: ExportConfig, command: str) -> str:
+    from huggingface_hub import ModelCardData
+
+    from summrl.data import Document
+    from summrl.prompt import summary_messages
+
+    run, train = config.run, config.train
+    model, trainer = train.model, train.trainer
+    record = result(run)
+    data = ModelCardData(base_model=model.base_model, library_name="transformers", pipeline_tag="text-generation",
+                         tags=["summrl", "summarization", "grpo", "lora", "openpipe-art"],
+                         **LICENSES.get(model.base_model, {}))
+    history = [h for h in record.get("val_history") or [] if isinstance(h, dict)]
+    rows = "\n".join(
+        f"| {h.get('step')}{' (exported)' if h.get('step') == config.step else ''} | {_fmt(h.get('val_reward'))} | "
+        f"{_fmt(h.get('val_qa_accuracy'))} | {_fmt(h.get('val_hallucination_rate'))} |" for h in history)
+    scores = ("| step | val reward | val QA accuracy | val hallucination rate |\n| ---: | ---: | ---: | ---: |\n" + rows
+              if rows else "No val scores were recorded (result.json has no val_history).")
+    # The run's settings that shaped the model; storage, logger and run paths say where, not what, and are left out.
+    settings = {name: dataclasses.asdict(getattr(train, name))
+                for name in ("model", "dataset", "algorithm", "reward", "judge", "backend", "trainer")}
+    settings["seed"] = train.seed
+    settings_yaml = OmegaConf.to_yaml(OmegaConf.create(masked(settings)))
+    sentinel = "\x00DOCUMENT\x00"  # the training prompt, from summrl.prompt, with the document left as a variable
+    messages = summary_messages(Document(id="doc", topic="", text=sentinel, questions=()), trainer.max_words)
+    head, tail = messages[1]["content"].split(sentinel)
+    gguf = str(model.weights or "").endswith(".gguf")
+    trained_on = (f"`{model.weights}` (de-quantized; the merged model is saved in {config.dtype})" if gguf
+                  else f"`{model.weights}`" if model.weights else f"`{model.base_model}`")
+    stages = ", ".join(f"{s} ({run.stage(s)})" for s in run.steps) or "none"
+    return f"""---
+{data.to_yaml()}
+---
+
+# {run.name}, step {config.step}: a document summarizer trained with GRPO
+
+A LoRA adapter on [{model.base_model}](https://huggingface.co/{model.base_model}), trained by
+summrl {__version__} with GRPO on OpenPipe ART to write summaries of at most {trainer.max_words} words that keep
+the facts a reader could ask about. The base weights the run trained on: {trained_on}.
+
+- `adapter/`: the PEFT LoRA adapter (r={model.lora.r}, alpha={model.lora.alpha}) and the tokenizer;
+- `merged/`: the base model with the adapter merged, {config.dtype}, safetensors: load it with
+  `AutoModelForCausalLM.from_pretrained`;
+- `export.json`: the source checkpoint and the files.
+
+## Which step
+
+Exported: step {config.step} ({why(config)}). Steps trained: {record.get('steps', run.steps[-1] if run.steps else 0)}
+(run status: {record.get('status', 'unknown')}); checkpoints: {stages}.
+
+## Val scores per step
+
+Step 0 is the base model. The val reward is the training reward (reward={train.reward.kind}), averaged over the val
+split (dataset.val_size={train.dataset.val_size}, trainer.val_rollouts_per_doc={trainer.val_rollouts_per_doc}).
+
+{scores}
+
+## Usage
+
+The model was trained on this prompt; give it the same one:
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+path = "merged"  # this folder's merged/; from the Hub: from_pretrained("<repo>", subfolder="merged")
+tokenizer = AutoTokenizer.from_pretrained(path)
+model = AutoModelForCausalLM.from_pretrained(path)
+
+document = "..."
+messages = [
+    {{"role": "system", "content": {messages[0]['content']!r}}},
+    {{"role": "user", "content": {head!r} + document + {tail!r}}},
+]
+inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+output = model.generate(**inputs, max_new_tokens={trainer.max_summary_tokens}, do_sample=False)
+print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+```
+
+With the adapter instead: `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{model.base_model}"),
+"adapter")`.
+
+## Training config
+
+The run's config (`.hydra/config.yaml` in its folder; choices: {', '.join(f'{k}={v}' for k, v in
+(record.get('choices') or {}).items()) or 'unknown'}):
+
+```yaml
+{settings_yaml.rstrip()}
+```
+
+## How this was made
+
+```
+{command}
+```
+"""
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def command_line(overrides: list[str]) -> str:
+    """The command that made the export, as a user can run it again (secret values masked)."""
+    return redact_text(" ".join(["python -m summrl.export", *map(shlex.quote, overrides)]))
+
+
+def run_export(cfg: DictConfig, overrides: list[str]) -> Path:
+    """What the CLI does with a composed conf/export.yaml and its command-line overrides."""
+    config = validate_export(cfg)
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    return export(config, command_line(overrides))
+
+
+@hydra.main(config_path="../conf", config_name="export", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        run_export(cfg, list(HydraConfig.get().overrides.task))
+    except Exception as e:
+        exit_on(e)
+
+
+if __name__ == "__main__":
+    cli.run(main)

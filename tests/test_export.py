@@ -1,0 +1,332 @@
+"""summrl.export: a trained run's checkpoint as a PEFT adapter, a merged transformers model and a model card.
+
+The run is the session's shared one (conftest.shared_run: the tiny model, steps 1-3 with reward=ruler on the loopback
+judge, whose scores differ within a group so the LoRA weights move; steps 2 and 3 kept, step 1 gone with the folder
+the rerun restored from S3). It is copied, never changed, and exported once through the CLI's own function; the
+entry point itself runs as a subprocess where its exit matters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from summrl.config import compose
+from summrl.errors import ConfigError
+from tests.conftest import ROOT, SHARED_SECRET
+
+BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def copy_run(run_dir: Path, to: Path) -> Path:
+    """A run folder's copy without its exports: to export into, or to change result.json in."""
+    shutil.copytree(run_dir, to, ignore=shutil.ignore_patterns("export"))
+    return to
+
+
+@pytest.fixture(scope="module")
+def trained(shared_run, tmp_path_factory) -> Path:
+    return copy_run(shared_run.run_dir, tmp_path_factory.mktemp("export") / "run")
+
+
+def export_cli(args: list[str], cwd: Path, env: dict | None = None):
+    """The entry point as a user runs it, from ``cwd`` (where it must write nothing)."""
+    return subprocess.run([sys.executable, "-m", "summrl.export", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**(env or os.environ), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+
+
+@dataclass
+class Exported:
+    folder: Path
+    said: str  # what the export printed (summrl's INFO lines go to stdout under the CLI)
+
+
+@pytest.fixture(scope="module")
+def exported(trained) -> Exported:
+    """``python -m summrl.export run_dir=<run> step=latest`` (the default folder and dtype), in-process: the CLI's own
+    function on the composed config, without the subprocess's 8 s of imports. The subprocess tests below run the
+    entry point itself."""
+    from summrl.export import run_export
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("summrl.export")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        overrides = [f"run_dir={trained}", "step=latest"]
+        folder = run_export(compose("export", overrides), overrides)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return Exported(folder, "\n".join(lines))
+
+
+def checkpoint(run_dir: Path, step: int) -> Path:
+    return run_dir / "art" / "summrl" / "models" / "shared" / "checkpoints" / f"{step:04d}"
+
+
+def weights_folder(tiny_weights: str) -> str:
+    return tiny_weights.split("=", 1)[1]
+
+
+def test_export_writes_the_adapter_the_merged_model_and_a_record(trained, exported):
+    folder = trained / "export" / "step-3"
+    assert exported.folder == folder
+    source = checkpoint(trained, 3)
+    assert exported.said.startswith(f"summrl: export: shared step 3 (step=latest: the last checkpoint) from {source}")
+    for line in (f"adapter (PEFT LoRA r=16, tokenizer) -> {folder / 'adapter'}",
+                 f"merged model (float32, safetensors) -> {folder / 'merged'}", f"model card -> {folder / 'README.md'}"):
+        assert f"summrl: export: {line}" in exported.said
+
+    adapter = folder / "adapter"
+    assert (adapter / "adapter_model.safetensors").read_bytes() == (source / "adapter_model.safetensors").read_bytes()
+    assert not (adapter / "optimizer.pt").exists()
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == BASE_MODEL and config["r"] == 16 and config["lora_alpha"] == 32
+    assert (adapter / "tokenizer.json").is_file() and (folder / "merged" / "tokenizer.json").is_file()
+    assert (folder / "merged" / "model.safetensors").is_file() and not list(folder.rglob("*.bin"))
+    assert json.loads((folder / "merged" / "config.json").read_text())["dtype"] == "float32"  # the run's backend.dtype
+
+    record = json.loads((folder / "export.json").read_text())
+    assert record["step"] == 3 and record["chosen"] == "latest" and record["source_checkpoint"] == str(source)
+    assert record["base_model"] == BASE_MODEL and record["dtype"] == "float32"
+    assert record["command"] == f"python -m summrl.export run_dir={trained} step=latest"
+    assert record["files"]["merged/model.safetensors"] == (folder / "merged" / "model.safetensors").stat().st_size
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")], "no partial folder is left behind"
+
+
+def test_merged_model_generates_what_the_adapter_and_the_served_checkpoint_generate(trained, exported, tiny_weights):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from summrl.backends.embedded.engine import Engine, SamplingParams
+    from summrl.checkpoints import run_config, trained_run
+    from summrl.data import Document
+    from summrl.prompt import summary_messages
+
+    folder = exported.folder
+    tokenizer = AutoTokenizer.from_pretrained(folder / "merged")
+    document = Document(id="d", topic="", text="The Harbor Festival in Townsville drew 4,200 visitors on June 3, 2024.",
+                         questions=())
+    inputs = tokenizer.apply_chat_template(summary_messages(document, 350), add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)
+
+    def greedy(model) -> tuple[list[int], torch.Tensor]:
+        with torch.inference_mode():
+            out = model.generate(**inputs, max_new_tokens=16, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)
+        return out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), out.logits[0][0]
+
+    merged = AutoModelForCausalLM.from_pretrained(folder / "merged").eval()
+    merged_tokens, merged_logits = greedy(merged)
+    del merged
+    base = AutoModelForCausalLM.from_pretrained(weights_folder(tiny_weights)).eval()
+    _, base_logits = greedy(base)
+    with_adapter = PeftModel.from_pretrained(base, folder / "adapter").eval()
+    adapter_tokens, adapter_logits = greedy(with_adapter)
+    del with_adapter, base
+
+    assert len(merged_tokens) == 16
+    assert merged_tokens == adapter_tokens
+    assert torch.allclose(merged_logits, adapter_logits, atol=1e-4)
+    assert (merged_logits - base_logits).abs().max() > 1e-2, "the adapter changes the model: the comparison means something"
+
+    # the checkpoint as summrl.serve serves it: the embedded engine with the LoRA loaded, greedy
+    config = run_config(trained_run(trained))
+    engine = Engine(base_model=config.model.base_model, weights=config.model.weights, lora=config.model.lora)
+    engine.load_checkpoint(checkpoint(trained, 3))
+    (served,) = engine.generate([inputs["input_ids"][0].tolist()], SamplingParams(max_tokens=16, temperature=0.0))
+    assert served.token_ids == merged_tokens
+
+
+def test_model_card_names_the_base_model_the_step_the_val_scores_and_the_command(trained, exported):
+    from huggingface_hub import ModelCard
+
+    from summrl.data import Document
+    from summrl.prompt import summary_messages
+
+    card = ModelCard.load(exported.folder / "README.md")
+    assert card.data.base_model == BASE_MODEL and card.data.library_name == "transformers"
+    assert card.data.license == "apache-2.0" and "summrl" in card.data.tags
+    text = card.text
+    prose = " ".join(text.split())  # markdown's line breaks within a paragraph mean nothing
+    assert "Exported: step 3 (step=latest: the last checkpoint)" in prose
+    assert "Steps trained: 3 (run status: completed); checkpoints: 2 (grpo), 3 (grpo)" in prose
+    history = json.loads((trained / "result.json").read_text())["val_history"]
+    for h in history:
+        label = f"{h['step']} (exported)" if h["step"] == 3 else str(h["step"])
+        assert f"| {label} | {h['val_reward']:.3f} | {h['val_qa_accuracy']:.3f} |" in text
+    assert f"```\npython -m summrl.export run_dir={trained} step=latest\n```" in text
+    assert "max_summary_tokens: 16" in text and "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in text
+    assert SHARED_SECRET not in text and "FAKE_JUDGE_KEY" in text  # the key's variable, never its value
+
+    # the usage example's messages are the training prompt (summrl.prompt), whatever the document
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    messages = eval(re.search(r"^messages = (\[.*?^\])", code, re.S | re.M).group(1), {"document": "Some text."})
+    assert messages == summary_messages(Document(id="x", topic="", text="Some text.", questions=()), 350)
+
+
+def test_step_best_latest_and_a_number(trained, tmp_path):
+    from summrl.export import validate_export
+
+    run = copy_run(trained, tmp_path / "run")
+    record = json.loads((run / "result.json").read_text())
+    for h in record["val_history"]:
+        h["val_reward"] = {0: 0.1, 1: 0.9, 2: 0.6, 3: 0.4}[h["step"]]  # step 1 has no checkpoint left
+    (run / "result.json").write_text(json.dumps(record))
+
+    def config(*overrides):
+        return validate_export(compose("export", [f"run_dir={run}", *overrides]))
+
+    best = config()
+    assert (best.step, best.chosen, best.dir) == (2, "best", run / "export" / "step-2")
+    latest = config("step=latest")
+    assert (latest.step, latest.chosen, latest.dir) == (3, "latest", run / "export" / "step-3")
+    asked = config("step=3", f"export.dir={tmp_path / 'out'}", "export.dtype=bfloat16", "export.private=false")
+    assert (asked.step, asked.chosen, asked.dir, asked.dtype, asked.private) == (3, "asked", tmp_path / "out",
+                                                                                  "bfloat16", False)
+    assert best.dtype == "float32" and best.private is True and best.push_to_hub is None
+
+    with pytest.raises(ConfigError, match=r"step=0: step 0 is the base model; there is no adapter"):
+        config("step=0")
+    for h in record["val_history"]:
+        h["val_reward"] = {0: 0.9, 1: 0.6, 2: 0.6, 3: 0.4}[h["step"]]
+    (run / "result.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=r"step=best: step 0 is the base model \(it scored best\).*one of 2, 3\)$"):
+        config()
+    config("step=latest")  # a trained step is still there to export
+    with pytest.raises(ConfigError, match=r"^export\.dtype: must be one of float32, bfloat16, float16"):
+        config("step=3", "export.dtype=float8")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"^export\.dir: .*busy exists and is not an earlier export"):
+        config("step=3", f"export.dir={tmp_path / 'busy'}")
+    with pytest.raises(ConfigError, match=r"^run_dir: .*nowhere is not a folder"):
+        validate_export(compose("export", [f"run_dir={tmp_path / 'nowhere'}"]))
+
+
+def test_a_bad_step_is_one_line_and_exit_2_before_any_model_loads(trained, tmp_path):
+    process = export_cli([f"run_dir={trained}", "step=1"], cwd=tmp_path)  # trained, but its checkpoint is gone
+    assert process.returncode == 2
+    assert process.stderr.strip().splitlines() == [
+        f"summrl: config error: step=1: not a checkpoint of {trained}: use best, latest or one of 0 (the base model), 2, 3"]
+    assert not (trained / "export" / "step-1").exists()
+    assert not list(tmp_path.iterdir()), "nothing in the current folder (no export.log, no Hydra output)"
+    assert "summrl: export:" not in process.stdout, "refused before the export began"
+
+
+def test_push_to_hub_without_a_token_fails_before_any_work(trained, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH")}
+    env["HF_HOME"] = str(tmp_path / "hf")  # no cached login either
+    process = export_cli([f"run_dir={trained}", "step=2", f"export.dir={tmp_path / 'out'}",
+                          "export.push_to_hub=me/summarizer"], cwd=tmp_path, env=env)
+    assert process.returncode == 2
+    assert process.stderr.strip().splitlines() == [
+        "summrl: config error: export.push_to_hub=me/summarizer: no Hugging Face token; export HF_TOKEN=<a write token> "
+        "or run `hf auth login`, or leave export.push_to_hub unset to export locally only"]
+    assert not (tmp_path / "out").exists() and "summrl: export:" not in process.stdout
+
+
+def test_push_to_hub_uploads_the_export_folder(trained, tmp_path, monkeypatch):
+    """The upload at its boundary: HfApi's calls recorded instead of sent. Step 2, saved in bfloat16."""
+    from huggingface_hub import HfApi
+    from safetensors import safe_open
+
+    from summrl.export import export, validate_export
+
+    token = "hf_planted_0123456789abcdef"
+    monkeypatch.setenv("HF_TOKEN", token)
+    calls = []
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, **kw: calls.append(("create_repo", kw)))
+
+    def upload_folder(self, **kw):
+        listing = sorted(p.relative_to(kw["folder_path"]).as_posix() for p in Path(kw["folder_path"]).rglob("*"))
+        calls.append(("upload_folder", {**kw, "listing": listing}))
+
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    out = tmp_path / "out"
+    config = validate_export(compose("export", [f"run_dir={trained}", "step=2", f"export.dir={out}",
+                                                "export.dtype=bfloat16", "export.push_to_hub=me/summarizer"]))
+    export(config, "python -m summrl.export ...")
+
+    assert calls[0] == ("create_repo", {"repo_id": "me/summarizer", "repo_type": "model", "private": True,
+                                        "exist_ok": True})
+    name, upload = calls[1]
+    assert name == "upload_folder" and len(calls) == 2
+    assert (upload["repo_id"], upload["folder_path"], upload["repo_type"]) == ("me/summarizer", str(out), "model")
+    assert {"README.md", "export.json", "adapter/adapter_model.safetensors", "merged/model.safetensors"} <= set(
+        upload["listing"])
+    assert json.loads((out / "export.json").read_text())["step"] == 2
+    assert (out / "adapter" / "adapter_model.safetensors").read_bytes() == (
+        checkpoint(trained, 2) / "adapter_model.safetensors").read_bytes()
+    with safe_open(out / "merged" / "model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    assert json.loads((out / "merged" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert not any(token in p.read_text(errors="ignore") for p in out.rglob("*") if p.is_file()
+                   and p.stat().st_size < 10_000_000)
+
+
+def test_a_bad_repo_id_is_refused(trained, monkeypatch):
+    from summrl.export import validate_export
+
+    monkeypatch.setenv("HF_TOKEN", "hf_planted")
+    with pytest.raises(ConfigError, match=r"^export\.push_to_hub=summarizer: not a Hub repo id .*<user or org>/<name>"):
+        validate_export(compose("export", [f"run_dir={trained}", "export.push_to_hub=summarizer"]))
+
+
+def test_a_run_trained_on_a_gguf_file_is_exported_de_quantized_in_the_saved_dtype(shared_run, tmp_path):
+    """experiment=local trains on SmolLM2's Q4_1 GGUF file. A run folder as training leaves it, whose step-1 adapter
+    peft made (random, non-zero) instead of training the full 30-layer model here; exported in bfloat16."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from summrl.backends.embedded.engine import load_causal_lm
+    from summrl.export import export, validate_export
+    from tests.conftest import compose_config
+
+    gguf = compose_config(["experiment=local"]).model.weights
+    assert gguf.endswith(".gguf")
+    run = tmp_path / "run"
+    shutil.copytree(shared_run.run_dir / ".hydra", run / ".hydra")
+    shutil.copy(shared_run.run_dir / "result.json", run / "result.json")
+    saved = (run / ".hydra" / "config.yaml").read_text()
+    (run / ".hydra" / "config.yaml").write_text(re.sub(r"(?m)^  weights: .*$", f"  weights: {gguf}", saved))
+
+    _, base = load_causal_lm(BASE_MODEL, gguf, torch.float32, torch.device("cpu"))  # the de-quantized weights
+    lora = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(0)
+    for name, p in lora.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.05)
+    lora.save_pretrained(checkpoint(run, 1))
+    layer = lora.base_model.model.model.layers[0].self_attn.q_proj
+    expected = (layer.base_layer.weight + layer.lora_B.default.weight @ layer.lora_A.default.weight * 2.0).detach()
+    original = layer.base_layer.weight.detach().clone()
+    del lora, base
+
+    out = tmp_path / "out"
+    export(validate_export(compose("export", [f"run_dir={run}", "step=1", f"export.dir={out}",
+                                              "export.dtype=bfloat16"])), "python -m summrl.export ...")
+    with safe_open(out / "merged" / "model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+        merged = f.get_tensor("model.layers.0.self_attn.q_proj.weight").float()
+    assert torch.allclose(merged, expected, rtol=2**-7, atol=1e-6)  # the float32 merge, rounded once to bfloat16
+    assert (merged - original).abs().max() > 0.05
+    assert not list(out.rglob("*.gguf"))
+    model = AutoModelForCausalLM.from_pretrained(out / "merged", dtype="auto")
+    assert model.dtype == torch.bfloat16 and model.config.num_hidden_layers == 30

@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -94,7 +95,10 @@ async def bench_step(steps: int, repeats: int) -> dict:
         session = await open_session(config)
         load_s = time.perf_counter() - load_start
         try:
+            engine = session.backend.engine
+            engine.decode_ms.clear()
             batched, sequential = await throughput(session, train_docs, config.trainer.max_summary_tokens, repeats)
+            decode_8 = [ms for rows, ms in engine.decode_ms if rows == 8]  # the batched runs' decode steps
             # algorithm=grpo and algorithm=grpo_kl (one extra forward pass without the adapter) alternate,
             # on the same documents, so that the machine's noise hits both alike.
             grpo, grpo_kl = config.algorithm, compose_local(run_dir, [*STEP_OVERRIDES, "algorithm=grpo_kl"]).algorithm
@@ -125,6 +129,9 @@ async def bench_step(steps: int, repeats: int) -> dict:
         "sequential_tok_s": round(statistics.median(sequential), 1),
         "batched_speedup": round(statistics.median(batched) / statistics.median(sequential), 2),
         "model_load_s": round(load_s, 1),
+        "decode_ms_per_step": round(statistics.median(decode_8), 1) if decode_8 else None,  # 8 rows, median
+        # the process's peak resident size (loading, throughput runs and every step): Linux reports KB
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
     }
 
 

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import random
+import resource
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -417,6 +418,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                           judge_cost_usd=session.judge_totals.get("judge/cost_usd", 0.0),
                           judge_retries=session.judge_totals.get("judge/retries", 0.0),
                           rollouts=session.missing.record())  # type: ignore[union-attr]
+        # this process's peak resident size so far (Linux reports KB): what the run needs of the machine's memory
+        record.update(peak_rss_gb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2))
         record.save()
         if backup is not None:
             backup.save_result(config.run.dir)

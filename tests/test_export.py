@@ -326,7 +326,7 @@ def test_a_run_trained_on_a_gguf_file_is_exported_de_quantized_in_the_saved_dtyp
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
         merged = f.get_tensor("model.layers.0.self_attn.q_proj.weight").float()
     assert torch.allclose(merged, expected, rtol=2**-7, atol=1e-6)  # the float32 merge, rounded once to bfloat16
-    assert (merged - original).abs().max() > 0.05
+    assert (merged - original).abs().max() > 0.01  # the adapter moved the weights (0.05 seen), beyond bf16 rounding
     assert not list(out.rglob("*.gguf"))
     model = AutoModelForCausalLM.from_pretrained(out / "merged", dtype="auto")
     assert model.dtype == torch.bfloat16 and model.config.num_hidden_layers == 30

@@ -1014,6 +1014,17 @@ def typed_config(cfg: DictConfig, schema: type) -> Any:
     return config
 
 
+def typed_entry(cfg: DictConfig, schema: type) -> Any:
+    """An entry point's own composed config (conf/serve.yaml, conf/export.yaml) as its schema's dataclass, Hydra's node
+    left out. Raises ConfigError (one line) for a wrong type or a missing value."""
+    if "hydra" in cfg:
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])  # type: ignore[arg-type]
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
+    except OmegaConfBaseException as e:
+        raise config_error(e) from None
+
+
 def validate(cfg: DictConfig) -> Config:
     """Type a composed conf/train.yaml and check the rules that span fields and groups. Raises ConfigError."""
     config = typed_config(cfg, Config)

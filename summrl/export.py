@@ -33,7 +33,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from summrl import __version__, cli
 from summrl.checkpoints import TrainedRun, resolve_step, run_config, trained_run
-from summrl.config import _require, config_error
+from summrl.config import _require, typed_entry
 from summrl.errors import ConfigError, ExpectedFailure, exit_on
 from summrl.secrets import redact_text, secret_values
 
@@ -90,12 +90,7 @@ class ExportConfig:
 def validate_export(cfg: DictConfig) -> ExportConfig:
     """Type conf/export.yaml, read the run, resolve the step and check the destination and the Hub token: every
     failure a user can fix, before any model loads. Raises ConfigError (one line)."""
-    if "hydra" in cfg:
-        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])  # type: ignore[arg-type]
-    try:
-        schema: ExportSchema = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ExportSchema), cfg))  # type: ignore[assignment]
-    except Exception as e:  # OmegaConf's: a wrong type, a missing run_dir
-        raise config_error(e) from None
+    schema: ExportSchema = typed_entry(cfg, ExportSchema)
     run = trained_run(schema.run_dir, "run_dir")
     step = resolve_step(run, schema.step, "step")
     text = str(schema.step).strip().lower()

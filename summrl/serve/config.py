@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
 from summrl.checkpoints import TrainedRun, resolve_step, run_config, trained_run
-from summrl.config import KIND_SCHEMAS, _require, config_error
+from summrl.config import KIND_SCHEMAS, _require, typed_entry
 from summrl.errors import ConfigError
 
 SELECTORS = ("ruler", "rubric", "length")
@@ -79,12 +79,7 @@ def register() -> None:
 
 def validate_serve(cfg: DictConfig) -> ServeConfig:
     """Type conf/serve.yaml, read the run's own config and resolve the step. Raises ConfigError (one line)."""
-    if "hydra" in cfg:
-        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])  # type: ignore[arg-type]
-    try:
-        schema: ServeSchema = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ServeSchema), cfg))  # type: ignore[assignment]
-    except Exception as e:  # OmegaConf's: a wrong type, a missing run_dir
-        raise config_error(e) from None
+    schema: ServeSchema = typed_entry(cfg, ServeSchema)
     run = trained_run(schema.run_dir, "run_dir")
     train = run_config(run)
     for group in ("judge", "backend"):

@@ -78,6 +78,9 @@ class ModelConfig:
     # fields and its engine_args are applied on top, so a key they own is refused here.
     engine_args: dict[str, Any] = field(default_factory=dict)
     init_args: dict[str, Any] = field(default_factory=dict)
+    # Passed to the chat template wherever a prompt is rendered: rollouts (vLLM, the embedded engine) and training's
+    # tokenization alike, so the two see one prompt. Qwen3's hybrid models need {enable_thinking: false} for summaries.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "model.lr", f"must be > 0, got {self.lr} (e.g. model.lr=1e-5)")

@@ -197,6 +197,7 @@ def test_every_schema_is_in_hydras_config_store_and_option_files_hold_only_what_
                              "A100 has 40 GB"),
     ("qwen2_5_14b", "H100:1", "backend.accelerators: H100:1 is too small for model=qwen2_5_14b: it trains on 2 GPUs"),
     ("qwen2_5_3b", "L4:1", "backend.accelerators: L4:1 is too small for model=qwen2_5_3b: it needs 40 GB per GPU"),
+    ("qwen3_8b", "L40S:1", "backend.accelerators: L40S:1 is too small for model=qwen3_8b: it needs 80 GB per GPU"),
 ])
 def test_a_model_on_a_gpu_too_small_for_it_is_refused_naming_both(model, accelerators, message):
     with pytest.raises(ConfigError, match=message):
@@ -220,5 +221,17 @@ def test_bigger_presets_fit_their_gpus_and_the_14b_runs_in_arts_dedicated_mode()
     assert internal["engine_args"]["gpu_memory_utilization"] == 0.8
     assert "trainer_gpu_ids" not in internal_config(compose_config(["judge=lexical", "model=qwen2_5_7b",
                                                                     "backend=local_gpu"]))
+    assert "chat_template_kwargs" not in internal_config(compose_config(["judge=lexical", "model=qwen2_5_7b",
+                                                                         "backend=local_gpu"]))
+
+
+def test_the_qwen3_preset_turns_thinking_off_for_rollouts_and_training_alike():
+    from summrl.backends import internal_config
+
+    config = compose_config(["judge=lexical", "model=qwen3_8b", "backend.accelerators=H100:1"])
+    assert config.model.step_minutes > 0
+    local = compose_config(["judge=lexical", "model=qwen3_8b", "backend=local_gpu"])
+    # ART 0.5.18 sends these as vLLM's chat_template_kwargs with every rollout and tokenizes training with them
+    assert internal_config(local)["chat_template_kwargs"] == {"enable_thinking": False}
     with pytest.raises(ConfigError, match="model.engine_args.gpu_memory_utilization: is the backend's to set"):
         compose_config([*LOCAL, "+model.engine_args.gpu_memory_utilization=0.5"])

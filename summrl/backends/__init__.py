@@ -81,6 +81,8 @@ def internal_config(config: Any) -> Optional[dict]:
         "peft_args": {"r": lora.r, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
                       "target_modules": list(lora.target_modules)},
     }
+    if model.chat_template_kwargs:  # ART renders rollouts (vLLM's extra_body) and training prompts with them
+        internal["chat_template_kwargs"] = dict(model.chat_template_kwargs)
     if model.gpus == 2:  # ART's dedicated mode: Unsloth trains on GPU 0, vLLM serves on GPU 1
         internal.update(trainer_gpu_ids=[0], inference_gpu_ids=[1])
     return internal

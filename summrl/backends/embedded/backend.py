@@ -72,6 +72,7 @@ class EmbeddedBackend(Backend):
                 dtype=self.config.dtype,
                 num_threads=self.config.num_threads,
                 max_string_chars=self.config.json_max_string_chars,
+                chat_template_kwargs=dict(self.model_config.chat_template_kwargs),
             )
         return self._engine
 
@@ -215,7 +216,8 @@ class EmbeddedBackend(Backend):
     def tokenize(self, groups: list[TrajectoryGroup], scale_rewards: bool = True) -> list:
         """ART's tokenization, which also computes each trajectory's GRPO advantage."""
         return list(tokenize_trajectory_groups(self.engine.tokenizer, groups, allow_training_without_logprobs=False,
-                                               scale_rewards=scale_rewards))
+                                               scale_rewards=scale_rewards,
+                                               chat_template_kwargs=self.engine.chat_template_kwargs or None))
 
     def _pack(self, groups: list[TrajectoryGroup], scale_rewards: bool = True,
               advantage_balance: float = 0.0) -> Optional[dict]:

@@ -127,9 +127,13 @@ def test_estimate_is_catalog_price_times_hours_plus_judge_calls(cloud_env):
     assert e.hours == pytest.approx((30 + 10 * 5.6) / 60)  # qwen2_5_3b declares 5.6 min a step
     assert e.gpu_usd == pytest.approx(1.25 * (30 + 56) / 60)
     # QA: one answering call per summary and one grading call per document, every train step and val pass
-    # (steps 0, 5 and 10 here); priced by litellm's cost map for the judge's model.
+    # (steps 0, 5 and 10 here), plus one full-document answering call (percent_full) the first time each document
+    # is scored; priced by litellm's cost map for the judge's model.
     t = config.trainer
-    assert e.judge.calls == 10 * t.groups_per_step * (t.rollouts_per_group + 1) + 3 * 91 * (t.val_rollouts_per_doc + 1)
+    train, val = 10 * t.groups_per_step, 91
+    assert e.judge.calls == train * (t.rollouts_per_group + 1) + train + 3 * val * (t.val_rollouts_per_doc + 1) + val
+    assert e.judge_parts == [f"train {train * (t.rollouts_per_group + 2):,} (qa)",
+                             f"val {3 * val * (t.val_rollouts_per_doc + 1) + val:,} (qa, 3 passes)"]
     assert e.judge_usd == pytest.approx(token_price("gemini/gemini-2.5-flash", e.judge.input_tokens,
                                                     e.judge.output_tokens))
     assert e.total_usd == pytest.approx(e.gpu_usd + e.judge_usd)
@@ -138,9 +142,108 @@ def test_estimate_is_catalog_price_times_hours_plus_judge_calls(cloud_env):
     assert on_demand.price.usd_per_hour == 2.39
     ruler = pricing.estimate_run(managed_config("reward=ruler", "trainer.max_steps=10", "trainer.eval_every=5"))
     # RULER: one ranking call per train group; val ranks each document's summaries and grades their QA too.
-    assert ruler.judge.calls == 10 * t.groups_per_step + 3 * 91 * (t.val_rollouts_per_doc + 1 + 1)
+    assert ruler.judge.calls == train + 3 * val * (t.val_rollouts_per_doc + 1 + 1) + val
     text = pricing.describe(e, config)
+    assert text.startswith(f"summrl: estimated cost of run summary-rl: ${e.total_usd:,.2f} = GPU ${e.gpu_usd:,.2f} + "
+                           f"judge ${e.judge_usd:,.2f}\n")
     assert "H100:1 on runpod (spot) at $1.25/h from SkyPilot's catalog" in text and "10 steps x 5.6 min" in text
+
+
+def estimate(*overrides):
+    return pricing.estimate_run(managed_config("trainer.max_steps=10", "trainer.eval_every=5", *overrides))
+
+
+def test_every_reward_is_priced_by_the_judge_calls_it_makes(cloud_env):
+    """rubric, qa_rubric, weighted (each term) and length_penalized: the calls each makes per group and per document,
+    summed over the run; a reward that calls no judge costs $0 and says so."""
+    t = managed_config().trainer
+    train, val, passes = 10 * t.groups_per_step, 91, 3
+    qa, rubric = estimate(), estimate("reward=rubric")
+    # rubric: one scoring call per group (every rubric, every summary) and one writing call per document; val adds
+    # QA's metrics (answering, grading, the baseline).
+    assert rubric.judge.calls == (train + train) + passes * val * (1 + t.val_rollouts_per_doc + 1) + val * (1 + 1)
+    # Its tokens, on the sample's documents: 10 more steps (val unchanged: passes at 0 and the end) add 100 groups,
+    # each scored in one call reading up to 2 x max_rubrics rubrics and the group's summaries, and 100 documents
+    # whose rubrics are written from the document.
+    sized = pricing.sized_documents(t.max_words)
+    r, s, n = 2 * 8, t.max_summary_tokens, t.rollouts_per_group
+    score_in = pricing.RUBRIC_SCORE_PROMPT + r * pricing.RUBRIC_TOKENS + n * (s + 10)
+    score_out = n * (pricing.RUBRIC_SCORE_TOKENS * r + 2) + 10
+    write_in = sum(d.text for d in sized) / len(sized) + pricing.RUBRIC_WRITE_PROMPT
+    write_out = 2 * 8 * pricing.RUBRIC_TOKENS + 20
+    short, long = (pricing.estimate_run(managed_config("reward=rubric", f"trainer.max_steps={steps}",
+                                                      "trainer.eval_every=100")).judge for steps in (10, 20))
+    assert long.calls - short.calls == train + train
+    assert long.input_tokens - short.input_tokens == pytest.approx(train * (score_in + write_in), abs=2)
+    assert long.output_tokens - short.output_tokens == pytest.approx(train * (score_out + write_out), abs=2)
+    assert rubric.judge_usd == pytest.approx(token_price("gemini/gemini-2.5-flash", rubric.judge.input_tokens,
+                                                         rubric.judge.output_tokens))
+    assert any("upper bound" in note for note in rubric.notes)
+
+    # qa_rubric (qa + 0.2 x rubric) trains on both terms' calls; its val is QA's and the rubric's, as rubric's is.
+    both = estimate("reward=qa_rubric")
+    train_calls = [int(p.split()[1].replace(",", "")) for p in (qa.judge_parts[0], rubric.judge_parts[0])]
+    assert both.judge_parts[0] == f"train {sum(train_calls):,} (qa + rubric)"
+    assert both.judge.calls == sum(train_calls) + int(rubric.judge_parts[1].split()[1].replace(",", ""))
+
+    # length_penalized = qa + a length term, which calls no judge: QA's calls and $ exactly.
+    penalized = estimate("reward=length_penalized")
+    assert (penalized.judge.calls, penalized.judge.input_tokens, penalized.judge.output_tokens) == \
+        (qa.judge.calls, qa.judge.input_tokens, qa.judge.output_tokens)
+    assert penalized.judge_usd == qa.judge_usd
+    # weighted with a RULER term and a weight-0 QA term: every term scores every group.
+    weighted = estimate("reward=weighted", "+reward.terms.ruler.kind=ruler", "+reward.terms.ruler.weight=1",
+                        "reward.terms.qa.weight=0")
+    assert weighted.judge.calls == qa.judge.calls + train + passes * val  # + one RULER call per group
+
+    # A train reward that calls no judge: $0 for training, said so; val's QA metrics are still paid for.
+    length = estimate("reward=weighted", "~reward.terms.qa", "+reward.terms.length.kind=length",
+                      "+reward.terms.length.weight=1")
+    assert length.judge_parts == ["train 0 (length calls no judge: $0)",
+                                  f"val {passes * val * (t.val_rollouts_per_doc + 1) + val:,} "
+                                  f"(length + qa metrics, {passes} passes)"]
+    assert "train 0 (length calls no judge: $0)" in pricing.describe(length, managed_config())
+
+
+def test_what_cant_be_known_is_unknown_never_zero(cloud_env):
+    config = managed_config("dataset.val_size=0.1")
+    fraction = pricing.estimate_run(config)
+    assert fraction.judge_usd is None and fraction.total_usd is None and fraction.judge.calls > 0
+    text = pricing.describe(fraction, config)
+    assert text.startswith("summrl: estimated cost of run summary-rl: unknown = GPU $")
+    assert "judge $ unknown: dataset.val_size=0.1: the val documents are counted only once they load" in text
+    assert "val unknown (qa, 41 passes)" in text
+    assert "can't be estimated" in pricing.budget_problem([fraction], 100)
+    # A judge model litellm can't price.
+    config = managed_config("judge=openai_compatible")
+    unpriced = pricing.estimate_run(config)
+    assert unpriced.judge_usd is None and unpriced.total_usd is None
+    assert "is not in litellm's cost map" in pricing.describe(unpriced, config)
+    # sft: its scoring calls are the reward's; distill's teacher is priced too, unknown when it can't be counted.
+    best = estimate("sft=best_of_n", "sft.max_docs=20")
+    assert best.judge_parts[1] == f"sft {20 * (best_of_n_samples() + 1):,} (qa)"
+    assert any("the SFT stage's GPU time is not in the hours" in note for note in best.notes)
+    own = estimate("dataset=documents", "dataset.path=tests", "dataset.questions.confirm=false")
+    assert own.judge_usd is None  # dataset=documents splits by fraction by default: counted once they load
+    assert any("sized on Repliqa's documents" in note and "dataset.questions.max_cost_usd" in note
+               for note in own.notes)
+    distill = estimate("sft=distill", "sft.confirm=false", "sft.teacher.model=gemini/gemini-2.5-pro", "sft.max_docs=20")
+    assert distill.teacher.calls == 20 * distill_config().sft.samples_per_doc
+    assert distill.teacher_usd == pytest.approx(token_price("gemini/gemini-2.5-pro", distill.teacher.input_tokens,
+                                                            distill.teacher.output_tokens))
+    assert distill.total_usd == pytest.approx(distill.gpu_usd + distill.judge_usd + distill.teacher_usd)
+    assert distill.teacher_usd > 0
+    everything = estimate("sft=distill", "sft.confirm=false", "sft.teacher.model=gemini/gemini-2.5-pro",
+                          "dataset.train_size=0.9")
+    assert everything.teacher_usd is None and everything.total_usd is None
+
+
+def best_of_n_samples():
+    return managed_config("sft=best_of_n").sft.samples_per_doc
+
+
+def distill_config():
+    return managed_config("sft=distill", "sft.confirm=false", "sft.teacher.model=gemini/gemini-2.5-pro")
 
 
 def test_without_the_catalog_the_dated_snapshot_prices_the_gpu(cloud_env):

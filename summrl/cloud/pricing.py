@@ -4,9 +4,10 @@ read.
 GPU $ = the hourly price x (backend.setup_minutes + trainer.max_steps x model.step_minutes): the step time is the
 model preset's estimate, not a measurement. The hourly price is SkyPilot's own (its catalog, through
 ``Resources.get_cost`` of the launchable machines it finds), or, when the catalog can't be reached, the dated
-snapshot shipped beside this module (prices.json). Judge $ = the calls the reward and the val passes make x their
-tokens, priced by litellm's cost map (summrl.cost's formulas, on the shipped Repliqa sample's documents, scaled to
-the run's counts). A price that can't be known is None and said so, never $0.
+snapshot shipped beside this module (prices.json). Judge $ = the calls every reward makes (each term of a weighted one)
+in the train steps, an SFT stage's scoring and the val passes x their tokens, priced by litellm's cost map, sized on
+the shipped Repliqa sample's documents and scaled to the run's counts. A reward that calls no judge costs $0 and
+says so; a price or a count that can't be known makes the $ None, said so, never $0.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from summrl.config import parse_accelerators, reward_kinds
+from summrl.config import parse_accelerators
 from summrl.errors import is_network
 
 SNAPSHOT = Path(__file__).with_name("prices.json")
@@ -93,8 +94,12 @@ class Estimate:
     run: str
     price: Price
     hours: Optional[float]  # None: the model declares no step time
-    judge: Any  # summrl.cost.Calls
-    notes: list[str] = field(default_factory=list)  # what the estimate leaves out
+    judge: Any  # summrl.cost.Calls: every judge call of the run
+    notes: list[str] = field(default_factory=list)  # what the estimate leaves out, or counts as an upper bound
+    judge_parts: list[str] = field(default_factory=list)  # where the judge calls come from, e.g. "train 4,400 (qa)"
+    judge_unknown: list[str] = field(default_factory=list)  # why the judge $ can't be known (then it is None)
+    teacher: Any = None  # summrl.cost.Calls: sft=distill's teacher calls; None without one
+    teacher_unknown: list[str] = field(default_factory=list)  # why the teacher $ can't be known
 
     @property
     def gpu_usd(self) -> Optional[float]:
@@ -104,11 +109,17 @@ class Estimate:
 
     @property
     def judge_usd(self) -> Optional[float]:
-        return self.judge.usd
+        return None if self.judge_unknown else self.judge.usd
+
+    @property
+    def teacher_usd(self) -> Optional[float]:
+        if self.teacher is None:
+            return 0.0
+        return None if self.teacher_unknown else self.teacher.usd
 
     @property
     def total_usd(self) -> Optional[float]:
-        parts = (self.gpu_usd, self.judge_usd)
+        parts = (self.gpu_usd, self.judge_usd, self.teacher_usd)
         return None if None in parts else sum(parts)
 
 
@@ -133,49 +144,201 @@ def sample_documents() -> tuple:
     return tuple(all_documents(RepliqaDatasetConfig(files=["pkg:summrl/data/repliqa_sample.jsonl"])))
 
 
-def judge_calls(config: Any) -> tuple[Any, list[str]]:
-    """The judge calls of a whole run (train steps and val passes), as one summrl.cost.Calls, and what is left out."""
-    from summrl.cost import Calls, Work, estimate
+# --------------------------------------------------------------------------- the judge calls of each reward
+#
+# Tokens per call, as summrl.cost sizes QA and RULER (summaries at trainer.max_summary_tokens: an upper bound), and
+# the rubric prompts of summrl.judges.rubrics: up to max_rubrics rubrics a side, each up to 160 characters.
+RUBRIC_TOKENS = 40  # one written rubric (160 characters)
+RUBRIC_WRITE_PROMPT = 90  # WRITE_PROMPT without the document
+RUBRIC_SCORE_PROMPT = 60  # SCORE_PROMPT without rubrics and summaries
+RUBRIC_SCORE_TOKENS = 3  # one score in the reply ("0.5, ")
 
-    judge, t = config.judge, config.trainer
-    calls = Calls(f"judge {getattr(judge, 'model', judge.kind)}",
-                  None if judge.kind in LOCAL_JUDGES else judge.model)
-    notes = []
-    kinds = reward_kinds(config.reward)
-    if "rubric" in kinds and not calls.local:
-        notes.append("reward=rubric's judge calls are not in the estimate")
-    val_docs = config.dataset.val_size
-    if not isinstance(val_docs, int):
-        notes.append(f"the val passes are not in the estimate (dataset.val_size={val_docs}: a count is known "
-                     "only once the documents load)")
-        val_docs = 0
+
+@dataclass(frozen=True)
+class Sized:
+    """A sample document's token counts."""
+
+    prompt: int  # the policy's prompt (the document in the summary request): what RULER's judge reads
+    text: int  # the document alone: what QA's baseline answers from and the rubric writer reads
+    questions: int
+    n_questions: int
+
+
+@functools.lru_cache(maxsize=4)
+def sized_documents(max_words: int) -> tuple[Sized, ...]:
+    from summrl.cost import prompt_tokens
+    from summrl.prompt import summary_messages
+
+    def user(text: str) -> int:
+        return prompt_tokens([{"role": "user", "content": text}])
+
+    return tuple(Sized(prompt_tokens(summary_messages(d, max_words)), user(d.text),
+                       user(" ".join(q.question for q in d.questions)), len(d.questions))
+                 for d in sample_documents())
+
+
+@dataclass
+class Tally:
+    calls: float = 0.0
+    input_tokens: float = 0.0
+    output_tokens: float = 0.0
+
+    def add(self, calls: float, input_tokens: float, output_tokens: float) -> None:
+        self.calls += calls
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+
+    def plus(self, other: "Tally", times: float = 1.0) -> None:
+        self.add(other.calls * times, other.input_tokens * times, other.output_tokens * times)
+
+
+def leaves(reward: Any) -> list[Any]:
+    """The rewards that score a group: a weighted reward's terms (each scores every group), or the reward itself."""
+    if reward.kind == "weighted":
+        return [leaf for term in reward.terms.values() for leaf in leaves(term.reward)]
+    return [reward]
+
+
+def val_leaves(reward: Any) -> list[Any]:
+    """What val scores with (summrl.rewards.build_val_reward): the reward, plus QA's metrics beside it unless
+    exactly one of its terms is QA."""
+    from summrl.config import QARewardConfig
+
+    found = leaves(reward)
+    return found if sum(r.kind == "qa" for r in found) == 1 else [*found, QARewardConfig()]
+
+
+def group_calls(rewards: Sequence[Any], d: Sized, n: int, summary: int) -> Tally:
+    """The judge calls of one group: ``n`` summaries of one document, each ``summary`` tokens long."""
+    t = Tally()
+    for r in rewards:
+        if r.kind == "qa":  # one answering call per summary, one grading call for the group
+            t.add(n + 1, n * (summary + d.questions + 80 + 40 * d.n_questions) + 80, n * 33 * d.n_questions)
+        elif r.kind == "ruler":  # one ranking call for the group
+            t.add(1, d.prompt + n * summary + 400, 80 * n)
+        elif r.kind == "rubric":  # one call scores the group on every rubric (both sides)
+            m = 2 * r.max_rubrics
+            t.add(1, RUBRIC_SCORE_PROMPT + m * RUBRIC_TOKENS + n * (summary + 10),
+                  n * (RUBRIC_SCORE_TOKENS * m + 2) + 10)
+    return t
+
+
+def first_calls(rewards: Sequence[Any], d: Sized) -> Tally:
+    """The calls made the first time a document is scored: each QA reward's full-document baseline (percent_full,
+    one answering call, graded in the group's call), and the rubrics the judge writes, once per document and
+    max_rubrics (the judge shares them between terms)."""
+    t = Tally()
+    for r in rewards:
+        if r.kind == "qa":
+            t.add(1, d.text + d.questions + 80 + 40 * d.n_questions, 33 * d.n_questions)
+    for max_rubrics in sorted({r.max_rubrics for r in rewards if r.kind == "rubric"}):
+        t.add(1, d.text + RUBRIC_WRITE_PROMPT, 2 * max_rubrics * RUBRIC_TOKENS + 20)
+    return t
+
+
+def label(rewards: Sequence[Any]) -> str:
+    return " + ".join(r.kind for r in rewards)
+
+
+def sft_documents(config: Any) -> Optional[int]:
+    """The train documents an SFT stage collects from (sft.max_docs, or all), None when not yet countable."""
+    counts = [n for n in (config.sft.max_docs, config.dataset.train_size) if isinstance(n, int)]
+    return min(counts) if counts else None
+
+
+def teacher_calls(config: Any) -> Any:
+    """sft=distill: the teacher writes sft.samples_per_doc summaries per document (summrl.cost's sizing, as its own
+    cost guard prints it when the run starts); None without a teacher."""
+    from summrl.cost import Calls
+
+    s, t = config.sft, config.trainer
+    if s.kind != "distill":
+        return None
+    calls = Calls(f"teacher {s.teacher.model}", s.teacher.model)
+    n_docs = sft_documents(config) or 0  # None: not countable (estimate_run says so; the $ is unknown)
+    sized = sized_documents(t.max_words)
+    calls.calls = n_docs * s.samples_per_doc
+    calls.input_tokens = round(calls.calls * sum(d.prompt for d in sized) / len(sized))
+    calls.output_tokens = calls.calls * t.max_summary_tokens
+    return calls
+
+
+def judge_calls(config: Any) -> tuple[Any, list[str], list[str], list[str]]:
+    """The judge calls of a whole run (train steps, an SFT stage's scoring, val passes) as one summrl.cost.Calls,
+    where they come from, what is left out, and why their $ can't be known (empty when it can)."""
+    from summrl.cost import Calls
+
+    judge, t, data, s = config.judge, config.trainer, config.dataset, config.sft
+    calls = Calls(f"judge {getattr(judge, 'model', judge.kind)}", None if judge.kind in LOCAL_JUDGES else judge.model)
+    notes: list[str] = []
+    unknown: list[str] = []
     if calls.local:
-        return calls, notes
-    docs = sample_documents()
-    # (documents per pass, rollouts per document, passes, QA graded, RULER ranks): summrl.cost's per-document
-    # formulas on the sample, scaled from its documents to the run's.
-    passes = [(t.groups_per_step, t.rollouts_per_group, t.max_steps, "qa" in kinds, "ruler" in kinds),
-              (val_docs, t.val_rollouts_per_doc, val_passes(t), True, "ruler" in kinds)]
-    for n_docs, rollouts, count, qa, ruler in passes:
-        if not n_docs or not (qa or ruler):
+        return calls, [], notes, unknown
+    sft_docs = sft_documents(config) if s.kind != "none" else 0
+    if sft_docs is None:
+        unknown.append(f"sft={s.kind} collects from every train document, and dataset.train_size={data.train_size} "
+                       "is counted only once the documents load")
+        sft_docs = 0
+    train, val = leaves(config.reward), val_leaves(config.reward)
+    unknown += [f"reward.kind={r.kind}'s judge calls are not known to the estimate"
+                for r in train if r.kind not in ("qa", "ruler", "rubric", "length")]
+    groups = t.max_steps * t.groups_per_step
+    # Each train document is scored for the first time at most once (QA's baseline, the rubrics written).
+    first_train = groups + sft_docs
+    if isinstance(data.train_size, int):
+        first_train = min(first_train, data.train_size)
+    val_docs = data.val_size
+    if not isinstance(val_docs, int):
+        unknown.append(f"dataset.val_size={val_docs}: the val documents are counted only once they load")
+        val_docs = None
+    passes = val_passes(t)
+    val_label = label(train) + (" + qa metrics" if len(val) > len(train) else "") + f", {passes} passes"
+    # (part, rewards, groups, summaries per group, documents scored for the first time)
+    plan = [("train", train, groups, t.rollouts_per_group, first_train),
+            ("sft", train, sft_docs, s.samples_per_doc, 0),
+            ("val", val, (val_docs or 0) * passes, t.val_rollouts_per_doc, val_docs or 0)]
+    sized = sized_documents(t.max_words)
+    parts = []
+    for part, rewards, n_groups, n, firsts in plan:
+        if part == "sft" and s.kind == "none":
             continue
-        one = Calls(calls.who, calls.price_model)
-        estimate([Work(Calls("policy", None), 1, {d.id: rollouts for d in docs})], docs, one,
-                 max_words=t.max_words, max_summary_tokens=t.max_summary_tokens, reward_uses_ruler=ruler,
-                 qa_calls=qa)
-        scale = n_docs * count / len(docs)
-        calls.calls += round(one.calls * scale)
-        calls.input_tokens += round(one.input_tokens * scale)
-        calls.output_tokens += round(one.output_tokens * scale)
-    return calls, notes
+        if part == "val" and val_docs is None:
+            parts.append(f"val unknown ({val_label})")
+            continue
+        one = Tally()  # the sample's mean per group, and per document scored for the first time
+        for d in sized:
+            one.plus(group_calls(rewards, d, n, t.max_summary_tokens), n_groups / len(sized))
+            one.plus(first_calls(rewards, d), firsts / len(sized))
+        count = round(one.calls)
+        calls.calls += count
+        calls.input_tokens += round(one.input_tokens)
+        calls.output_tokens += round(one.output_tokens)
+        what = val_label if part == "val" else label(rewards)
+        parts.append(f"{part} {count:,} ({what})" if count else f"{part} 0 ({what} calls no judge: $0)")
+    if hasattr(data, "questions"):  # dataset=documents, inbox: the user's documents, maybe without questions
+        notes.append(f"dataset={data.kind}: the calls are sized on Repliqa's documents, not yours, and the questions "
+                     "the judge writes for documents that have none are not counted (dataset.questions.max_cost_usd "
+                     "bounds them)")
+    if any(r.kind == "rubric" for r in val):
+        notes.append("the rubrics' writing is counted for every document (an upper bound: a dataset's own rubrics "
+                     "and those in reward.cache_dir are not written again)")
+    return calls, parts, notes, unknown
 
 
 def estimate_run(config: Any) -> Estimate:
-    calls, notes = judge_calls(config)
+    calls, parts, notes, unknown = judge_calls(config)
     hours = gpu_hours(config)
+    if config.sft.kind != "none":
+        notes.append(f"sft={config.sft.kind}: the SFT stage's GPU time is not in the hours (no preset declares it)")
     if hours is None:
         notes.append(f"model={config.model.name} declares no step time (model.step_minutes), so the GPU $ is unknown")
-    return Estimate(config.run.name, machine_price(config.backend), hours, calls, notes)
+    teacher = teacher_calls(config)
+    teacher_unknown = []
+    if teacher is not None and sft_documents(config) is None:
+        teacher_unknown.append(f"sft=distill writes for every train document, and dataset.train_size="
+                               f"{config.dataset.train_size} is counted only once the documents load")
+    return Estimate(config.run.name, machine_price(config.backend), hours, calls, notes, parts, unknown, teacher,
+                    teacher_unknown)
 
 
 def usd(value: Optional[float]) -> str:
@@ -183,18 +346,33 @@ def usd(value: Optional[float]) -> str:
 
 
 def describe(e: Estimate, config: Any) -> str:
-    """One run's estimate, as the dry run and the preflight print it."""
-    p, t = e.price, config.trainer
+    """One run's estimate, as the dry run and the preflight print it: the sum, then where each part comes from."""
+    p, t, j, m = e.price, config.trainer, e.judge, e.teacher
     rate = "unknown price" if p.usd_per_hour is None else f"${p.usd_per_hour:.2f}/h"
     time = ("" if e.hours is None else
             f"; {config.backend.setup_minutes:g} min setup + {t.max_steps} steps x {config.model.step_minutes:g} min "
             f"= {e.hours:.1f} h")
-    judge = ("local, $0" if e.judge.local else
-             f"{e.judge.calls:,} calls, ~{e.judge.input_tokens:,} input / <= {e.judge.output_tokens:,} output tokens "
-             f"at litellm's prices")
-    lines = [f"summrl: estimated cost of run {e.run}: {usd(e.total_usd)} = GPU {usd(e.gpu_usd)} "
-             f"({p.machine} at {rate} from {p.source}{time}) + {e.judge.who} {usd(e.judge_usd)} ({judge})"]
-    lines += [f"summrl:   not estimated: {n}" for n in e.notes]
+    teacher = "" if m is None else f" + teacher {usd(e.teacher_usd)}"
+    lines = [f"summrl: estimated cost of run {e.run}: {usd(e.total_usd)} = GPU {usd(e.gpu_usd)} + judge "
+             f"{usd(e.judge_usd)}{teacher}",
+             f"summrl:   GPU: {p.machine} at {rate} from {p.source}{time}"]
+    if j.local:
+        lines.append(f"summrl:   {j.who}: local, $0")
+    else:
+        known = ""
+        if j.calls and j.usd is None:
+            known = f" ({j.price_model} is not in litellm's cost map)"
+        elif e.judge_unknown and j.calls:
+            known = f" (${j.usd:,.2f} for these)"
+        lines.append(f"summrl:   {j.who}: {j.calls:,} calls = {' + '.join(e.judge_parts)}; ~{j.input_tokens:,} input / "
+                     f"<= {j.output_tokens:,} output tokens at litellm's prices{known}")
+    lines += [f"summrl:   judge $ unknown: {n}" for n in e.judge_unknown]
+    if m is not None:
+        lines.append(f"summrl:   {m.who}: {m.calls:,} calls; ~{m.input_tokens:,} input / <= {m.output_tokens:,} "
+                     "output tokens at litellm's prices"
+                     + ("" if m.usd is not None or not m.calls else f" ({m.price_model} is not in litellm's cost map)"))
+        lines += [f"summrl:   teacher $ unknown: {n}" for n in e.teacher_unknown]
+    lines += [f"summrl:   note: {n}" for n in e.notes]
     return "\n".join(lines)
 
 
@@ -210,11 +388,14 @@ def budget_problem(estimates: Sequence[Estimate], budget: Optional[float]) -> Op
     what = f"the sweep of {len(estimates)} jobs" if len(estimates) > 1 else "this run"
     cost = total(estimates)
     if cost is None:
-        return (f"backend.max_cost_usd={budget:g}: the cost of {what} can't be estimated (a price or the step time "
-                "is unknown: see the estimate above); set backend.max_cost_usd=null to launch without a budget")
+        return (f"backend.max_cost_usd={budget:g}: the cost of {what} can't be estimated (a price, a count or the "
+                "step time is unknown: see the estimate above); set backend.max_cost_usd=null to launch without a "
+                "budget")
     if cost <= budget:
         return None
     gpu = sum(e.gpu_usd for e in estimates)
     judge = sum(e.judge_usd for e in estimates)
+    teacher = sum(e.teacher_usd for e in estimates)
     return (f"backend.max_cost_usd={budget:g}: the estimated cost of {what} is ${cost:,.2f} (GPU ${gpu:,.2f} + judge "
-            f"${judge:,.2f}), over the budget of ${budget:,.2f}: raise backend.max_cost_usd, or run fewer steps or jobs")
+            f"${judge:,.2f}{f' + teacher ${teacher:,.2f}' if teacher else ''}), over the budget of ${budget:,.2f}: "
+            "raise backend.max_cost_usd, or run fewer steps or jobs")

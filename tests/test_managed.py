@@ -39,6 +39,7 @@ class FakeJobs:
         monkeypatch.setattr(sky.jobs, "launch", self.launch)
         monkeypatch.setattr(sky.jobs, "queue_v2", lambda refresh, job_ids=None, **kw: ("queue", refresh, job_ids))
         monkeypatch.setattr(sky.jobs, "cancel", lambda job_ids=None, **kw: ("cancel", job_ids))
+        monkeypatch.setattr(sky.jobs, "tail_logs", lambda **kw: self.calls.append(("jobs.tail_logs", kw)) or 0)
         monkeypatch.setattr(sky, "stream_and_get", self.answer)
         monkeypatch.setattr(sky, "get", self.answer)
         for name in ("launch", "tail_logs", "down"):  # the cluster path must not be taken
@@ -297,6 +298,8 @@ def test_sweep_status_pull_cancel_then_report(cloud_env, monkeypatch, tmp_path, 
     s3(s3_endpoint).create_bucket(Bucket="runs")
     folder = submit_sweep(tmp_path, fake)
     assert [c[2] for c in fake.launched()] == ["summrl-abl-0", "summrl-abl-1", "summrl-abl-2"]
+    assert [c[1].name for c in fake.launched()] == [c[2] for c in fake.launched()]  # each task is named as its job
+    assert not [c for c in fake.calls if c[0] == "jobs.tail_logs"]  # a sweep submits and returns
     records = [json.loads((folder / str(n) / "result.json").read_text()) for n in range(3)]
     assert [(r["status"], r["managed_job"]["id"]) for r in records] == [("submitted", 41), ("submitted", 42),
                                                                           ("submitted", 43)]
@@ -358,26 +361,152 @@ def test_sweep_status_pull_cancel_then_report(cloud_env, monkeypatch, tmp_path, 
     assert "cancelled managed jobs 41, 42, 43" in capsys.readouterr().out
 
 
+# Runs summrl.train with a clock that moves a second each time Hydra's ${now} is resolved: every composition of a
+# job (its own, and an earlier job's composition of it for the sweep's estimate) gets another default run.name.
+TICKING_TRAIN = """
+import datetime, runpy, sys
+import hydra.core.utils
+
+class Ticking(datetime.datetime):
+    at = datetime.datetime(2026, 11, 24, 10, 0, 0)
+
+    @classmethod
+    def now(cls, tz=None):
+        cls.at += datetime.timedelta(seconds=1)
+        return cls.at
+
+hydra.core.utils.datetime = Ticking
+sys.argv[0] = "summrl.train"
+runpy.run_module("summrl.train", run_name="__main__")
+"""
+
+
 def test_the_dry_run_of_a_managed_spot_sweep_prints_both_tasks_and_their_cost_offline(cloud_env, tmp_path):
-    """The issue's command, with no network: the tasks, each job's estimate and the sweep's total."""
+    """The issue's command, with no network: the tasks, each job's estimate and the sweep's total; each job's name
+    (the default, resolved from the clock) the same in its task, its command and its estimate."""
+    import re
+
     env = {**os.environ, "SKY_RUNTIME_DIR": str(SKY_RUNTIME), "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "summrl.train", "-m", "backend.managed=true", "backend.use_spot=true", "reward=qa,ruler",
-         "backend.dry_run=true", "run.name=abl", f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+        [sys.executable, "-c", TICKING_TRAIN, "-m", "backend.managed=true", "backend.use_spot=true", "reward=qa,ruler",
+         "backend.dry_run=true", f"hydra.sweep.dir={tmp_path / 'multirun'}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert out.count("use_spot: true") == 2 and out.count("strategy: EAGER_NEXT_REGION") == 2
-    for job, reward in ((0, "qa"), (1, "ruler")):
-        assert f"summrl: dry run: managed job summrl-abl-{job}, H100:1 on runpod" in out
-        assert f"python -m summrl.train reward={reward} " in out
-        assert f"summrl: estimated cost of run abl-{job}: $" in out
+    names = re.findall(r"summrl: dry run: managed job summrl-(\S+), H100:1 on runpod", out)
+    assert [n[-2:] for n in names] == ["-0", "-1"] and names[0][:-2] != names[1][:-2]  # the clock moved
+    for name, reward in zip(names, ("qa", "ruler")):
+        assert f"name: summrl-{name}\n" in out
+        assert f"python -m summrl.train reward={reward} " in out and f" run.name={name} backend=local_gpu" in out
+        assert f"summrl: estimated cost of run {name}: $" in out  # was the earlier job's composition of it
     assert "H100:1 on runpod (spot) at $1.25/h from SkyPilot's catalog" in out
     assert out.count("summrl: estimated cost of the sweep of 2 jobs: $") == 1
     assert out.count("the task is valid; nothing was launched") == 2
+    assert "file_mounts" not in out and "volumes" not in out  # SkyPilot's empty mappings
+    assert not result.stderr.strip() and "warning" not in out.lower()  # one clean screen
     for value in PLANTED.values():
         assert value not in out + result.stderr
     assert not list((tmp_path / "multirun").glob("*/result.json"))  # nothing was submitted
+
+
+def test_a_qwen3_8b_managed_run_composes_and_is_priced_at_its_step_time(cloud_env):
+    config = managed_config("model=qwen3_8b")
+    task = build_task(config, ["model=qwen3_8b"], "summrl-job")
+    task.validate()
+    assert "python -m summrl.train model=qwen3_8b " in task.run  # the remote job composes the same preset
+    e = pricing.estimate_run(config)
+    assert config.model.step_minutes == 12.5 and e.hours == pytest.approx((15 + 40 * 12.5) / 60)
+
+
+# ------------------------------------------------------------------ a single managed run, and a sweep's preflight
+
+
+def test_a_single_managed_run_streams_its_logs_and_returns_its_val_score(cloud_env, monkeypatch, s3_endpoint, tmp_path,
+                                                                         caplog):
+    caplog.set_level(logging.INFO, logger="summrl")
+    fake = FakeJobs(monkeypatch)
+    s3(s3_endpoint).create_bucket(Bucket="runs")
+    remote = {"status": "completed", "steps": 40, "final_val_score": 0.71, "managed_job_id": "41", "recoveries": 1}
+
+    def tail_logs(name=None, job_id=None, follow=True, **kwargs):  # the job runs (and recovers) while it is watched
+        fake.calls.append(("jobs.tail_logs", job_id, follow, kwargs))
+        s3(s3_endpoint).put_object(Bucket="runs", Key="summrl/summrl/summary-rl/result.json",
+                                   Body=json.dumps(remote).encode())
+        return 0
+
+    monkeypatch.setattr(sky.jobs, "tail_logs", tail_logs)
+    config = managed_config(f"storage.endpoint_url={s3_endpoint}")
+    config.run.dir = str(tmp_path / "run")
+    assert run_on_cluster(config, [], None) == 0.71
+    (launched,) = fake.launched()
+    assert launched[1].name == launched[2] == "summrl-summary-rl"  # the task's name is the managed job's
+    assert [c[:3] for c in fake.calls if c[0] == "jobs.tail_logs"] == [("jobs.tail_logs", 41, True)]
+    assert not [c for c in fake.calls if c[0] in ("launch", "tail_logs", "down")]  # not the cluster path
+    record = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert record["final_val_score"] == 0.71 and record["recoveries"] == 1
+    assert record["managed_job"]["id"] == 41  # summrl.sweep status still finds the job
+    assert "streaming the logs of managed job 41" in said(caplog, logging.INFO)
+
+
+def test_a_failed_managed_run_exits_as_the_job_did_and_ctrl_c_only_stops_watching(cloud_env, monkeypatch, caplog):
+    import requests
+
+    fake = FakeJobs(monkeypatch)
+    monkeypatch.setattr(sky.jobs, "tail_logs", lambda **kw: 100)
+    with pytest.raises(launch.RemoteJobFailed, match=r"managed job 41 \(summrl-summary-rl\) ended with exit code 100: "
+                                                     r"see its logs with `sky jobs logs 41`"):
+        run_on_cluster(managed_config(), [], None)
+    with pytest.raises(SystemExit) as exit_:  # python -m summrl.train exits with the job's code
+        launch.run_from_hydra(managed_config())
+    assert exit_.value.code == 100
+
+    def interrupted(**kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sky.jobs, "tail_logs", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_on_cluster(managed_config(), [], None)
+    assert not [c for c in fake.calls if "cancel" in c[0]]  # the job goes on
+    err = said(caplog, logging.ERROR)
+    assert "stopped watching managed job 43" in err and "sky jobs cancel 43" in err
+
+    def offline(**kw):
+        raise requests.exceptions.ConnectionError("Failed to resolve 'api.example'")
+
+    monkeypatch.setattr(sky.jobs, "tail_logs", offline)
+    assert run_on_cluster(managed_config(), [], None) is None  # submitted; only the watching failed
+    assert "the job goes on: sky jobs logs 44" in said(caplog, logging.WARNING)
+    assert len(fake.launched()) == 4
+
+
+def test_a_sweep_whose_first_job_cant_launch_stops_there_with_one_listing(cloud_env, monkeypatch, caplog, tmp_path):
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import read_write
+
+    fake = FakeJobs(monkeypatch)
+    monkeypatch.delenv("GEMINI_API_KEY")
+    config = managed_config()
+    sweep = copy.deepcopy(HydraConfig.instance().cfg)
+    with read_write(sweep.hydra):
+        sweep.hydra.mode, sweep.hydra.job.num = RunMode.MULTIRUN, 0
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", sweep)
+    record = RunRecord(tmp_path / "0")
+    with pytest.raises(SystemExit) as exit_:
+        launch.run_from_hydra(config, record)
+    assert exit_.value.code == 3  # a preflight error's
+    err = said(caplog, logging.ERROR)
+    assert err.count("GEMINI_API_KEY (the judge's key) is not set") == 1
+    assert err.endswith("summrl: the sweep stopped at its first job: nothing was submitted")
+    assert json.loads((tmp_path / "0" / "result.json").read_text())["status"] == "failed"
+    assert fake.launched() == []
+    with read_write(sweep.hydra):  # a later job's own problem fails that job only: Hydra records it and goes on
+        sweep.hydra.job.num = 1
+    with pytest.raises(PreflightError):
+        launch.run_from_hydra(config, RunRecord(tmp_path / "1"))
 
 
 # --------------------------------------------------------------------------- a simulated preemption

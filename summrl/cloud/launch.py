@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from summrl.data import DataError
 from summrl.data.documents import read as read_documents
-from summrl.errors import NETWORK_FIX, NetworkError, is_network, network_message
+from summrl.errors import KINDS, NETWORK_FIX, NetworkError, classify, full_errors, is_network, network_message
 from summrl.cloud import managed, plan, pricing
 from summrl.job import RunRecord, write_result
 from summrl.judges import missing_keys
@@ -49,11 +49,17 @@ _LOCAL_ONLY = ("backend", "run.name", "run.dir")
 
 
 class RemoteJobFailed(RuntimeError):
-    """The remote job ended unsuccessfully. ``exit_code`` is SkyPilot's job exit code (100 failed, 103 cancelled)."""
+    """The remote job ended unsuccessfully. ``exit_code`` is SkyPilot's job exit code (100 failed, 103 cancelled).
+    ``managed``: a managed job (``cluster`` is then its name)."""
 
-    def __init__(self, exit_code: int, cluster: str, job_id: Optional[int]) -> None:
-        super().__init__(f"the job {job_id} on cluster {cluster} ended with exit code {exit_code}: "
-                         f"see its logs with `python -m summrl.cluster logs {cluster}`")
+    def __init__(self, exit_code: int, cluster: str, job_id: Optional[int], managed: bool = False) -> None:
+        if managed:
+            text = (f"the managed job {job_id} ({cluster}) ended with exit code {exit_code}: "
+                    f"see its logs with `sky jobs logs {job_id}`")
+        else:
+            text = (f"the job {job_id} on cluster {cluster} ended with exit code {exit_code}: "
+                    f"see its logs with `python -m summrl.cluster logs {cluster}`")
+        super().__init__(text)
         self.exit_code = exit_code
         self.cluster = cluster
         self.job_id = job_id
@@ -255,6 +261,7 @@ def describe(task: Any, resources: Optional[dict] = None) -> str:
     spec = task.to_yaml_config(use_user_specified_yaml=True)
     if resources:
         spec["resources"] = resources
+    spec = {k: v for k, v in spec.items() if v != {}}  # SkyPilot's empty file_mounts and volumes
     return yaml.dump(spec, Dumper=Dumper, sort_keys=False, width=10**6)
 
 
@@ -276,6 +283,16 @@ def run_from_hydra(config: Any, record: Optional[RunRecord] = None) -> Optional[
             raise  # a sweep records the failed job and goes on
         log.error(f"summrl: {e}")
         sys.exit(e.exit_code)  # a single run exits as the remote job did
+    except PreflightError as e:
+        if job_num != 0 or full_errors():
+            raise
+        # The sweep's first job: the keys, the credentials and the budget are every job's, so its listing would
+        # repeat for each of them (and again as Hydra's summary). The sweep stops here, with nothing submitted.
+        failure = classify(e)
+        if record is not None:
+            record.fail(failure.kind, f"{KINDS[failure.kind][1]}: {failure.message}", failure.exit_code)
+        log.error(f"{failure.line}\nsummrl: the sweep stopped at its first job: nothing was submitted")
+        sys.exit(failure.exit_code)
 
 
 def job_name(config: Any) -> str:
@@ -331,6 +348,9 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
         if problems:
             raise PreflightError(_listing(b, [*problems, note]))
         if b.dry_run:
+            if job_num not in (None, 0):  # said in full by the sweep's first job
+                note = (f"backend.accelerators={b.accelerators} on {b.infra} was not checked (SkyPilot's catalog is "
+                        "out of reach, as above)")
             log.info(f"summrl: dry run: {note}; nothing was launched")
             return None
         raise NetworkError(note)
@@ -341,7 +361,15 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
         return None
 
     if b.managed:
-        return managed.submit(config, task, cluster, estimates[job_num or 0], record)
+        submitted = managed.submit(config, task, cluster, estimates[job_num or 0], record)
+        if job_num is not None:  # a sweep submits every job and returns: summrl.sweep follows them
+            return None
+        code = managed.follow(cluster, submitted["id"])
+        if code is None:
+            return None
+        if code != 0:
+            raise RemoteJobFailed(code, cluster, submitted["id"], managed=True)
+        return remote_result(config, {"managed_job": submitted})
 
     import sky
 
@@ -374,8 +402,9 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
     return remote_result(config)
 
 
-def remote_result(config: Any) -> Optional[float]:
-    """The remote run's final val score, for sweepers: its result.json, backed up to S3, copied to the local run dir."""
+def remote_result(config: Any, keep: Optional[dict] = None) -> Optional[float]:
+    """The remote run's final val score, for sweepers: its result.json, backed up to S3, copied to the local run dir
+    (with ``keep``: a managed job's submission record, which summrl.sweep reads)."""
     try:
         result = fetch_result(config)
     except Exception as e:  # the run itself succeeded; only the summary is out of reach (the bucket stays unnamed)
@@ -383,7 +412,7 @@ def remote_result(config: Any) -> Optional[float]:
         return None
     if result is None:
         return None
-    write_result(config.run.dir, result)  # the remote job's record, as its RunRecord wrote it
+    write_result(config.run.dir, {**result, **(keep or {})})  # the remote job's record, as its RunRecord wrote it
     log.info(f"summrl: run {config.run.name} {result.get('status')}: final val reward {result.get('final_val_score')}")
     return result.get("final_val_score")
 

@@ -1,5 +1,6 @@
-"""backend.managed=true: submit the task as a SkyPilot managed job (``sky.jobs.launch``) and return.
+"""backend.managed=true: submit the task as a SkyPilot managed job (``sky.jobs.launch``).
 
+A single run then streams the job's logs until it ends, as the cluster path does; a ``-m`` sweep returns at once.
 SkyPilot's jobs controller (a small CPU VM it starts, which stops itself when idle) provisions the machine, restarts
 the job on a new one after a preemption (or an error, up to ``job_recovery.max_restarts_on_errors``) and takes it
 down at the end. A restarted job runs its command from scratch on a fresh machine; the command is the same
@@ -30,18 +31,44 @@ def submission(config: Any, name: str, job_id: int, estimate: Any) -> dict:
                        "project": config.project, "run_name": config.run.name}}
 
 
-def submit(config: Any, task: Any, name: str, estimate: Any, record: Optional[RunRecord] = None) -> None:
-    """Submit the managed job and record it in the local run folder's result.json; returns at once."""
+def submit(config: Any, task: Any, name: str, estimate: Any, record: Optional[RunRecord] = None) -> dict:
+    """Submit the managed job and record it in the local run folder's result.json; returns the submission record
+    (its ``id``) at once."""
     import sky
 
     record = record or RunRecord(config.run.dir)
     log.info(f"summrl: submitting run {config.run.name} as managed job {name}")
     job_ids, _ = sky.stream_and_get(sky.jobs.launch(task, name=name))
     job_id = int(job_ids[0])
+    managed = submission(config, name, job_id, estimate)
     record.update(status="submitted", run_name=config.run.name, run_dir=config.run.dir, seed=config.seed,
-                  managed_job=submission(config, name, job_id, estimate), **record.job.record())
+                  managed_job=managed, **record.job.record())
     record.save(timed=False)
     where = record.job.sweep and str(record.run_dir.parent) or config.run.dir
     log.info(f"summrl: submitted managed job {job_id} ({name}); it runs and recovers without this terminal. "
              f"See it with `python -m summrl.sweep status {where}` or `sky jobs logs {job_id}`")
-    return None
+    return managed
+
+
+def follow(name: str, job_id: int) -> Optional[int]:
+    """Stream the managed job's logs until it ends (across its recoveries), as `sky jobs launch` does; returns
+    SkyPilot's exit code (0 succeeded, 100 failed, 103 cancelled), or None when the logs can't be streamed: the job
+    goes on either way. Ctrl-C stops watching, not the job."""
+    import sky
+
+    from summrl.errors import NETWORK_FIX, is_network, network_message
+
+    log.info(f"summrl: streaming the logs of managed job {job_id}; Ctrl-C stops watching, the job goes on")
+    try:
+        code = sky.jobs.tail_logs(job_id=job_id, follow=True)
+    except KeyboardInterrupt:
+        log.error(f"\nsummrl: stopped watching managed job {job_id} ({name}); it goes on without this terminal. "
+                  f"Its logs: sky jobs logs {job_id}; cancel it: sky jobs cancel {job_id}")
+        raise
+    except Exception as e:
+        if not is_network(e):
+            raise
+        log.warning(f"summrl: warning: the logs of managed job {job_id} can't be streamed ({network_message(e)}; "
+                    f"{NETWORK_FIX}); the job goes on: sky jobs logs {job_id}")
+        return None
+    return None if code is None else int(code)

@@ -56,8 +56,14 @@ def estimates(config: Any, overrides: list[str], job_num: Optional[int]) -> list
         name = HydraConfig.get().job.config_name
         found = []
         for num, job in enumerate(jobs):
-            other = config if num == job_num else validate(hydra.compose_config(name, job, run_mode=RunMode.RUN))
-            other.run.name = f"{other.run.name}-{num}" if num != job_num else other.run.name
+            if num == job_num:
+                found.append(pricing.estimate_run(config))
+                continue
+            other = validate(hydra.compose_config(name, job, run_mode=RunMode.RUN))
+            other.run.name = f"{other.run.name}-{num}"
             found.append(pricing.estimate_run(other))
         _cache[key] = found
-    return _cache[key]
+        return found
+    # A later job of the sweep: its own estimate from its own config. The earlier job's composition of it resolved
+    # run.name's default ${now} at another time, so it would name another run than this job's task and managed job.
+    return [pricing.estimate_run(config) if num == job_num else e for num, e in enumerate(_cache[key])]

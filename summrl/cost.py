@@ -5,13 +5,16 @@ teacher and judge calls and their price from litellm's cost map; a prompt on std
 Token counts are upper bounds where they depend on what a model writes: every summary is taken to be
 ``trainer.max_summary_tokens`` long. A model missing from litellm's cost map is priced "unknown", never $0.
 Models served on this machine (checkpoints, judge=embedded, judge=lexical) are local and cost $0.
+
+The judge calls each reward makes per group and per document, and their tokens, are sized here only: the cost guard
+adds them up for the rows still to do, and the cloud estimate (summrl.cloud.pricing) for a whole run.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Optional, Sequence, TextIO
+from typing import Any, Optional, Sequence, TextIO
 
 from summrl.data import Document
 from summrl.prompt import summary_messages
@@ -54,6 +57,112 @@ def prompt_tokens(messages: list[dict]) -> int:
     return int(litellm.token_counter(model="gpt-4o", messages=messages))
 
 
+# --------------------------------------------------------------------------- the judge calls of each reward
+#
+# Tokens per call, summaries at trainer.max_summary_tokens (an upper bound), and the rubric prompts of
+# summrl.judges.rubrics: up to max_rubrics rubrics a side, each up to 160 characters.
+RUBRIC_TOKENS = 40  # one written rubric (160 characters)
+RUBRIC_WRITE_PROMPT = 90  # WRITE_PROMPT without the document
+RUBRIC_SCORE_PROMPT = 60  # SCORE_PROMPT without rubrics and summaries
+RUBRIC_SCORE_TOKENS = 3  # one score in the reply ("0.5, ")
+
+
+@dataclass(frozen=True)
+class Sized:
+    """A document's token counts."""
+
+    prompt: int  # the policy's prompt (the document in the summary request): what RULER's judge reads
+    text: int  # the document alone: what QA's baseline answers from and the rubric writer reads
+    questions: int
+    n_questions: int
+
+
+def sized(document: Document, max_words: int) -> Sized:
+    def user(text: str) -> int:
+        return prompt_tokens([{"role": "user", "content": text}])
+
+    return Sized(prompt_tokens(summary_messages(document, max_words)), user(document.text),
+                 user(" ".join(q.question for q in document.questions)), len(document.questions))
+
+
+@dataclass
+class Tally:
+    """Calls and their tokens; fractional where they are a mean scaled to a count (summrl.cloud.pricing)."""
+
+    calls: float = 0.0
+    input_tokens: float = 0.0
+    output_tokens: float = 0.0
+
+    def add(self, calls: float, input_tokens: float, output_tokens: float) -> "Tally":
+        self.calls += calls
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+        return self
+
+    def plus(self, other: "Tally", times: float = 1.0) -> "Tally":
+        return self.add(other.calls * times, other.input_tokens * times, other.output_tokens * times)
+
+    def into(self, calls: Calls) -> int:
+        """Add the tally (rounded) to ``calls``; returns the calls added."""
+        count = round(self.calls)
+        calls.calls += count
+        calls.input_tokens += round(self.input_tokens)
+        calls.output_tokens += round(self.output_tokens)
+        return count
+
+
+def qa_answers(d: Sized, n: int, read: int) -> Tally:
+    """QA: ``n`` answering calls, each reading ``read`` tokens (a summary, or the document) and the questions."""
+    return Tally().add(n, n * (read + d.questions + 80 + 40 * d.n_questions), n * 33 * d.n_questions)
+
+
+def qa_group(d: Sized, n: int, summary: int) -> Tally:
+    """QA: one answering call per summary, one grading call for the group."""
+    return qa_answers(d, n, summary).add(1, 80, 0)
+
+
+def ruler_group(d: Sized, n: int, summary: int) -> Tally:
+    """RULER: one call ranks ``n`` summaries of the document (a group; for best-of-N, one summary's candidates)."""
+    return Tally().add(1, d.prompt + n * summary + 400, 80 * n)
+
+
+def rubric_group(max_rubrics: int, n: int, summary: int) -> Tally:
+    """Rubric: one call scores the group on every rubric (up to max_rubrics a side)."""
+    m = 2 * max_rubrics
+    return Tally().add(1, RUBRIC_SCORE_PROMPT + m * RUBRIC_TOKENS + n * (summary + 10),
+                       n * (RUBRIC_SCORE_TOKENS * m + 2) + 10)
+
+
+def group_calls(rewards: Sequence[Any], d: Sized, n: int, summary: int) -> Tally:
+    """The judge calls of one group scored by each of ``rewards`` (reward configs; kinds without judge calls add
+    nothing): ``n`` summaries of one document, each ``summary`` tokens long."""
+    t = Tally()
+    for r in rewards:
+        if r.kind == "qa":
+            t.plus(qa_group(d, n, summary))
+        elif r.kind == "ruler":
+            t.plus(ruler_group(d, n, summary))
+        elif r.kind == "rubric":
+            t.plus(rubric_group(r.max_rubrics, n, summary))
+    return t
+
+
+def first_calls(rewards: Sequence[Any], d: Sized) -> Tally:
+    """The calls made the first time a document is scored: each QA reward's full-document baseline (percent_full,
+    one answering call, graded in the group's call), and the rubrics the judge writes, once per document and
+    max_rubrics (the judge shares them between terms)."""
+    t = Tally()
+    for r in rewards:
+        if r.kind == "qa":
+            t.plus(qa_answers(d, 1, d.text))
+    for max_rubrics in sorted({r.max_rubrics for r in rewards if r.kind == "rubric"}):
+        t.add(1, d.text + RUBRIC_WRITE_PROMPT, 2 * max_rubrics * RUBRIC_TOKENS + 20)
+    return t
+
+
+# --------------------------------------------------------------------------- the cost guard
+
+
 @dataclass
 class Work:
     """What one benchmark entry still has to do: which model writes, n candidates per summary (best-of-N),
@@ -66,29 +175,27 @@ class Work:
 
 def estimate(work: Sequence[Work], documents: Sequence[Document], judge: Calls, *, max_words: int,
              max_summary_tokens: int, reward_uses_ruler: bool, qa_calls: bool) -> list[Calls]:
-    """Fill in each entry's model calls and the judge's calls (answering, grading, RULER) for the pending rows."""
+    """Fill in each entry's model calls and the judge's calls (answering, grading, RULER) for the pending rows.
+    The QA baseline (percent_full) is not counted: the benchmark does not pay for it."""
     by_id = {d.id: d for d in documents}
-    prompt = {d.id: prompt_tokens(summary_messages(d, max_words)) for d in documents}
+    counts: dict[str, Sized] = {}
+    judged = Tally()
     for w in work:
         for doc_id, rollouts in w.pending.items():
-            doc = by_id[doc_id]
+            if doc_id not in counts:
+                counts[doc_id] = sized(by_id[doc_id], max_words)
+            d = counts[doc_id]
             calls = rollouts * w.candidates
             w.model_calls.calls += calls
-            w.model_calls.input_tokens += calls * prompt[doc_id]
+            w.model_calls.input_tokens += calls * d.prompt
             w.model_calls.output_tokens += calls * max_summary_tokens
             if qa_calls:  # an LLM grades QA (judge=lexical and judge=local grade it without calls)
-                questions = prompt_tokens([{"role": "user", "content": " ".join(q.question for q in doc.questions)}])
-                n_q = len(doc.questions)
-                # one answering call per summary, one grading call per document (an upper bound)
-                judge.calls += rollouts + 1
-                judge.input_tokens += rollouts * (max_summary_tokens + questions + 80 + 40 * n_q) + 80
-                judge.output_tokens += rollouts * 33 * n_q
-            # RULER: (calls, candidates per call): best-of-N ranks each summary's n candidates, reward=ruler a group
-            ruler = ([(rollouts, w.candidates)] if w.candidates > 1 else []) + ([(1, rollouts)] if reward_uses_ruler else [])
-            for count, size in ruler:
-                judge.calls += count
-                judge.input_tokens += count * (prompt[doc_id] + size * max_summary_tokens + 400)
-                judge.output_tokens += count * 80 * size
+                judged.plus(qa_group(d, rollouts, max_summary_tokens))
+            if w.candidates > 1:  # best-of-N: RULER ranks each summary's candidates
+                judged.plus(ruler_group(d, w.candidates, max_summary_tokens), rollouts)
+            if reward_uses_ruler:  # reward=ruler ranks a document's rollouts as one group
+                judged.plus(ruler_group(d, rollouts, max_summary_tokens))
+    judged.into(judge)
     return [w.model_calls for w in work] + [judge]
 
 

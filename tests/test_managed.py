@@ -25,6 +25,7 @@ import sky  # noqa: E402
 from summrl.cloud import launch, pricing  # noqa: E402
 from summrl.cloud import sweep as sweep_cli  # noqa: E402
 from summrl.cloud.launch import PreflightError, build_task, run_on_cluster  # noqa: E402
+from summrl import cost  # noqa: E402
 from summrl.cost import token_price  # noqa: E402
 from summrl.job import RunRecord  # noqa: E402
 
@@ -168,10 +169,10 @@ def test_every_reward_is_priced_by_the_judge_calls_it_makes(cloud_env):
     # whose rubrics are written from the document.
     sized = pricing.sized_documents(t.max_words)
     r, s, n = 2 * 8, t.max_summary_tokens, t.rollouts_per_group
-    score_in = pricing.RUBRIC_SCORE_PROMPT + r * pricing.RUBRIC_TOKENS + n * (s + 10)
-    score_out = n * (pricing.RUBRIC_SCORE_TOKENS * r + 2) + 10
-    write_in = sum(d.text for d in sized) / len(sized) + pricing.RUBRIC_WRITE_PROMPT
-    write_out = 2 * 8 * pricing.RUBRIC_TOKENS + 20
+    score_in = cost.RUBRIC_SCORE_PROMPT + r * cost.RUBRIC_TOKENS + n * (s + 10)
+    score_out = n * (cost.RUBRIC_SCORE_TOKENS * r + 2) + 10
+    write_in = sum(d.text for d in sized) / len(sized) + cost.RUBRIC_WRITE_PROMPT
+    write_out = 2 * 8 * cost.RUBRIC_TOKENS + 20
     short, long = (pricing.estimate_run(managed_config("reward=rubric", f"trainer.max_steps={steps}",
                                                       "trainer.eval_every=100")).judge for steps in (10, 20))
     assert long.calls - short.calls == train + train

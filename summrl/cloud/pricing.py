@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from summrl.config import parse_accelerators
+from summrl.cost import Calls, Sized, Tally, first_calls, group_calls, sized
 from summrl.errors import is_network
 
 SNAPSHOT = Path(__file__).with_name("prices.json")
@@ -94,11 +95,11 @@ class Estimate:
     run: str
     price: Price
     hours: Optional[float]  # None: the model declares no step time
-    judge: Any  # summrl.cost.Calls: every judge call of the run
+    judge: Calls  # every judge call of the run
     notes: list[str] = field(default_factory=list)  # what the estimate leaves out, or counts as an upper bound
     judge_parts: list[str] = field(default_factory=list)  # where the judge calls come from, e.g. "train 4,400 (qa)"
     judge_unknown: list[str] = field(default_factory=list)  # why the judge $ can't be known (then it is None)
-    teacher: Any = None  # summrl.cost.Calls: sft=distill's teacher calls; None without one
+    teacher: Optional[Calls] = None  # sft=distill's teacher calls; None without one
     teacher_unknown: list[str] = field(default_factory=list)  # why the teacher $ can't be known
 
     @property
@@ -144,52 +145,15 @@ def sample_documents() -> tuple:
     return tuple(all_documents(RepliqaDatasetConfig(files=["pkg:summrl/data/repliqa_sample.jsonl"])))
 
 
-# --------------------------------------------------------------------------- the judge calls of each reward
+# --------------------------------------------------------------------------- the judge calls of a run
 #
-# Tokens per call, as summrl.cost sizes QA and RULER (summaries at trainer.max_summary_tokens: an upper bound), and
-# the rubric prompts of summrl.judges.rubrics: up to max_rubrics rubrics a side, each up to 160 characters.
-RUBRIC_TOKENS = 40  # one written rubric (160 characters)
-RUBRIC_WRITE_PROMPT = 90  # WRITE_PROMPT without the document
-RUBRIC_SCORE_PROMPT = 60  # SCORE_PROMPT without rubrics and summaries
-RUBRIC_SCORE_TOKENS = 3  # one score in the reply ("0.5, ")
-
-
-@dataclass(frozen=True)
-class Sized:
-    """A sample document's token counts."""
-
-    prompt: int  # the policy's prompt (the document in the summary request): what RULER's judge reads
-    text: int  # the document alone: what QA's baseline answers from and the rubric writer reads
-    questions: int
-    n_questions: int
+# What each reward's calls and tokens are is summrl.cost's (the cost guard's): here only how many groups and documents
+# a run scores with which rewards.
 
 
 @functools.lru_cache(maxsize=4)
 def sized_documents(max_words: int) -> tuple[Sized, ...]:
-    from summrl.cost import prompt_tokens
-    from summrl.prompt import summary_messages
-
-    def user(text: str) -> int:
-        return prompt_tokens([{"role": "user", "content": text}])
-
-    return tuple(Sized(prompt_tokens(summary_messages(d, max_words)), user(d.text),
-                       user(" ".join(q.question for q in d.questions)), len(d.questions))
-                 for d in sample_documents())
-
-
-@dataclass
-class Tally:
-    calls: float = 0.0
-    input_tokens: float = 0.0
-    output_tokens: float = 0.0
-
-    def add(self, calls: float, input_tokens: float, output_tokens: float) -> None:
-        self.calls += calls
-        self.input_tokens += input_tokens
-        self.output_tokens += output_tokens
-
-    def plus(self, other: "Tally", times: float = 1.0) -> None:
-        self.add(other.calls * times, other.input_tokens * times, other.output_tokens * times)
+    return tuple(sized(d, max_words) for d in sample_documents())
 
 
 def leaves(reward: Any) -> list[Any]:
@@ -208,34 +172,6 @@ def val_leaves(reward: Any) -> list[Any]:
     return found if sum(r.kind == "qa" for r in found) == 1 else [*found, QARewardConfig()]
 
 
-def group_calls(rewards: Sequence[Any], d: Sized, n: int, summary: int) -> Tally:
-    """The judge calls of one group: ``n`` summaries of one document, each ``summary`` tokens long."""
-    t = Tally()
-    for r in rewards:
-        if r.kind == "qa":  # one answering call per summary, one grading call for the group
-            t.add(n + 1, n * (summary + d.questions + 80 + 40 * d.n_questions) + 80, n * 33 * d.n_questions)
-        elif r.kind == "ruler":  # one ranking call for the group
-            t.add(1, d.prompt + n * summary + 400, 80 * n)
-        elif r.kind == "rubric":  # one call scores the group on every rubric (both sides)
-            m = 2 * r.max_rubrics
-            t.add(1, RUBRIC_SCORE_PROMPT + m * RUBRIC_TOKENS + n * (summary + 10),
-                  n * (RUBRIC_SCORE_TOKENS * m + 2) + 10)
-    return t
-
-
-def first_calls(rewards: Sequence[Any], d: Sized) -> Tally:
-    """The calls made the first time a document is scored: each QA reward's full-document baseline (percent_full,
-    one answering call, graded in the group's call), and the rubrics the judge writes, once per document and
-    max_rubrics (the judge shares them between terms)."""
-    t = Tally()
-    for r in rewards:
-        if r.kind == "qa":
-            t.add(1, d.text + d.questions + 80 + 40 * d.n_questions, 33 * d.n_questions)
-    for max_rubrics in sorted({r.max_rubrics for r in rewards if r.kind == "rubric"}):
-        t.add(1, d.text + RUBRIC_WRITE_PROMPT, 2 * max_rubrics * RUBRIC_TOKENS + 20)
-    return t
-
-
 def label(rewards: Sequence[Any]) -> str:
     return " + ".join(r.kind for r in rewards)
 
@@ -246,28 +182,24 @@ def sft_documents(config: Any) -> Optional[int]:
     return min(counts) if counts else None
 
 
-def teacher_calls(config: Any) -> Any:
+def teacher_calls(config: Any) -> Optional[Calls]:
     """sft=distill: the teacher writes sft.samples_per_doc summaries per document (summrl.cost's sizing, as its own
     cost guard prints it when the run starts); None without a teacher."""
-    from summrl.cost import Calls
-
     s, t = config.sft, config.trainer
     if s.kind != "distill":
         return None
     calls = Calls(f"teacher {s.teacher.model}", s.teacher.model)
     n_docs = sft_documents(config) or 0  # None: not countable (estimate_run says so; the $ is unknown)
-    sized = sized_documents(t.max_words)
+    docs = sized_documents(t.max_words)
     calls.calls = n_docs * s.samples_per_doc
-    calls.input_tokens = round(calls.calls * sum(d.prompt for d in sized) / len(sized))
+    calls.input_tokens = round(calls.calls * sum(d.prompt for d in docs) / len(docs))
     calls.output_tokens = calls.calls * t.max_summary_tokens
     return calls
 
 
-def judge_calls(config: Any) -> tuple[Any, list[str], list[str], list[str]]:
-    """The judge calls of a whole run (train steps, an SFT stage's scoring, val passes) as one summrl.cost.Calls,
-    where they come from, what is left out, and why their $ can't be known (empty when it can)."""
-    from summrl.cost import Calls
-
+def judge_calls(config: Any) -> tuple[Calls, list[str], list[str], list[str]]:
+    """The judge calls of a whole run (train steps, an SFT stage's scoring, val passes), where they come from, what
+    is left out, and why their $ can't be known (empty when it can)."""
     judge, t, data, s = config.judge, config.trainer, config.dataset, config.sft
     calls = Calls(f"judge {getattr(judge, 'model', judge.kind)}", None if judge.kind in LOCAL_JUDGES else judge.model)
     notes: list[str] = []
@@ -297,7 +229,7 @@ def judge_calls(config: Any) -> tuple[Any, list[str], list[str], list[str]]:
     plan = [("train", train, groups, t.rollouts_per_group, first_train),
             ("sft", train, sft_docs, s.samples_per_doc, 0),
             ("val", val, (val_docs or 0) * passes, t.val_rollouts_per_doc, val_docs or 0)]
-    sized = sized_documents(t.max_words)
+    docs = sized_documents(t.max_words)
     parts = []
     for part, rewards, n_groups, n, firsts in plan:
         if part == "sft" and s.kind == "none":
@@ -306,13 +238,10 @@ def judge_calls(config: Any) -> tuple[Any, list[str], list[str], list[str]]:
             parts.append(f"val unknown ({val_label})")
             continue
         one = Tally()  # the sample's mean per group, and per document scored for the first time
-        for d in sized:
-            one.plus(group_calls(rewards, d, n, t.max_summary_tokens), n_groups / len(sized))
-            one.plus(first_calls(rewards, d), firsts / len(sized))
-        count = round(one.calls)
-        calls.calls += count
-        calls.input_tokens += round(one.input_tokens)
-        calls.output_tokens += round(one.output_tokens)
+        for d in docs:
+            one.plus(group_calls(rewards, d, n, t.max_summary_tokens), n_groups / len(docs))
+            one.plus(first_calls(rewards, d), firsts / len(docs))
+        count = one.into(calls)
         what = val_label if part == "val" else label(rewards)
         parts.append(f"{part} {count:,} ({what})" if count else f"{part} 0 ({what} calls no judge: $0)")
     if hasattr(data, "questions"):  # dataset=documents, inbox: the user's documents, maybe without questions

@@ -11,7 +11,6 @@ import logging
 import math
 import os
 import random
-import resource
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -29,7 +28,7 @@ from summrl.backends import build_backend, internal_config
 from summrl.config import Config
 from summrl.data import Document
 from summrl.facts import hallucinates
-from summrl.job import RunRecord
+from summrl.job import RunRecord, peak_rss_gb
 from summrl.judges import Judge, build_judge
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
@@ -418,8 +417,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                           judge_cost_usd=session.judge_totals.get("judge/cost_usd", 0.0),
                           judge_retries=session.judge_totals.get("judge/retries", 0.0),
                           rollouts=session.missing.record())  # type: ignore[union-attr]
-        # this process's peak resident size so far (Linux reports KB): what the run needs of the machine's memory
-        record.update(peak_rss_gb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2))
+        record.update(peak_rss_gb=peak_rss_gb())
         record.save()
         if backup is not None:
             backup.save_result(config.run.dir)

@@ -26,13 +26,14 @@ import asyncio
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from summrl.job import peak_rss_gb
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_OVERRIDES = [
@@ -108,8 +109,11 @@ async def bench_step(steps: int, repeats: int) -> dict:
                 for algorithm, times in ((grpo, timings), (grpo_kl, kl_timings)):
                     session.config.algorithm = algorithm
                     start = time.perf_counter()
-                    scored, _ = await train_step(session, documents, i)
-                    times.append({"step_s": time.perf_counter() - start, **scored.timings})
+                    scored, result = await train_step(session, documents, i)
+                    # a group whose rollouts scored alike is skipped: train_s depends on how many the rewards left
+                    skipped = result.metrics.get("train/skipped_zero_variance_groups", 0.0) if result else 0.0
+                    times.append({"step_s": time.perf_counter() - start, **scored.timings,
+                                  "groups_trained": len(documents) - int(skipped)})
         finally:
             await session.backend.close()
     median = lambda key, ts=timings: round(statistics.median(t[key] for t in ts), 2)  # noqa: E731
@@ -118,6 +122,10 @@ async def bench_step(steps: int, repeats: int) -> dict:
         "generate_s": median("generate_s"),
         "score_s": median("score_s"),
         "train_s": median("train_s"),
+        # seconds per group trained (steps that trained none left out): comparable across runs whose rewards differ
+        "train_s_per_group": round(statistics.median(
+            [t["train_s"] / t["groups_trained"] for t in timings if t["groups_trained"]] or [0.0]), 2),
+        "groups_trained": [t["groups_trained"] for t in timings],
         "steps": steps,
         "step_times_s": [round(t["step_s"], 2) for t in timings],
         "step_median_s_kl": median("step_s", kl_timings),
@@ -130,8 +138,7 @@ async def bench_step(steps: int, repeats: int) -> dict:
         "batched_speedup": round(statistics.median(batched) / statistics.median(sequential), 2),
         "model_load_s": round(load_s, 1),
         "decode_ms_per_step": round(statistics.median(decode_8), 1) if decode_8 else None,  # 8 rows, median
-        # the process's peak resident size (loading, throughput runs and every step): Linux reports KB
-        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+        "peak_rss_gb": peak_rss_gb(),  # the process's: loading, throughput runs and every step
     }
 
 

@@ -117,9 +117,9 @@ def test_weighted_qa_plus_rubric_trains_offline_on_your_documents_and_logs_terms
     assert questions["generated_documents"] == 10 and questions["written_now"] == 10 and questions["kept"] >= 40
     assert sum(q["kept"] for q in questions["per_document"].values()) == questions["kept"]
     assert f"{questions['kept']} kept" in (run_dir / "train.log").read_text()
-    # result.json records the run's peak resident size (1.0 GB here alone, 3.5 GB in a clean clone's suite run: the
-    # figure is the process's, so it is recorded, not bounded here)
-    assert json.loads((run_dir / "result.json").read_text())["peak_rss_gb"] > 0.3
+    # result.json records the run's own peak resident size (1.0 GB; getrusage's figure, which it used to be, carried
+    # the parent test process's 3.5 GB across fork and exec)
+    assert 0.3 < json.loads((run_dir / "result.json").read_text())["peak_rss_gb"] < 2.0
     rows = history(run_dir / "art" / "summrl" / "models" / "rubric")
     train = next(r for r in rows if "train/reward" in r)
     assert train["train/reward"] == pytest.approx(train["train/reward_qa"] + 0.2 * train["train/reward_rubric"])

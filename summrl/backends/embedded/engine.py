@@ -240,36 +240,6 @@ def _reserved_layer_class() -> type:  # defined on first use: transformers is he
     return ReservedLayer
 
 
-def fuse_lora(model: torch.nn.Module) -> None:
-    """Make each plain LoRA layer of ``model`` add its update into the base layer's output in place.
-
-    peft computes ``result + lora_B(lora_A(x)) * scaling``: three new [tokens, out_features] tensors per layer and
-    call, each a fresh allocation that the kernel zero-fills page by page, and two elementwise passes, forward and
-    backward. One ``addmm_`` into the base output (which the base layer's backward does not read) does the same sum.
-    Anything else (merged or disabled adapters, dropout, several adapters, DoRA) takes peft's own forward."""
-    from peft.tuners.lora.layer import Linear
-
-    for module in model.modules():
-        if type(module) is Linear:
-            module.forward = functools.partial(_fused_lora_forward, module, module.forward)
-
-
-def _fused_lora_forward(module: Any, peft_forward: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    active = module.active_adapters
-    if args or kwargs or module.disable_adapters or module.merged or len(active) != 1:
-        return peft_forward(x, *args, **kwargs)
-    name = active[0]
-    if (name not in module.lora_A or name in module.lora_variant
-            or not isinstance(module.lora_dropout[name], torch.nn.Identity)
-            or x.dtype != module.lora_A[name].weight.dtype):
-        return peft_forward(x, *args, **kwargs)
-    result = module.base_layer(x)
-    down = module.lora_A[name](x)
-    result.view(-1, result.shape[-1]).addmm_(down.view(-1, down.shape[-1]), module.lora_B[name].weight.t(),
-                                             alpha=module.scaling[name])
-    return result
-
-
 @dataclass
 class SamplingParams:
     max_tokens: int = 256
@@ -346,7 +316,6 @@ class Engine:
             LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
         )
-        fuse_lora(self.model)
         self.model.eval()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0

@@ -347,7 +347,8 @@ async def bench_sft(samples: int, max_tokens: int, repeats: int) -> dict:
             "mean_sample_tokens": round(statistics.mean(lengths), 1), "batch_size": config.sft.batch_size}
 
 
-def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], selector: str, step: str) -> dict:
+def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], selector: str, step: str,
+                overrides: tuple[str, ...] = ()) -> dict:
     """``python -m summrl.serve`` as a user starts it, one server per best_of_n: a lone /v1/summarize request (3
     times, median), then ``concurrency`` at once: their latency (p50, p95), the wall time, documents/s, and the
     wall time over one request's (batching's figure: 1 means free, ``concurrency`` means none)."""
@@ -357,10 +358,12 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
 
     documents = [line for line in (ROOT / "summrl" / "data" / "repliqa_sample.jsonl").read_text().splitlines()]
     texts = list(dict.fromkeys(json.loads(line)["document_extracted"] for line in documents))[:concurrency]
-    out: dict = {"run_dir": run_dir, "step": step, "concurrency": concurrency, "selector": selector}
+    out: dict = {"run_dir": run_dir, "step": step, "concurrency": concurrency, "selector": selector,
+                 "overrides": list(overrides)}
     for n in best_of_n:
         log = Path(tempfile.mkdtemp(prefix="summrl-perf-serve-")) / "serve.log"
-        server = ServeProcess(run_dir, [f"step={step}", f"serve.best_of_n={n}", f"serve.selector={selector}"], log)
+        server = ServeProcess(run_dir, [f"step={step}", f"serve.best_of_n={n}", f"serve.selector={selector}",
+                                        *overrides], log)
         url, load_s = server.url, server.load_s
         try:
             async def post(client, text: str) -> float:
@@ -415,6 +418,8 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--concurrency", type=int, default=16)
     serve.add_argument("--best-of-n", type=int, nargs="+", default=[1, 4])
     serve.add_argument("--selector", default="length", help="length needs no judge; ruler measures the judge too")
+    serve.add_argument("overrides", nargs="*", help="more summrl.serve overrides, e.g. backend=embedded "
+                                                    "backend.dtype=bfloat16")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -422,7 +427,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(bench_faults(args.rate, args.seed), indent=2))
         return
     if args.benchmark == "serve":
-        result = bench_serve(args.run_dir, args.concurrency, tuple(args.best_of_n), args.selector, args.step)
+        result = bench_serve(args.run_dir, args.concurrency, tuple(args.best_of_n), args.selector, args.step,
+                             tuple(args.overrides))
         result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
         print(json.dumps(result, indent=2))
         return

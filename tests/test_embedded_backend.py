@@ -320,7 +320,9 @@ def test_seeded_sampling_draws_each_token_from_the_models_distribution(session):
     seeds = [sample_seed(0, "train", 1, docs[0].id, i) for i in range(4)]
     group = engine.generate([engine.encode_chat([{"role": "user", "content": docs[0].text}])] * 4,
                             SamplingParams(max_tokens=12, temperature=1.0), seeds=seeds)
-    assert len({tuple(c.token_ids) for c in group}) == 4
+    # Copies (one seed for the group) would give 1; independent draws from a peaked distribution may still coincide
+    # once (seen: 3 of 4 after a float-rounding change in what earlier tests trained)
+    assert len({tuple(c.token_ids) for c in group}) >= 3
 
 
 @pytest.mark.parametrize("judge_choice", ["local", "embedded"])

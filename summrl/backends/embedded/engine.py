@@ -495,7 +495,7 @@ class Engine:
         from art.loss import loss_fn
 
         metrics = []
-        rows = [{k: v[row : row + 1].to(self.device) for k, v in packed.items() if isinstance(v, torch.Tensor)}
+        rows = [unpadded({k: v[row : row + 1].to(self.device) for k, v in packed.items() if isinstance(v, torch.Tensor)})
                 for row in range(packed["tokens"].shape[0])]
         clipped = tokens = 0
         with self.lock:
@@ -665,6 +665,16 @@ class Engine:
         from peft import get_peft_model_state_dict
 
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+
+
+def unpadded(row: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A packed row [1, length] without its trailing padding (group id -1). ART pads every row to the packed length
+    (the longest group rounded up to 128 tokens); the padding's activations cost time and memory for nothing: its loss
+    is masked out, and the loss divides by the number of completion tokens, not the length."""
+    length = row["tokens"].shape[1]
+    real = (row["group_ids"][0] != -1).nonzero()
+    end = int(real.max()) + 1 if len(real) else 1
+    return {k: v[:, :end] if v.dim() >= 2 and v.shape[1] == length else v for k, v in row.items()}
 
 
 LOGIT_CHUNK_ROWS = 256

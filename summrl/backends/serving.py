@@ -14,6 +14,7 @@ import secrets
 from typing import Any, Optional, Protocol
 
 from summrl.backends import internal_config
+from summrl.backends.embedded.compute import compute
 from summrl.checkpoints import TrainedRun
 
 
@@ -50,7 +51,7 @@ class EmbeddedServer:
         from summrl.backends.embedded.server import Batcher, InferenceServer, build_app
 
         b, m = self.config.backend, self.config.model
-        self._engine = await asyncio.to_thread(
+        self._engine = await compute(
             Engine, base_model=m.base_model, weights=m.weights, lora=m.lora, device=b.device, dtype=b.dtype,
             num_threads=b.num_threads, max_string_chars=b.json_max_string_chars)
         self._batcher = Batcher(self._engine, b.max_batch_size, b.batch_window_ms / 1000)
@@ -64,7 +65,7 @@ class EmbeddedServer:
             return self.config.model.base_model
         assert self.run is not None
         if step != self.step:  # the caller awaits every request of the previous step first
-            await asyncio.to_thread(self._engine.load_checkpoint, self.run.checkpoint(step))
+            await compute(self._engine.load_checkpoint, self.run.checkpoint(step))
             self.step = step
         return f"{self.run.name}@{step}"
 

@@ -29,6 +29,7 @@ from art.types import TrainResult
 from art.utils.get_model_step import get_step_from_dir
 from art.utils.output_dirs import get_model_dir, get_step_checkpoint_dir
 
+from summrl.backends.embedded.compute import compute, on_compute_thread
 from summrl.backends.embedded.engine import Engine, round_up
 from summrl.backends.embedded.server import Batcher, InferenceServer, build_app
 
@@ -64,7 +65,8 @@ class EmbeddedBackend(Backend):
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            self._engine = Engine(
+            self._engine = on_compute_thread(
+                Engine,
                 base_model=self.model_config.base_model,
                 weights=self.model_config.weights,
                 lora=self.model_config.lora,
@@ -129,10 +131,10 @@ class EmbeddedBackend(Backend):
     async def _prepare_backend_for_training(
         self, model: TrainableModel, config: dev.OpenAIServerConfig | None = None
     ) -> tuple[str, str]:
-        engine = await asyncio.to_thread(lambda: self.engine)
+        engine = await compute(lambda: self.engine)
         step = get_step_from_dir(self.model_dir(model))
         if step > 0:  # resume: the adapter and optimizer of the latest checkpoint
-            await asyncio.to_thread(engine.load_checkpoint, Path(get_step_checkpoint_dir(self.model_dir(model), step)))
+            await compute(engine.load_checkpoint, Path(get_step_checkpoint_dir(self.model_dir(model), step)))
         if self._server is None:
             self._batcher = Batcher(engine, self.config.max_batch_size, self.config.batch_window_ms / 1000)
             app = build_app(engine, self._batcher, self._api_key, self._served_models)
@@ -185,14 +187,14 @@ class EmbeddedBackend(Backend):
             kl_penalty_coef=kl_penalty_coef,
         )
         step_metrics: list[dict[str, float]] = []
-        packed = await asyncio.to_thread(self._pack, trainable, scale_rewards, advantage_balance)
+        packed = await compute(self._pack, trainable, scale_rewards, advantage_balance)
         if packed is not None:
-            step_metrics = await asyncio.to_thread(self.engine.train_packed, packed, config, dev_config, reference)
+            step_metrics = await compute(self.engine.train_packed, packed, config, dev_config, reference)
         step = get_step_from_dir(self.model_dir(model)) + 1
         if save_checkpoint:
             directory = Path(get_step_checkpoint_dir(self.model_dir(model), step))
             directory.parent.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(self.engine.save_checkpoint, directory)
+            await compute(self.engine.save_checkpoint, directory)
         metrics = aggregate_rl_training_metrics(
             training_metrics=step_metrics, trajectory_groups=groups, trainer_started=started
         )
@@ -243,16 +245,16 @@ class EmbeddedBackend(Backend):
                          dev_config: Any, verbose: bool = False) -> AsyncIterator[dict[str, float]]:
         """SFT as ART's LocalBackend does it: batches of ``config.batch_size`` trajectories, cross-entropy on the
         assistant tokens, LoRA, then one checkpoint at the next step."""
-        engine = await asyncio.to_thread(lambda: self.engine)
+        engine = await compute(lambda: self.engine)
         samples = [engine.chat_sample(chat_messages(t)) for t in trajectories]
         batch_size = 8 if config.batch_size == "auto" else int(config.batch_size)
         batches = [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]
         rates = config.learning_rate if isinstance(config.learning_rate, list) else [config.learning_rate] * len(batches)
-        metrics = await asyncio.to_thread(engine.train_sft, batches, rates) if batches else []
+        metrics = await compute(engine.train_sft, batches, rates) if batches else []
         step = get_step_from_dir(self.model_dir(model)) + 1
         directory = Path(get_step_checkpoint_dir(self.model_dir(model), step))
         directory.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(engine.save_checkpoint, directory)
+        await compute(engine.save_checkpoint, directory)
         for row in metrics:
             yield row
 

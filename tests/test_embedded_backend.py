@@ -6,6 +6,7 @@ import asyncio
 import gc
 import json
 import subprocess
+import time
 import sys
 import weakref
 from pathlib import Path
@@ -398,8 +399,9 @@ def test_a_gguf_is_dequantized_once_and_every_copy_of_it_loads_the_saved_weights
 
 
 def test_fused_gated_mlp_keeps_less_for_the_backward_pass_and_gives_the_same_gradients():
-    """engine.fuse_gated_mlps: silu(gate) is recomputed in the backward pass instead of kept, so a LoRA model's
-    training forward saves one intermediate-wide activation less per token and layer, and its gradients do not move."""
+    """engine.fuse_gated_mlps: silu(gate) and its product with up are rebuilt in the backward pass instead of kept, so
+    a LoRA model's training forward saves two intermediate-wide activations less per token and layer, and its
+    gradients do not move."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -431,5 +433,35 @@ def test_fused_gated_mlp_keeps_less_for_the_backward_pass_and_gives_the_same_gra
     assert fuse_gated_mlps(model) == 2
     fused_bytes, fused_grads = backward()
     assert all(torch.equal(a, b) for a, b in zip(plain_grads, fused_grads))
-    # one [40, 96] float32 activation less in each of the 2 layers (weights are not counted: frozen ones are saved too)
-    assert plain_bytes - fused_bytes >= 2 * 40 * 96 * 4, (plain_bytes, fused_bytes)
+    # two [40, 96] float32 activations less in each of the 2 layers (parameters are not counted)
+    assert plain_bytes - fused_bytes >= 2 * 2 * 40 * 96 * 4, (plain_bytes, fused_bytes)
+
+
+def test_requests_that_keep_arriving_join_one_batch():
+    """The batcher's window restarts at each arrival: requests posted 20 ms apart with a 30 ms window are one
+    generate call (counted from the first request, the window split them), and a lone request is not held back."""
+    from summrl.backends.embedded.engine import Completion, SamplingParams
+    from summrl.backends.embedded.server import Batcher
+
+    class Engine:  # the batcher's only contract with the engine: generate
+        def generate(self, prompts, params, use_lora=True, seeds=None):
+            return [Completion([1], [0.0], "stop", len(p)) for p in prompts]
+
+    batcher = Batcher(Engine(), max_batch_size=16, window_s=0.03)
+
+    async def post(delay: float, prompt: list[int]) -> float:
+        await asyncio.sleep(delay)
+        start = time.monotonic()
+        await batcher.submit(prompt, SamplingParams(max_tokens=1), use_lora=True)
+        return time.monotonic() - start
+
+    async def arrivals() -> list[float]:
+        return await asyncio.gather(*(post(0.02 * i, [i]) for i in range(6)))
+
+    try:
+        asyncio.run(arrivals())
+        assert batcher.batch_sizes == [6]
+        alone = asyncio.run(post(0.0, [9]))
+        assert batcher.batch_sizes == [6, 1] and alone < 0.25
+    finally:
+        batcher.close()

@@ -597,7 +597,7 @@ class EmbeddedBackendConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "float32"  # float32 | bfloat16 | float16
     num_threads: Optional[int] = None  # torch intra-op threads; null = torch's default
-    max_batch_size: int = 16  # concurrent requests merged into one generate call
+    max_batch_size: int = 64  # concurrent requests (rows) merged into one generate call
     batch_window_ms: float = 100.0  # a batch closes when no request arrived for this long (or 0.5 s after its first)
     packed_sequence_length: Optional[int] = None  # null: the longest packed group, rounded up to 128
     # JSON replies (response_format) are grammar-constrained; free-text strings are capped at this many

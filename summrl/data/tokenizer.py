@@ -17,7 +17,17 @@ from summrl.data.split import DataError
 
 
 def load_tokenizer(model: Any) -> Any:
-    """The tokenizer of ``model`` (a ModelConfig). Raises DataError naming the fix when it can't be had."""
+    """The tokenizer of ``model`` (a ModelConfig). Raises DataError naming the fix when it can't be had.
+
+    Loaded on the compute thread: reading a GGUF runs torch's OpenMP, and a second thread that has (asyncio's worker
+    in summrl.serve) keeps a second team of OpenMP workers, which slowed every later 16-row decode step by 10%
+    (``summrl.backends.embedded.compute`` says why)."""
+    from summrl.backends.embedded.compute import on_compute_thread
+
+    return on_compute_thread(_load_tokenizer, model)
+
+
+def _load_tokenizer(model: Any) -> Any:
     from transformers import AutoTokenizer
 
     source, kwargs = model.base_model, {}

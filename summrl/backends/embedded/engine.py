@@ -2,7 +2,7 @@
 
 Generation shares work the way a group's rollouts allow it: requests that arrive together are run
 as one ``generate`` call, and requests with the same prompt (a group's rollouts) share one prefill
-whose KV cache is copied to each row. Training reuses ART's preprocessing (tokenize and pack, one
+and one copy of its KV cache, which all their rows attend to. Training reuses ART's preprocessing (tokenize and pack, one
 shared prompt per group) and ART's loss; it computes the vocabulary projection only at completion
 positions, which is where the loss needs log-probabilities.
 """
@@ -48,13 +48,16 @@ def resolve_device(name: str) -> torch.device:
 ATTENTION = "sdpa_gqa"
 
 
-def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+              shared_prefix: Optional["SharedPrefix"] = None, **kwargs):
     """SDPA that shares each key/value head across its query heads (``enable_gqa``), with or without a mask.
 
     transformers' own SDPA path copies the KV cache to every query head whenever a mask is given
     (``repeat_kv``); with a batch of padded prompts that copy dominated decoding time on CPU.
     """
     if query.shape[2] == 1 and not torch.is_grad_enabled():
+        if shared_prefix is not None:
+            return _shared_prefix_attention(query, key, value, shared_prefix, module.layer_idx, scaling), None
         return _decode_attention(query, key, value, attention_mask, scaling), None
     causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
     out = torch.nn.functional.scaled_dot_product_attention(
@@ -78,6 +81,72 @@ def _decode_attention(query, key, value, attention_mask, scaling) -> torch.Tenso
                   else scores + attention_mask)
     out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [batch, kv_heads, group, dim]
     return out.view(batch, 1, heads, dim)
+
+
+@dataclass
+class SharedPrefix:
+    """The prompts' keys and values during decoding, stored once per distinct prompt however many rows sample it.
+
+    A group's rollouts (or best-of-N's samples) share one prompt of about 480 tokens and add at most ``max_tokens``
+    of their own. Copied to every row, the prompt's cache was read once per row at every decode step: at 64 rows that
+    read was most of the step. Here each prompt's rows attend to it as one block of queries, and to their own tokens
+    (the rows' cache) separately; the two softmaxes are merged by their log-sum-exps.
+    """
+
+    keys: list[torch.Tensor]  # per layer: [prompts, kv_heads, width - 1, dim], each prompt but its last token,
+    values: list[torch.Tensor]  # left-padded to the longest
+    mask: Optional[torch.Tensor]  # [prompts, 1, 1, width - 1], True at a prompt's tokens; None: no prompt is padded
+    slot: torch.Tensor  # [rows]: the row's place among the prompts' blocks, prompt * per_prompt + its rank there
+    per_prompt: int  # the most rows that sample one prompt
+
+    @classmethod
+    def layout(cls, row_of: list[int], prompts: int) -> tuple[torch.Tensor, int]:
+        ranks, counts = [], [0] * prompts
+        for prompt in row_of:
+            ranks.append(counts[prompt])
+            counts[prompt] += 1
+        per_prompt = max(counts)
+        return torch.tensor([p * per_prompt + r for p, r in zip(row_of, ranks)]), per_prompt
+
+
+def _attend(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scores) @ values, and the scores' log-sum-exp, by which it merges with attention over other keys.
+
+    A query whose every key is masked gets zeros and a log-sum-exp of -inf (a weight of 0 in the merge), not NaN."""
+    top = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(scores.dtype).min)
+    weights = torch.exp(scores - top)
+    total = weights.sum(-1, keepdim=True)
+    return torch.matmul(weights, values) / total.clamp(min=torch.finfo(scores.dtype).tiny), top + total.log()
+
+
+def _shared_prefix_attention(query, key, value, prefix: SharedPrefix, layer: int, scaling) -> torch.Tensor:
+    """One new token's attention over its prompt (``prefix``, shared) and its row's own tokens (``key``/``value``)."""
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    scale = dim**-0.5 if scaling is None else scaling
+    q = query.view(rows, kv_heads, group, dim)  # query head h reads key/value head h // group
+    out, lse = _attend(torch.matmul(q, key.transpose(-1, -2)) * scale, value)  # [rows, kv_heads, group, dim | 1]
+    prompt_keys, prompt_values = prefix.keys[layer], prefix.values[layer]
+    prompts, _, length, _ = prompt_keys.shape
+    if length == 0:
+        return out.view(rows, 1, heads, dim)
+    per = prefix.per_prompt
+    blocks = q.new_zeros(prompts * per, kv_heads, group, dim).index_copy_(0, prefix.slot, q)
+    blocks = blocks.view(prompts, per, kv_heads, group, dim).transpose(1, 2).reshape(prompts, kv_heads, per * group, dim)
+    scores = torch.matmul(blocks, prompt_keys.transpose(-1, -2)) * scale  # [prompts, kv_heads, per * group, length]
+    if prefix.mask is not None:
+        scores = scores.masked_fill(~prefix.mask, -math.inf)
+    shared_out, shared_lse = _attend(scores, prompt_values)
+
+    def to_rows(t: torch.Tensor) -> torch.Tensor:
+        t = t.view(prompts, kv_heads, per, group, t.shape[-1]).transpose(1, 2)
+        return t.reshape(prompts * per, kv_heads, group, t.shape[-1]).index_select(0, prefix.slot)
+
+    shared_out, shared_lse = to_rows(shared_out), to_rows(shared_lse)
+    both = torch.logaddexp(lse, shared_lse)
+    out = torch.exp(lse - both) * out + torch.exp(shared_lse - both) * shared_out
+    return out.view(rows, 1, heads, dim)
 
 
 def _register_attention() -> None:
@@ -305,32 +374,33 @@ class SamplingParams:
 
 
 class RowSeededSampling:
-    """A logits processor that makes greedy decoding sample, each row from its own ``torch.Generator``.
+    """Draws each row's next token from softmax(scores) with the row's own ``torch.Generator``.
 
-    Each row draws its token from softmax(scores) with its own generator and leaves only that token
-    finite, so greedy decoding picks it: a seeded request gets the same tokens whatever else shares its
-    batch (the OpenAI ``seed`` parameter, as vLLM honours it).
+    A seeded request gets the same tokens whatever else shares its batch (the OpenAI ``seed`` parameter, as vLLM
+    honours it).
     """
 
     def __init__(self, seeds: list[int]) -> None:
         self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # Inverse-CDF sampling: one uniform draw per row against the cumulative distribution (float64, so that even
-        # a token of probability 1e-12 keeps its share). torch.multinomial drew an exponential for every vocabulary
-        # entry instead: 0.8 ms a row, 7% of a decode step.
-        probs = torch.softmax(scores.double(), dim=-1).cpu()
-        cdf = probs.cumsum(dim=-1)
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+        """The drawn token of each row, [rows]."""
+        # Inverse-CDF sampling: one uniform draw per row against the cumulative sum of exp(score - max), the
+        # unnormalized distribution. The sum is accumulated in float64, so that even a token of probability 1e-12
+        # keeps its share; the exponentials are float32 (down to 1e-38), which took a third of the time of a float64
+        # softmax. torch.multinomial drew an exponential for every vocabulary entry instead: 0.8 ms a row, 7% of a
+        # decode step.
+        weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).cpu()
+        cdf = weights.cumsum(dim=-1, dtype=torch.float64)
         draws = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
         picked = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
-        picked = picked.clamp(max=probs.shape[1] - 1)
+        picked = picked.clamp(max=weights.shape[1] - 1)
         # float rounding at the very top of the CDF could land on a trailing token of probability 0: take the last
         # token that can be drawn instead
-        impossible = probs.gather(1, picked.unsqueeze(1)).squeeze(1) == 0
+        impossible = weights.gather(1, picked.unsqueeze(1)).squeeze(1) == 0
         for row in impossible.nonzero().flatten().tolist():
-            picked[row] = int(probs[row].nonzero().max())
-        out = torch.full_like(scores, -math.inf)
-        return out.scatter_(1, picked.to(scores.device).unsqueeze(1), 0.0)
+            picked[row] = int(weights[row].nonzero().max())
+        return picked.to(scores.device)
 
 
 @dataclass
@@ -455,16 +525,15 @@ class Engine:
                 release_freed()  # the KV caches' arena memory, before anything else runs
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[Completion]:
-        from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
         unique: list[tuple[int, ...]] = list(dict.fromkeys(tuple(p) for p in prompts))
         row_of = [unique.index(tuple(p)) for p in prompts]
         width = max(len(p) for p in unique)
         pad = self.tokenizer.pad_token_id
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = self._prefill(unique, row_of, width, params.max_tokens)
+        position = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        cache, prefix = self._prefill(unique, row_of, width, params.max_tokens)
         processors = LogitsProcessorList()
         if params.response_format:
             from xgrammar.contrib.hf import LogitsProcessor as GrammarProcessor
@@ -474,8 +543,8 @@ class Engine:
             processors.append(TemperatureLogitsWarper(params.temperature))
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
-            processors.append(RowSeededSampling(seeds))
-        tokens, logprobs = self._decode(ids, mask, position_ids[:, -1], cache, processors, params.max_tokens,
+        sample = RowSeededSampling(seeds) if params.temperature > 0 else None
+        tokens, logprobs = self._decode(ids, position, cache, prefix, processors, sample, params.max_tokens,
                                         len(prompts))
         completions = []
         for row, prompt_row in enumerate(row_of):
@@ -491,68 +560,77 @@ class Engine:
             )
         return completions
 
-    def _prefill(self, unique: list[tuple[int, ...]], row_of: list[int], width: int, reserve_tokens: int) -> Any:
-        """The KV cache of every prompt but its last token, left-padded to ``width - 1`` positions, with room for
-        ``reserve_tokens`` more: one row per request, one forward pass per distinct prompt.
+    def _prefill(self, unique: list[tuple[int, ...]], row_of: list[int], width: int,
+                 reserve_tokens: int) -> tuple[Any, SharedPrefix]:
+        """The decode step's caches: each distinct prompt's keys and values but its last token, stored once
+        (``SharedPrefix``), and an empty cache per row with room for ``reserve_tokens``, its own tokens to come.
 
-        Each distinct prompt is run alone (the decoder only: no logits are needed there) and its keys and values are
-        copied into the batch's cache, to every row that shares it. Batched over padded prompts, the same work took
-        10.7 s for 16 documents of about 480 tokens that alone take 0.5 s each on 2 cores: the padding mask takes
-        attention off its causal fast path, and the batch's activations do not stay in cache. Run alone, a prompt
-        is also computed as the training forward computes it."""
+        Each distinct prompt is run alone (the decoder only: no logits are needed there). Batched over padded
+        prompts, the same work took 10.7 s for 16 documents of about 480 tokens that alone take 0.5 s each on 2
+        cores: the padding mask takes attention off its causal fast path, and the batch's activations do not stay in
+        cache. Run alone, a prompt is also computed as the training forward computes it."""
         from transformers import DynamicCache
 
         decoder = self.model.get_base_model().model
-        buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for prompt_index, prompt in enumerate(unique):
+        config = decoder.config
+        kv_heads = config.num_key_value_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dtype = next(decoder.parameters()).dtype
+        layers = config.num_hidden_layers
+
+        def empty(count: int, length: int) -> list[torch.Tensor]:
+            return [torch.zeros(count, kv_heads, length, dim, dtype=dtype, device=self.device) for _ in range(layers)]
+
+        prompt_keys, prompt_values = empty(len(unique), width - 1), empty(len(unique), width - 1)
+        for index, prompt in enumerate(unique):
             if len(prompt) < 2:
                 continue
             alone = DynamicCache()
             decoder(input_ids=torch.tensor([prompt[:-1]], device=self.device), past_key_values=alone, use_cache=True)
-            rows = torch.tensor([r for r, p in enumerate(row_of) if p == prompt_index], device=self.device)
-            for layer_index, layer in enumerate(alone.layers):
-                if layer_index == len(buffers):
-                    heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
-                    shape = (len(row_of), heads, width - 1 + reserve_tokens, dim)
-                    buffers.append((layer.keys.new_zeros(shape), layer.values.new_zeros(shape)))
-                keys, values = buffers[layer_index]
-                keys[rows, :, width - len(prompt): width - 1] = layer.keys
-                values[rows, :, width - len(prompt): width - 1] = layer.values
+            for layer, computed in enumerate(alone.layers):
+                prompt_keys[layer][index, :, width - len(prompt):] = computed.keys[0]
+                prompt_values[layer][index, :, width - len(prompt):] = computed.values[0]
             del alone
+        mask = None
+        if any(len(p) < width for p in unique):
+            mask = torch.tensor([[False] * (width - len(p)) + [True] * (len(p) - 1) for p in unique],
+                                device=self.device)[:, None, None, :]
+        slot, per_prompt = SharedPrefix.layout(row_of, len(unique))
+        prefix = SharedPrefix(prompt_keys, prompt_values, mask, slot.to(self.device), per_prompt)
+        # the rows' own tokens: only what was written is read (the prompts' padding must be zeros: a masked key's
+        # weight is 0, and 0 * NaN is not)
+        own = (len(row_of), kv_heads, reserve_tokens, dim)
+        own_keys = [torch.empty(own, dtype=dtype, device=self.device) for _ in range(layers)]
+        own_values = [torch.empty(own, dtype=dtype, device=self.device) for _ in range(layers)]
         cache = DynamicCache()
         ReservedLayer = _reserved_layer_class()
-        cache.layers = [ReservedLayer(keys, values, width - 1) for keys, values in buffers]
-        return cache
+        cache.layers = [ReservedLayer(keys, values, 0) for keys, values in zip(own_keys, own_values)]
+        return cache, prefix
 
-    def _decode(self, input_ids: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, cache: Any,
-                processors: Any, max_tokens: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode(self, input_ids: torch.Tensor, position: torch.Tensor, cache: Any, prefix: SharedPrefix,
+                processors: Any, sample: Optional[RowSeededSampling], max_tokens: int,
+                rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode up to ``max_tokens`` per row from a prefilled cache: (tokens, log-probabilities), [rows, steps].
 
-        The loop ``generate()`` runs for greedy search over processed scores (``RowSeededSampling`` makes it a per-row
-        sample), without its per-step bookkeeping: the same tokens. Each token's log-probability is taken under the
+        The loop ``generate()`` runs over processed scores (``sample`` draws from them; None: greedy), without its
+        per-step bookkeeping: the same tokens. Each token's log-probability is taken under the
         model's own distribution (before temperature), as vLLM reports it, when its step ends rather than from every
         step's full-vocabulary logits kept to the end (8 rows x 128 steps of SmolLM2's vocabulary: 200 MB).
+        The first step feeds each prompt's last token; the prompts' padding is masked in ``prefix``, so the rows'
+        own tokens need no mask.
         """
         pad = self.tokenizer.pad_token_id
         eos = torch.tensor(self.eos_ids, device=self.device)
         running = torch.ones(rows, dtype=torch.bool, device=self.device)
         last = input_ids[:, -1]
-        # The attention mask of every step at once, as transformers would build it ([rows, 1, 1, keys], True where a
-        # key may be attended), sliced per step: building it at each step cost 2-3 ms of a 16-row step. None when
-        # no row is padded, as transformers leaves it.
-        width = mask.shape[1]
-        keys = None
-        if not bool(mask.all()):
-            keys = torch.ones(rows, 1, 1, width + max_tokens, dtype=torch.bool, device=self.device)
-            keys[:, 0, 0, :width] = mask.bool()
         tokens, logprobs, times = [], [], [time.perf_counter()]
         for step in range(max_tokens):
-            logits = self.model(input_ids=last[:, None], attention_mask=None if keys is None else keys[..., :width + step],
-                                position_ids=position[:, None], past_key_values=cache, use_cache=True,
-                                logits_to_keep=1).logits[:, -1].float()
-            picked = processors(input_ids, logits.clone()).argmax(-1)
+            logits = self.model(input_ids=last[:, None], position_ids=position[:, None], past_key_values=cache,
+                                use_cache=True, logits_to_keep=1, shared_prefix=prefix).logits[:, -1].float()
+            scores = processors(input_ids, logits.clone()) if processors else logits
+            picked = sample(scores) if sample is not None else scores.argmax(-1)
             picked = torch.where(running, picked, pad)  # a finished row is padded, as generate() pads it
-            logprobs.append(torch.log_softmax(logits, dim=-1).gather(1, picked[:, None]).squeeze(1))
+            logprobs.append(logits.gather(1, picked[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1))
             tokens.append(picked)
             running &= ~torch.isin(picked, eos)
             times.append(time.perf_counter())

@@ -61,6 +61,10 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             assert bad.status_code == 400 and "bad request" in bad.json()["error"]["message"]
             missing = httpx.post(f"{served.url}/v1/summarize", json={"text": "x"}, timeout=30)
             assert missing.status_code == 400 and "document" in missing.json()["error"]["message"]
+            # what `curl -d '{"document": ...}'` sends, as the README shows it: JSON under a form Content-Type
+            as_curl = httpx.post(f"{served.url}/v1/summarize", content=json.dumps({"document": document}).encode(),
+                                 headers={"content-type": "application/x-www-form-urlencoded"}, timeout=120)
+            assert as_curl.status_code == 200 and as_curl.json()["summary"], as_curl.text
             long = summarize(served.url, " ".join(["word"] * 200), key=None)
             assert long.status_code == 413 and "serve.max_document_tokens=64" in long.json()["error"]["message"]
 

@@ -19,7 +19,7 @@ from typing import Any, Optional, Union
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from summrl.checkpoints import checkpoint_steps, resolve_step
 from summrl.config import RubricRewardConfig, RulerRewardConfig
@@ -250,11 +250,17 @@ def build_app(service: Service) -> FastAPI:
                                             "step": service.step}]}
 
     @app.post("/v1/summarize")
-    async def summarize(request: SummarizeRequest, authorization: Optional[str] = Header(default=None)) -> dict:
+    async def summarize(request: Request, authorization: Optional[str] = Header(default=None)) -> dict:
         authorize(authorization)
+        # JSON whatever the Content-Type says: `curl -d '{"document": ...}'`, as the README shows it, sends
+        # application/x-www-form-urlencoded
+        try:
+            parsed = SummarizeRequest.model_validate_json(await request.body())
+        except ValidationError as e:
+            raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in e.errors()]) from None
         await service.enter()
         try:
-            return await service.summarize(request)
+            return await service.summarize(parsed)
         finally:
             service.leave()
 

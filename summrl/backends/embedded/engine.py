@@ -99,8 +99,8 @@ class SharedPrefix:
     slot: torch.Tensor  # [rows]: the row's place among the prompts' blocks, prompt * per_prompt + its rank there
     per_prompt: int  # the most rows that sample one prompt
 
-    @classmethod
-    def layout(cls, row_of: list[int], prompts: int) -> tuple[torch.Tensor, int]:
+    @staticmethod
+    def layout(row_of: list[int], prompts: int) -> tuple[torch.Tensor, int]:
         ranks, counts = [], [0] * prompts
         for prompt in row_of:
             ranks.append(counts[prompt])
@@ -590,10 +590,10 @@ class Engine:
         dtype = next(decoder.parameters()).dtype
         layers = config.num_hidden_layers
 
-        def empty(count: int, length: int) -> list[torch.Tensor]:
+        def zeros(count: int, length: int) -> list[torch.Tensor]:
             return [torch.zeros(count, kv_heads, length, dim, dtype=dtype, device=self.device) for _ in range(layers)]
 
-        prompt_keys, prompt_values = empty(len(unique), width - 1), empty(len(unique), width - 1)
+        prompt_keys, prompt_values = zeros(len(unique), width - 1), zeros(len(unique), width - 1)
         for index, prompt in enumerate(unique):
             if len(prompt) < 2:
                 continue
@@ -636,7 +636,7 @@ class Engine:
         running = torch.ones(rows, dtype=torch.bool, device=self.device)
         last = input_ids[:, -1]
         tokens, logprobs, times = [], [], [time.perf_counter()]
-        for step in range(max_tokens):
+        for _ in range(max_tokens):
             logits = self.model(input_ids=last[:, None], position_ids=position[:, None], past_key_values=cache,
                                 use_cache=True, logits_to_keep=1, shared_prefix=prefix).logits[:, -1].float()
             scores = processors(input_ids, logits.clone()) if processors else logits

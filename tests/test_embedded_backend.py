@@ -438,10 +438,10 @@ def test_fused_gated_mlp_keeps_less_for_the_backward_pass_and_gives_the_same_gra
 
 
 def test_rows_that_share_a_prompt_attend_to_one_copy_of_it_as_if_each_had_its_own():
-    """engine.SharedPrefix: a prompt's keys and values are stored once for all the rows sampled from it, and each row's
+    """attention.SharedPrefix: a prompt's keys and values are stored once for all the rows sampled from it, and each row's
     attention over (its prompt, its own tokens) equals attention over its own full cache, as before. Uneven rows per
     prompt, rows out of prompt order, a left-padded prompt and a prompt with nothing before its last token."""
-    from summrl.backends.embedded.engine import SharedPrefix, _decode_attention, _shared_prefix_attention
+    from summrl.backends.embedded.attention import SharedPrefix, _decode_attention, _shared_prefix_attention
 
     torch.manual_seed(0)
     kv_heads, group, dim, width, own = 2, 3, 8, 6, 4

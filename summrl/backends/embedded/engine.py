@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from summrl.backends.embedded.attention import ATTENTION, PackedRuns, SharedPrefix, register_attention
+from summrl.backends.embedded.linear import Linears, onednn_usable
 from summrl.data import resolve_path
 
 # peft looks the base model up again at every save_pretrained to see whether the vocabulary changed; offline, or
@@ -43,118 +45,6 @@ def resolve_device(name: str) -> torch.device:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
-
-
-ATTENTION = "sdpa_gqa"
-
-
-def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-              shared_prefix: Optional["SharedPrefix"] = None, **kwargs):
-    """SDPA that shares each key/value head across its query heads (``enable_gqa``), with or without a mask.
-
-    transformers' own SDPA path copies the KV cache to every query head whenever a mask is given
-    (``repeat_kv``); with a batch of padded prompts that copy dominated decoding time on CPU.
-    """
-    if query.shape[2] == 1 and not torch.is_grad_enabled():
-        if shared_prefix is not None:
-            return _shared_prefix_attention(query, key, value, shared_prefix, module.layer_idx, scaling), None
-        return _decode_attention(query, key, value, attention_mask, scaling), None
-    causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout if module.training else 0.0,
-        scale=scaling, is_causal=causal, enable_gqa=True,
-    )
-    return out.transpose(1, 2).contiguous(), None
-
-
-def _decode_attention(query, key, value, attention_mask, scaling) -> torch.Tensor:
-    """One new token's attention as two batched matmuls, each key/value head shared by its group of query heads.
-
-    SDPA's CPU kernel is built for long queries: for a single query position it took 14 of SmolLM2's 87 ms per decode
-    step of 8 rows; these matmuls compute the same softmax(q k^T / sqrt(d)) v in a fraction of that."""
-    batch, heads, _, dim = query.shape
-    kv_heads = key.shape[1]
-    q = query.view(batch, kv_heads, heads // kv_heads, dim)  # query head h reads key/value head h // group
-    scores = torch.matmul(q, key.transpose(-1, -2)) * (dim**-0.5 if scaling is None else scaling)
-    if attention_mask is not None:  # [batch, 1, 1, keys]: True (or 0.0) where a key may be attended
-        scores = (scores.masked_fill(~attention_mask, -math.inf) if attention_mask.dtype == torch.bool
-                  else scores + attention_mask)
-    out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [batch, kv_heads, group, dim]
-    return out.view(batch, 1, heads, dim)
-
-
-@dataclass
-class SharedPrefix:
-    """The prompts' keys and values during decoding, stored once per distinct prompt however many rows sample it.
-
-    A group's rollouts (or best-of-N's samples) share one prompt of about 480 tokens and add at most ``max_tokens``
-    of their own. Copied to every row, the prompt's cache was read once per row at every decode step: at 64 rows that
-    read was most of the step. Here each prompt's rows attend to it as one block of queries, and to their own tokens
-    (the rows' cache) separately; the two softmaxes are merged by their log-sum-exps.
-    """
-
-    keys: list[torch.Tensor]  # per layer: [prompts, kv_heads, width - 1, dim], each prompt but its last token,
-    values: list[torch.Tensor]  # left-padded to the longest
-    mask: Optional[torch.Tensor]  # [prompts, 1, 1, width - 1], True at a prompt's tokens; None: no prompt is padded
-    slot: torch.Tensor  # [rows]: the row's place among the prompts' blocks, prompt * per_prompt + its rank there
-    per_prompt: int  # the most rows that sample one prompt
-
-    @staticmethod
-    def layout(row_of: list[int], prompts: int) -> tuple[torch.Tensor, int]:
-        ranks, counts = [], [0] * prompts
-        for prompt in row_of:
-            ranks.append(counts[prompt])
-            counts[prompt] += 1
-        per_prompt = max(counts)
-        return torch.tensor([p * per_prompt + r for p, r in zip(row_of, ranks)]), per_prompt
-
-
-def _attend(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(scores) @ values, and the scores' log-sum-exp, by which it merges with attention over other keys.
-
-    A query whose every key is masked gets zeros and a log-sum-exp of -inf (a weight of 0 in the merge), not NaN."""
-    top = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(scores.dtype).min)
-    weights = torch.exp(scores - top)
-    total = weights.sum(-1, keepdim=True)
-    return torch.matmul(weights, values) / total.clamp(min=torch.finfo(scores.dtype).tiny), top + total.log()
-
-
-def _shared_prefix_attention(query, key, value, prefix: SharedPrefix, layer: int, scaling) -> torch.Tensor:
-    """One new token's attention over its prompt (``prefix``, shared) and its row's own tokens (``key``/``value``)."""
-    rows, heads, _, dim = query.shape
-    kv_heads = key.shape[1]
-    group = heads // kv_heads
-    scale = dim**-0.5 if scaling is None else scaling
-    q = query.view(rows, kv_heads, group, dim)  # query head h reads key/value head h // group
-    out, lse = _attend(torch.matmul(q, key.transpose(-1, -2)) * scale, value)  # [rows, kv_heads, group, dim | 1]
-    prompt_keys, prompt_values = prefix.keys[layer], prefix.values[layer]
-    prompts, _, length, _ = prompt_keys.shape
-    if length == 0:
-        return out.view(rows, 1, heads, dim)
-    per = prefix.per_prompt
-    blocks = q.new_zeros(prompts * per, kv_heads, group, dim).index_copy_(0, prefix.slot, q)
-    blocks = blocks.view(prompts, per, kv_heads, group, dim).transpose(1, 2).reshape(prompts, kv_heads, per * group, dim)
-    scores = torch.matmul(blocks, prompt_keys.transpose(-1, -2)) * scale  # [prompts, kv_heads, per * group, length]
-    if prefix.mask is not None:
-        scores = scores.masked_fill(~prefix.mask, -math.inf)
-    shared_out, shared_lse = _attend(scores, prompt_values)
-
-    def to_rows(t: torch.Tensor) -> torch.Tensor:
-        t = t.view(prompts, kv_heads, per, group, t.shape[-1]).transpose(1, 2)
-        return t.reshape(prompts * per, kv_heads, group, t.shape[-1]).index_select(0, prefix.slot)
-
-    shared_out, shared_lse = to_rows(shared_out), to_rows(shared_lse)
-    both = torch.logaddexp(lse, shared_lse)
-    out = torch.exp(lse - both) * out + torch.exp(shared_lse - both) * shared_out
-    return out.view(rows, 1, heads, dim)
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ATTENTION, _sdpa_gqa)
-    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 def dequantized_cache(gguf: Path, dtype: torch.dtype) -> Path:
@@ -196,7 +86,7 @@ def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    _register_attention()
+    register_attention()
     kwargs: dict[str, Any] = {}
     cache: Optional[Path] = None
     if weights:
@@ -293,8 +183,7 @@ def fuse_gated_mlps(model: torch.nn.Module) -> int:
     return fused
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-GENERATE_MMAP_THRESHOLD = 4 * 1024 * 1024
-TRAIN_MMAP_THRESHOLD = 128 * 1024
+MMAP_THRESHOLD = 4 * 1024 * 1024
 
 
 def _glibc() -> Any:
@@ -315,9 +204,13 @@ def mmap_threshold(size: int) -> None:
     ones come from heap arenas, which keep what is freed. By default the threshold rises to the size of each freed
     mapping (up to 32 MB), so after the first step the large tensors of generation and training land in the arenas
     and the resident size grew with every step: experiment=local measured 0.8 GB loaded, 6.5 GB after step 1, 9.0 GB
-    after step 2, 12 GB by step 16. A fixed threshold stops that. Training (large activations and gradients, freed at
-    once) runs at 128 KB; generation, whose KV cache is reallocated at every decode step, at 4 MB (at 128 KB each of
-    those allocations is an mmap and generation took 65% longer), and its arenas are trimmed when it ends."""
+    after step 2, 12 GB by step 16. A fixed threshold stops that rise, and ``release_freed`` gives the arenas back
+    after each generate call and each trained row.
+
+    The threshold is 4 MB. Below it a row's tensors reuse the arena memory its earlier tensors freed; each mapping is
+    page-faulted in afresh (a 992-token row allocates about 4.5 GB over its forward and backward passes): with a
+    128 KB threshold training took 10.1 s where 4 MB takes 7.3 s (one fixed 2-group batch), at a peak of 2.41 and
+    2.87 GB. Generation reallocates its caches at every decode step: 65% slower at 128 KB."""
     libc = _glibc()
     if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, size)
@@ -451,6 +344,8 @@ class Engine:
                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
         )
         fuse_gated_mlps(self.model)
+        # the frozen products on oneDNN where it runs (a CPU); elsewhere PyTorch's own
+        self.linears = Linears(self.model) if onednn_usable(self.device, self.dtype) else None
         self.model.eval()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0
@@ -494,11 +389,17 @@ class Engine:
         return self._grammars[response_format]
 
     def _set_merged(self, merged: bool) -> None:
+        if merged != self._merged:
+            self._unpack()  # the packed copies are of the weights as they are now
         if merged and not self._merged:
             self.model.merge_adapter()
         elif not merged and self._merged:
             self.model.unmerge_adapter()
         self._merged = merged
+
+    def _unpack(self) -> None:
+        if self.linears is not None:
+            self.linears.unpack()
 
     def _eos_ids(self) -> list[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -526,9 +427,11 @@ class Engine:
         # Unseeded rows still get their own generator, seeded from the global one: one sampling path.
         seeds = [int(torch.randint(2**62, ())) if seed is None else seed for seed in seeds]
         with self.lock:
-            mmap_threshold(GENERATE_MMAP_THRESHOLD)
+            mmap_threshold(MMAP_THRESHOLD)
             try:
                 self._set_merged(use_lora)
+                if self.linears is not None:
+                    self.linears.pack()
                 if use_lora:
                     return self._generate(prompts, params, seeds)
                 with self.model.disable_adapter():
@@ -677,8 +580,9 @@ class Engine:
                 for row in range(packed["tokens"].shape[0])]
         clipped = tokens = 0
         with self.lock:
-            mmap_threshold(TRAIN_MMAP_THRESHOLD)
+            mmap_threshold(MMAP_THRESHOLD)
             self._set_merged(False)
+            self._unpack()  # sampling's packed weights: not needed to train, and out of training's peak
             refs = self._reference_logprobs(rows, reference) if dev_config.get("kl_penalty_coef", 0.0) > 0 else None
             self.model.train()
             try:
@@ -693,6 +597,7 @@ class Engine:
                         [p for p in self.model.parameters() if p.requires_grad], max_norm=1.0
                     )
                     self.optimizer.step()
+                    release_freed()  # the row's activations: the next row would not fit its own among them
                     row_clipped, row_tokens = clip_counts(inputs, new_logprobs.detach(), dev_config)
                     clipped, tokens = clipped + row_clipped, tokens + row_tokens
                     step_metrics = {
@@ -736,12 +641,17 @@ class Engine:
         and its group's shared prompt (ART's group_ids / parent_ids).
         """
         tokens, group_ids, parent_ids = inputs["tokens"], inputs["group_ids"], inputs["parent_ids"]
-        seq_len = tokens.shape[1]
-        causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=tokens.device).tril()
-        same = (group_ids.unsqueeze(2) == group_ids.unsqueeze(1)) | (parent_ids.unsqueeze(2) == group_ids.unsqueeze(1))
-        attention = (causal & same).unsqueeze(1)  # [B, 1, S, S], True = may attend
+        runs = PackedRuns.of(group_ids, parent_ids)  # the same attention, a run at a time
+        attention = None
+        if runs is None:
+            seq_len = tokens.shape[1]
+            causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=tokens.device).tril()
+            same = ((group_ids.unsqueeze(2) == group_ids.unsqueeze(1))
+                    | (parent_ids.unsqueeze(2) == group_ids.unsqueeze(1)))
+            attention = (causal & same).unsqueeze(1)  # [B, 1, S, S], True = may attend
         hidden = self.model.get_base_model().model(
-            input_ids=tokens, attention_mask=attention, position_ids=inputs["input_pos"], use_cache=False
+            input_ids=tokens, attention_mask=attention, position_ids=inputs["input_pos"], use_cache=False,
+            packed_runs=runs,
         ).last_hidden_state
         needed = torch.nn.functional.pad(inputs["assistant_mask"][:, 1:], (0, 1), value=False)
         next_tokens = torch.nn.functional.pad(tokens[:, 1:], (0, 1), value=0)
@@ -780,8 +690,9 @@ class Engine:
         """One AdamW step per batch on the LoRA weights: cross-entropy on the assistant tokens only."""
         metrics = []
         with self.lock:
-            mmap_threshold(TRAIN_MMAP_THRESHOLD)
+            mmap_threshold(MMAP_THRESHOLD)
             self._set_merged(False)
+            self._unpack()  # sampling's packed weights: not needed to train, and out of training's peak
             self.model.train()
             try:
                 for batch, lr in zip(batches, learning_rates):
@@ -796,6 +707,7 @@ class Engine:
                     for sample in batch:
                         part = self.completion_nll([sample], tokens)
                         part.backward()
+                        release_freed()
                         loss += float(part.detach())
                     grad_norm = torch.nn.utils.clip_grad_norm_(
                         [p for p in self.model.parameters() if p.requires_grad], max_norm=1.0
@@ -861,20 +773,52 @@ LOGIT_CHUNK_ROWS = 256
 def token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target) for each row of ``hidden`` [rows, dim] under the output projection ``head``.
 
-    The [rows, vocabulary] logits exist for one chunk of rows at a time, and with gradients each chunk is recomputed
-    in the backward pass (checkpointed) rather than kept: for SmolLM2's 49k vocabulary a group of 4 x 128 completion
-    tokens held about 100 MB per copy of its logits, and the loss kept three (logits, log-softmax and its gradient).
-    """
-    def chunk(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        logits = head(h).float()
-        return logits.gather(1, t.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=-1)
-
-    parts = zip(hidden.split(LOGIT_CHUNK_ROWS), targets.split(LOGIT_CHUNK_ROWS))
-    if not torch.is_grad_enabled():
-        return torch.cat([chunk(h, t) for h, t in parts])
+    The [rows, vocabulary] logits exist for one chunk of rows at a time: for SmolLM2's 49k vocabulary a group of
+    4 x 128 completion tokens held about 100 MB per copy of its logits, and autograd's loss kept three (logits,
+    log-softmax and its gradient). With gradients, a frozen linear head's chunk also makes its rows' gradient with
+    respect to the hidden state while its logits exist (``_TokenLogprobs``; recomputing them in the backward pass cost
+    a third product with the head and four more passes over the logits); any other head's chunk is recomputed in the
+    backward pass (checkpointed) rather than kept."""
+    if not torch.is_grad_enabled() or not hidden.requires_grad:
+        return torch.cat([_chunk_logprobs(head, h, t)[0] for h, t in
+                          zip(hidden.split(LOGIT_CHUNK_ROWS), targets.split(LOGIT_CHUNK_ROWS))])
+    if isinstance(head, torch.nn.Linear) and not any(p.requires_grad for p in head.parameters()):
+        return _TokenLogprobs.apply(hidden, targets, head)
     from torch.utils.checkpoint import checkpoint
 
-    return torch.cat([checkpoint(chunk, h, t, use_reentrant=False) for h, t in parts])
+    return torch.cat([checkpoint(lambda h, t: _chunk_logprobs(head, h, t)[0], h, t, use_reentrant=False)
+                      for h, t in zip(hidden.split(LOGIT_CHUNK_ROWS), targets.split(LOGIT_CHUNK_ROWS))])
+
+
+def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor,
+                    targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log p(target), the logits, their log-sum-exp) of one chunk of rows, in float32."""
+    logits = head(hidden).float()
+    norm = torch.logsumexp(logits, dim=-1)
+    return logits.gather(1, targets.unsqueeze(1)).squeeze(1) - norm, logits, norm
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log p(target) under a frozen linear head, and its gradient with respect to the hidden state, made in the forward
+    pass a chunk at a time: d/dh [z_target - logsumexp(z)] = W_target - softmax(z) @ W."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Linear) -> torch.Tensor:
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        grad = torch.empty_like(hidden)
+        weight = head.weight.detach()
+        for start in range(0, hidden.shape[0], LOGIT_CHUNK_ROWS):
+            rows = slice(start, start + LOGIT_CHUNK_ROWS)
+            out[rows], logits, norm = _chunk_logprobs(head, hidden[rows], targets[rows])
+            probs = logits.sub_(norm.unsqueeze(1)).exp_().to(weight.dtype)  # softmax(z), in the logits' place
+            grad[rows] = torch.index_select(weight, 0, targets[rows]) - probs @ weight
+        ctx.save_for_backward(grad)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, upstream: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (grad,) = ctx.saved_tensors
+        return grad * upstream.unsqueeze(1).to(grad.dtype), None, None
 
 
 def bound_strings(schema: Any, max_chars: int) -> Any:

@@ -1,0 +1,205 @@
+"""The embedded engine's attention: a registered transformers attention function and the layouts it reads.
+
+- Decoding (one new token per row): two matrix products, and ``SharedPrefix``, the prompts' keys and values stored
+  once for all the rows sampled from them.
+- Training on a packed row (``PackedRuns``): ART packs a group as its prompt, then each completion, and masks
+  each completion to its prompt and itself. Each run attends to just those keys, where a masked attention over the
+  whole row computes every pair of positions (a prompt of 480 tokens and 4 completions of 128: 2.3 times the work).
+- Anything else: SDPA, each key/value head shared by its query heads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+ATTENTION = "sdpa_gqa"
+
+
+def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+              shared_prefix: Optional["SharedPrefix"] = None, packed_runs: Optional["PackedRuns"] = None, **kwargs):
+    """SDPA that shares each key/value head across its query heads (``enable_gqa``), with or without a mask.
+
+    transformers' own SDPA path copies the KV cache to every query head whenever a mask is given
+    (``repeat_kv``); with a batch of padded prompts that copy dominated decoding time on CPU.
+    """
+    if query.shape[2] == 1 and not torch.is_grad_enabled():
+        if shared_prefix is not None:
+            return _shared_prefix_attention(query, key, value, shared_prefix, module.layer_idx, scaling), None
+        return _decode_attention(query, key, value, attention_mask, scaling), None
+    if packed_runs is not None:
+        return _packed_attention(module, query, key, value, packed_runs, scaling), None
+    causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout if module.training else 0.0,
+        scale=scaling, is_causal=causal, enable_gqa=True,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _decode_attention(query, key, value, attention_mask, scaling) -> torch.Tensor:
+    """One new token's attention as two batched matmuls, each key/value head shared by its group of query heads.
+
+    SDPA's CPU kernel is built for long queries: for a single query position it took 14 of SmolLM2's 87 ms per decode
+    step of 8 rows; these matmuls compute the same softmax(q k^T / sqrt(d)) v in a fraction of that."""
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    q = query.view(batch, kv_heads, heads // kv_heads, dim)  # query head h reads key/value head h // group
+    scores = torch.matmul(q, key.transpose(-1, -2)) * (dim**-0.5 if scaling is None else scaling)
+    if attention_mask is not None:  # [batch, 1, 1, keys]: True (or 0.0) where a key may be attended
+        scores = (scores.masked_fill(~attention_mask, -math.inf) if attention_mask.dtype == torch.bool
+                  else scores + attention_mask)
+    out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [batch, kv_heads, group, dim]
+    return out.view(batch, 1, heads, dim)
+
+
+@dataclass
+class SharedPrefix:
+    """The prompts' keys and values during decoding, stored once per distinct prompt however many rows sample it.
+
+    A group's rollouts (or best-of-N's samples) share one prompt of about 480 tokens and add at most ``max_tokens``
+    of their own. Copied to every row, the prompt's cache was read once per row at every decode step: at 64 rows that
+    read was most of the step. Here each prompt's rows attend to it as one block of queries, and to their own tokens
+    (the rows' cache) separately; the two softmaxes are merged by their log-sum-exps.
+    """
+
+    keys: list[torch.Tensor]  # per layer: [prompts, kv_heads, width - 1, dim], each prompt but its last token,
+    values: list[torch.Tensor]  # left-padded to the longest
+    mask: Optional[torch.Tensor]  # [prompts, 1, 1, width - 1], True at a prompt's tokens; None: no prompt is padded
+    slot: torch.Tensor  # [rows]: the row's place among the prompts' blocks, prompt * per_prompt + its rank there
+    per_prompt: int  # the most rows that sample one prompt
+
+    @staticmethod
+    def layout(row_of: list[int], prompts: int) -> tuple[torch.Tensor, int]:
+        ranks, counts = [], [0] * prompts
+        for prompt in row_of:
+            ranks.append(counts[prompt])
+            counts[prompt] += 1
+        per_prompt = max(counts)
+        return torch.tensor([p * per_prompt + r for p, r in zip(row_of, ranks)]), per_prompt
+
+
+def _attend(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scores) @ values, and the scores' log-sum-exp, by which it merges with attention over other keys.
+
+    A query whose every key is masked gets zeros and a log-sum-exp of -inf (a weight of 0 in the merge), not NaN."""
+    top = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(scores.dtype).min)
+    weights = torch.exp(scores - top)
+    total = weights.sum(-1, keepdim=True)
+    return torch.matmul(weights, values) / total.clamp(min=torch.finfo(scores.dtype).tiny), top + total.log()
+
+
+def _shared_prefix_attention(query, key, value, prefix: SharedPrefix, layer: int, scaling) -> torch.Tensor:
+    """One new token's attention over its prompt (``prefix``, shared) and its row's own tokens (``key``/``value``)."""
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    scale = dim**-0.5 if scaling is None else scaling
+    q = query.view(rows, kv_heads, group, dim)  # query head h reads key/value head h // group
+    out, lse = _attend(torch.matmul(q, key.transpose(-1, -2)) * scale, value)  # [rows, kv_heads, group, dim | 1]
+    prompt_keys, prompt_values = prefix.keys[layer], prefix.values[layer]
+    prompts, _, length, _ = prompt_keys.shape
+    if length == 0:
+        return out.view(rows, 1, heads, dim)
+    per = prefix.per_prompt
+    blocks = q.new_zeros(prompts * per, kv_heads, group, dim).index_copy_(0, prefix.slot, q)
+    blocks = blocks.view(prompts, per, kv_heads, group, dim).transpose(1, 2).reshape(prompts, kv_heads, per * group, dim)
+    scores = torch.matmul(blocks, prompt_keys.transpose(-1, -2)) * scale  # [prompts, kv_heads, per * group, length]
+    if prefix.mask is not None:
+        scores = scores.masked_fill(~prefix.mask, -math.inf)
+    shared_out, shared_lse = _attend(scores, prompt_values)
+
+    def to_rows(t: torch.Tensor) -> torch.Tensor:
+        t = t.view(prompts, kv_heads, per, group, t.shape[-1]).transpose(1, 2)
+        return t.reshape(prompts * per, kv_heads, group, t.shape[-1]).index_select(0, prefix.slot)
+
+    shared_out, shared_lse = to_rows(shared_out), to_rows(shared_lse)
+    both = torch.logaddexp(lse, shared_lse)
+    out = torch.exp(lse - both) * out + torch.exp(shared_lse - both) * shared_out
+    return out.view(rows, 1, heads, dim)
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, _sdpa_gqa)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+@dataclass
+class PackedRuns:
+    """A packed row [1, length] as blocks of queries with the keys they attend to, for ART's packing: a prompt (a run
+    of tokens that is its own parent), then the completions sampled from it (runs whose parent is that prompt).
+
+    A prompt is one block, causal over itself. Its completions are one block too: their queries over the keys from
+    the prompt's start to their own end (a view of the row's keys, no copy), masked to the prompt and each
+    completion's own earlier tokens. ``of`` gives None where the row is laid out otherwise: the row's mask then
+    runs as it is."""
+
+    blocks: list[tuple[int, int, int]]  # (first query, end of the queries, first key); the keys end with the queries
+    allowed: list[Optional[torch.Tensor]]  # per block: [queries, keys], True where a query may attend; None: causal
+    masks: dict[torch.dtype, list[Optional[torch.Tensor]]] = field(default_factory=dict)
+
+    @staticmethod
+    def of(group_ids: torch.Tensor, parent_ids: torch.Tensor) -> Optional["PackedRuns"]:
+        if group_ids.shape[0] != 1:
+            return None
+        groups, parents = group_ids[0].tolist(), parent_ids[0].tolist()
+        spans: list[list[int]] = []
+        for i, group in enumerate(groups):
+            if i and group == groups[i - 1]:
+                spans[-1][1] = i + 1
+            else:
+                spans.append([i, i + 1])
+        prompts: dict[int, tuple[int, int]] = {}
+        blocks: list[list[int]] = []  # [first query, end, first key, the prompt's end or -1 for a prompt]
+        for start, end in spans:
+            group, parent = groups[start], parents[start]
+            if any(p != parent for p in parents[start:end]) or group in prompts:
+                return None
+            if parent == group:
+                prompts[group] = (start, end)
+                blocks.append([start, end, start, -1])
+            elif parent in prompts and blocks[-1][1] == start and blocks[-1][2] == prompts[parent][0]:
+                if blocks[-1][3] == -1:  # the prompt's first completion starts the completions' block
+                    blocks.append([start, end, prompts[parent][0], prompts[parent][1]])
+                else:
+                    blocks[-1][1] = end
+            else:
+                return None  # a completion that does not follow its prompt (or the prompt's other completions)
+        allowed: list[Optional[torch.Tensor]] = []
+        for first, end, key, prompt_end in blocks:
+            if prompt_end == -1:
+                allowed.append(None)
+                continue
+            keys = torch.arange(key, end, device=group_ids.device)
+            queries = torch.arange(first, end, device=group_ids.device)
+            same = group_ids[0, first:end, None] == group_ids[0, None, key:end]
+            allowed.append((keys[None] < prompt_end) | (same & (keys[None] <= queries[:, None])))
+        return PackedRuns([tuple(b[:3]) for b in blocks], allowed)
+
+    def mask(self, block: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """The block's additive mask (0 or -inf), made once for every layer (SDPA would convert a boolean one, and
+        keep the copy for the backward pass, in each)."""
+        if dtype not in self.masks:
+            self.masks[dtype] = [None if a is None else torch.zeros(a.shape, dtype=dtype, device=a.device)
+                                 .masked_fill_(~a, -math.inf) for a in self.allowed]
+        return self.masks[dtype][block]
+
+
+def _packed_attention(module, query, key, value, runs: PackedRuns, scaling) -> torch.Tensor:
+    """Each block's queries over its keys, the sum the row's mask defines."""
+    dropout = module.attention_dropout if module.training else 0.0
+    queries = query.split([end - first for first, end, _ in runs.blocks], dim=2)
+    outs = []
+    for i, (first, end, keys) in enumerate(runs.blocks):
+        mask = runs.mask(i, query.dtype)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(
+            queries[i], key[:, :, keys:end], value[:, :, keys:end], attn_mask=mask, dropout_p=dropout, scale=scaling,
+            is_causal=mask is None, enable_gqa=True))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()

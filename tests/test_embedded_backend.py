@@ -398,14 +398,14 @@ def test_a_gguf_is_dequantized_once_and_every_copy_of_it_loads_the_saved_weights
     assert dequantized_cache(copy, torch.float32) != saved
 
 
-def test_fused_gated_mlp_keeps_less_for_the_backward_pass_and_gives_the_same_gradients():
-    """engine.fuse_gated_mlps: silu(gate) and its product with up are rebuilt in the backward pass instead of kept, so
-    a LoRA model's training forward saves two intermediate-wide activations less per token and layer, and its
-    gradients do not move."""
+def test_decoder_layers_keep_less_for_the_backward_pass_and_give_the_same_gradients():
+    """activations.install: under keeping_less(), the norms' outputs, silu(gate) and silu(gate) * up are kept as ways
+    to remake them, so a LoRA model's training forward keeps less per token and layer, and its gradients do not move
+    (the same bits)."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from summrl.backends.embedded.engine import fuse_gated_mlps
+    from summrl.backends.embedded import activations
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -413,28 +413,27 @@ def test_fused_gated_mlp_keeps_less_for_the_backward_pass_and_gives_the_same_gra
     model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, target_modules=["q_proj", "gate_proj", "up_proj", "down_proj"],
                                                                  init_lora_weights=False))
     ids = torch.randint(0, 97, (1, 40))
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def backward() -> tuple[int, list[torch.Tensor]]:
-        saved: dict[int, int] = {}
+        kept: dict[int, int] = {}
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            if not (t.is_leaf and t.requires_grad) and not isinstance(t, torch.nn.Parameter):
-                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
+        def observe(t: torch.Tensor) -> None:
+            if t.untyped_storage().data_ptr() not in weights:
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
 
         model.zero_grad(set_to_none=True)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with activations.keeping_less(observe):
             loss = model(input_ids=ids).logits.logsumexp(-1).sum()
         loss.backward()
-        weights = {id(p) for p in model.parameters()}
-        return sum(saved.values()), [p.grad.clone() for p in model.parameters() if p.requires_grad and id(p) in weights]
+        return sum(kept.values()), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
     plain_bytes, plain_grads = backward()
-    assert fuse_gated_mlps(model) == 2
-    fused_bytes, fused_grads = backward()
-    assert all(torch.equal(a, b) for a, b in zip(plain_grads, fused_grads))
-    # two [40, 96] float32 activations less in each of the 2 layers (parameters are not counted)
-    assert plain_bytes - fused_bytes >= 2 * 2 * 40 * 96 * 4, (plain_bytes, fused_bytes)
+    assert activations.install(model) == 2
+    less_bytes, less_grads = backward()
+    assert all(torch.equal(a, b) for a, b in zip(plain_grads, less_grads))
+    # in each of the 2 layers: two [40, 96] float32 activations less (the MLP), and the two norms' [40, 32] outputs
+    assert plain_bytes - less_bytes >= 2 * (2 * 40 * 96 + 2 * 40 * 32) * 4, (plain_bytes, less_bytes)
 
 
 def test_rows_that_share_a_prompt_attend_to_one_copy_of_it_as_if_each_had_its_own():

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from summrl.backends.embedded.activations import remade
 
 ATTENTION = "sdpa_gqa"
 
@@ -202,4 +203,7 @@ def _packed_attention(module, query, key, value, runs: PackedRuns, scaling) -> t
         outs.append(torch.nn.functional.scaled_dot_product_attention(
             queries[i], key[:, :, keys:end], value[:, :, keys:end], attn_mask=mask, dropout_p=dropout, scale=scaling,
             is_causal=mask is None, enable_gqa=True))
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
+    # [1, length, heads, dim], as the caller reads it; o_proj's LoRA keeps it, SDPA keeps its blocks: remade from them
+    out = torch.cat([o.transpose(1, 2) for o in outs], dim=1)
+    remade(out, lambda: torch.cat([o.transpose(1, 2) for o in outs], dim=1))
+    return out

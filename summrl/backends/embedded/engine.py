@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from summrl.backends.embedded import activations
 from summrl.backends.embedded.attention import ATTENTION, PackedRuns, SharedPrefix, register_attention
 from summrl.backends.embedded.linear import Linears, onednn_usable
 from summrl.data import resolve_path
@@ -117,70 +118,6 @@ def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, 
     return tokenizer, model.to(device)
 
 
-
-class _SiluMul(torch.autograd.Function):
-    """``silu(gate) * up`` that keeps only gate and up for the backward pass and recomputes silu(gate) there."""
-
-    @staticmethod
-    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(gate, up)
-        return torch.nn.functional.silu(gate) * up
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        gate, up = ctx.saved_tensors
-        return torch.ops.aten.silu_backward(grad * up, gate), grad * torch.nn.functional.silu(gate)
-
-
-def _gated_mlp_forward(mlp: Any, x: torch.Tensor) -> torch.Tensor:
-    """``down(silu(gate(x)) * up(x))`` keeping two intermediate-wide activations per token for the backward pass
-    where autograd's own graph keeps four (gate, silu(gate), up, and their product, which the LoRA of down_proj
-    keeps for its gradient): 3.0 of SmolLM2's 9.7 KB per token and layer, rebuilt from gate and up when the
-    backward pass needs them. The backward pass runs the ops autograd would run, so the gradients are the same to
-    the bit."""
-    gate, up = mlp.gate_proj(x), mlp.up_proj(x)
-    if not torch.is_grad_enabled():
-        return mlp.down_proj(torch.nn.functional.silu(gate) * up)
-    hidden = _SiluMul.apply(gate, up)
-    storage = hidden.untyped_storage().data_ptr()
-
-    def keep(t: torch.Tensor) -> Any:  # what down_proj saves of ``hidden`` becomes a recipe for it
-        if t.untyped_storage().data_ptr() == storage:
-            return _Rebuild(gate, up, t.size(), t.stride(), t.storage_offset())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(keep, _rebuilt):
-        return mlp.down_proj(hidden)
-
-
-@dataclass
-class _Rebuild:
-    gate: torch.Tensor
-    up: torch.Tensor
-    size: torch.Size
-    stride: tuple[int, ...]
-    offset: int
-
-
-def _rebuilt(saved: Any) -> torch.Tensor:
-    if isinstance(saved, _Rebuild):
-        hidden = torch.nn.functional.silu(saved.gate) * saved.up
-        return hidden.as_strided(saved.size, saved.stride, saved.offset)
-    return saved
-
-
-def fuse_gated_mlps(model: torch.nn.Module) -> int:
-    """Run every SiLU-gated MLP (Llama's, Qwen2's: ``down(silu(gate(x)) * up(x))``) through :func:`_gated_mlp_forward`.
-    Returns how many were changed; other MLPs keep their own forward."""
-    fused = 0
-    for module in model.modules():
-        act = type(getattr(module, "act_fn", None))
-        # transformers' SiLUActivation is F.silu under its own class name
-        if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj")) and (
-                act is torch.nn.SiLU or act.__name__ == "SiLUActivation"):
-            module.forward = functools.partial(_gated_mlp_forward, module)
-            fused += 1
-    return fused
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 MMAP_THRESHOLD = 4 * 1024 * 1024
@@ -343,7 +280,7 @@ class Engine:
             LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
         )
-        fuse_gated_mlps(self.model)
+        activations.install(self.model)
         # the frozen products on oneDNN where it runs (a CPU); elsewhere PyTorch's own
         self.linears = Linears(self.model) if onednn_usable(self.device, self.dtype) else None
         self.model.eval()
@@ -583,6 +520,7 @@ class Engine:
             mmap_threshold(MMAP_THRESHOLD)
             self._set_merged(False)
             self._unpack()  # sampling's packed weights: not needed to train, and out of training's peak
+            release_freed()
             refs = self._reference_logprobs(rows, reference) if dev_config.get("kl_penalty_coef", 0.0) > 0 else None
             self.model.train()
             try:
@@ -649,10 +587,11 @@ class Engine:
             same = ((group_ids.unsqueeze(2) == group_ids.unsqueeze(1))
                     | (parent_ids.unsqueeze(2) == group_ids.unsqueeze(1)))
             attention = (causal & same).unsqueeze(1)  # [B, 1, S, S], True = may attend
-        hidden = self.model.get_base_model().model(
-            input_ids=tokens, attention_mask=attention, position_ids=inputs["input_pos"], use_cache=False,
-            packed_runs=runs,
-        ).last_hidden_state
+        with activations.keeping_less():
+            hidden = self.model.get_base_model().model(
+                input_ids=tokens, attention_mask=attention, position_ids=inputs["input_pos"], use_cache=False,
+                packed_runs=runs,
+            ).last_hidden_state
         needed = torch.nn.functional.pad(inputs["assistant_mask"][:, 1:], (0, 1), value=False)
         next_tokens = torch.nn.functional.pad(tokens[:, 1:], (0, 1), value=0)
         picked = token_logprobs(self.model.get_output_embeddings(), hidden[needed], next_tokens[needed])
@@ -680,7 +619,9 @@ class Engine:
         target = torch.zeros_like(mask, dtype=torch.bool)
         for row, (ids, prompt_len) in enumerate(samples):
             target[row, prompt_len - 1 : len(ids) - 1] = True
-        hidden = self.model.get_base_model().model(input_ids=tokens, attention_mask=mask, use_cache=False).last_hidden_state
+        with activations.keeping_less():
+            hidden = self.model.get_base_model().model(input_ids=tokens, attention_mask=mask,
+                                                       use_cache=False).last_hidden_state
         next_tokens = torch.nn.functional.pad(tokens[:, 1:], (0, 1), value=0)[target]
         # the projection only where it counts, a chunk at a time
         logprobs = token_logprobs(self.model.get_output_embeddings(), hidden[target], next_tokens)
@@ -693,6 +634,7 @@ class Engine:
             mmap_threshold(MMAP_THRESHOLD)
             self._set_merged(False)
             self._unpack()  # sampling's packed weights: not needed to train, and out of training's peak
+            release_freed()
             self.model.train()
             try:
                 for batch, lr in zip(batches, learning_rates):

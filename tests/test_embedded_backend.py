@@ -155,16 +155,20 @@ def test_endpoint_checks_key_and_model_name(session):
 def test_packed_training_forward_reproduces_sampling_logprobs(loop, session):
     """The shared-prompt packing mask and completion-only logits give the sampler's own logprobs."""
     backend, model, docs, _ = session
+    assert_training_forward_reproduces_sampling(loop, backend, model, docs[3])
+
+
+def assert_training_forward_reproduces_sampling(loop, backend, model, doc) -> None:
     groups = loop.run_until_complete(art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(model, docs[3], max_words=350, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(3))],
+        [art.TrajectoryGroup(rollout(model, doc, max_words=350, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(3))],
         pbar_desc=None))
     for i, t in enumerate(groups[0].trajectories):
         t.reward = float(i)
     packed = backend._pack(groups)
     assert packed["tokens"].shape[0] == 1  # one group, one sequence: the prompt once, then 3 completions
     inputs = {k: v[:1] for k, v in packed.items() if isinstance(v, torch.Tensor)}
-    with torch.no_grad():
-        new = backend.engine.completion_logprobs(inputs)
+    with torch.enable_grad():  # as training computes them: from the weights, never sampling's packed copies
+        new = backend.engine.completion_logprobs(inputs).detach()
     old = torch.nn.functional.pad(inputs["logprobs"][:, 1:], (0, 1), value=float("nan"))
     mask = ~torch.isnan(old)
     assert mask.sum() >= 3
@@ -191,8 +195,9 @@ def test_train_updates_lora_skips_flat_groups_and_checkpoints(loop, session):
     checkpoint = Path(model.base_path) / "summrl-tests" / "models" / model.name / "checkpoints" / f"{result.step:04d}"
     assert (checkpoint / "adapter_model.safetensors").exists() and (checkpoint / "optimizer.pt").exists()
     assert json.loads((checkpoint / "adapter_config.json").read_text())["r"] == 16
-    # the endpoint now serves the new step
+    # the endpoint now serves the new step, sampled from the trained weights (not the packed copies of the old ones)
     assert model.get_inference_name() == f"{model.name}@{result.step}"
+    assert_training_forward_reproduces_sampling(loop, backend, model, docs[3])
 
 
 # A fresh process (a test process's allocator already holds what earlier tests freed): SmolLM2 generates for a

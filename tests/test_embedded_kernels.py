@@ -63,17 +63,20 @@ def row_logprobs(model, row: dict[str, torch.Tensor], runs) -> tuple[torch.Tenso
     return out.detach(), [q.grad.clone() for q in model.parameters() if q.requires_grad]
 
 
-def test_a_packed_row_attended_a_block_at_a_time_gives_the_masks_logprobs_and_gradients():
-    """Two groups in one row (a prompt, then its completions, twice): each block's queries over its own keys give what
-    the row's mask gives, forward and backward."""
+def test_a_packed_row_attended_a_run_at_a_time_gives_the_masks_logprobs_and_gradients():
+    """Two groups in one row (a prompt, then its completions, twice): each run's queries over its own keys give what
+    the row's mask gives, forward and backward, under keeping_less (the joined keys remade in the backward pass)."""
+    from summrl.backends.embedded import activations
     from summrl.backends.embedded.attention import PackedRuns
 
     model = tiny_lora_llama()
     row = packed_row([9, 7], [[5, 6, 4], [3, 8]])
     runs = PackedRuns.of(row["group_ids"], row["parent_ids"])
-    assert [b[:2] for b in runs.blocks] == [(0, 9), (9, 24), (24, 31), (31, 42)]  # prompt, completions, twice
+    # a prompt, then its completions, twice
+    assert runs.runs == [(0, 9, None), (9, 14, 0), (14, 20, 0), (20, 24, 0), (24, 31, None), (31, 34, 4), (34, 42, 4)]
     masked, masked_grads = row_logprobs(model, row, None)
-    blocked, blocked_grads = row_logprobs(model, row, runs)
+    with activations.keeping_less():
+        blocked, blocked_grads = row_logprobs(model, row, runs)
     assert torch.allclose(masked, blocked, atol=1e-5)
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(masked_grads, blocked_grads))
 

@@ -89,12 +89,18 @@ def remade_while(tensor: torch.Tensor, make: Callable[[], torch.Tensor]) -> Iter
         live.pop(key, None)
 
 
+# The keys registered by ``remade`` inside the consumer call that runs now (``_after_norm``), removed when it returns.
+_scope: contextvars.ContextVar[Optional[list[int]]] = contextvars.ContextVar("summrl_remade_scope", default=None)
+
+
 def remade(tensor: torch.Tensor, make: Callable[[], torch.Tensor]) -> None:
-    """``remade_while`` until the consumer call around this one (``_after_norm``) returns: for a tensor made inside
-    it that lives until then (the attention's output, which o_proj reads last)."""
-    live = _live.get()
-    if live is not None and torch.is_grad_enabled():
-        live[tensor.untyped_storage().data_ptr()] = _Maker(make)
+    """``remade_while`` until the consumer call around this one (``_after_norm``) returns, for a tensor made inside
+    it that lives until then (the attention's output, which o_proj reads last); outside such a call, nothing."""
+    live, scope = _live.get(), _scope.get()
+    if live is not None and scope is not None and torch.is_grad_enabled():
+        key = tensor.untyped_storage().data_ptr()
+        live[key] = _Maker(make)
+        scope.append(key)
 
 
 def _after_norm(consumer: Any, norm: Any, norm_forward: Any, *args: Any, **kwargs: Any) -> Any:
@@ -105,13 +111,15 @@ def _after_norm(consumer: Any, norm: Any, norm_forward: Any, *args: Any, **kwarg
     live = _live.get()
     if source is None or source[1] is not hidden or live is None:
         return consumer(*args, **kwargs)
-    before = set(live)
+    scope: list[int] = []
+    token = _scope.set(scope)
     try:
         with remade_while(hidden, functools.partial(norm_forward, source[0])):
             return consumer(*args, **kwargs)
     finally:
-        for key in set(live) - before:  # what the consumer registered for itself (``remade``)
-            del live[key]
+        _scope.reset(token)
+        for key in scope:
+            live.pop(key, None)
 
 
 def _norm(norm_forward: Any, norm: Any, x: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from summrl import mkl_isa
 from summrl.job import peak_rss_gb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,6 +140,7 @@ async def bench_step(steps: int, repeats: int) -> dict:
         "model_load_s": round(load_s, 1),
         "decode_ms_per_step": round(statistics.median(decode_8), 1) if decode_8 else None,  # 8 rows, median
         "peak_rss_gb": peak_rss_gb(),  # the process's: loading, throughput runs and every step
+        "mkl_isa": mkl_isa.ACTIVE,  # MKL on its AVX-512 kernels on an AMD processor (summrl/mkl_isa.py)
     }
 
 

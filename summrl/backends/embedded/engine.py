@@ -367,8 +367,12 @@ class Engine:
             mmap_threshold(MMAP_THRESHOLD)
             try:
                 self._set_merged(use_lora)
-                if self.linears is not None:
+                if self.linears is not None and not self.linears.packed:
+                    # each packed weight a mapping of its own, returned whole when unpacked: 540 MB of 0.4 to 3.5 MB
+                    # pieces left holes in the arenas that later steps' tensors did not fill
+                    mmap_threshold(128 * 1024)
                     self.linears.pack()
+                    mmap_threshold(MMAP_THRESHOLD)
                 if use_lora:
                     return self._generate(prompts, params, seeds)
                 with self.model.disable_adapter():

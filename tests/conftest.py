@@ -252,8 +252,8 @@ def shared_run(tmp_path_factory, s3_endpoint, tiny_weights) -> SharedRun:
 # than the sample has) after its W&B run started. W&B offline, with planted keys that must leak nowhere.
 SWEEP_PLANTED = {"GEMINI_API_KEY": "planted-gemini-7c1d2f", "AWS_SECRET_ACCESS_KEY": "planted-aws-9e8f7a"}
 SWEEP_ARGS = ["experiment=local", "trainer.max_steps=1", "trainer.eval_every=1", "trainer.max_summary_tokens=8",
-              "dataset.val_size=2", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2", "seed=5",
-              "logger=wandb", "run.name=wb"]
+              "dataset.val_size=2", "trainer.val_rollouts_per_doc=4", "trainer.groups_per_step=1",
+              "trainer.rollouts_per_group=2", "seed=5", "logger=wandb", "run.name=wb"]
 SWEEP_ARMS = ["algorithm=grpo,dr_grpo", "dataset.train_size=2,999"]
 
 

@@ -1,7 +1,7 @@
 """An OpenAI-compatible ``/v1/chat/completions`` endpoint on 127.0.0.1 for the embedded engine.
 
 Requests are queued to one batcher thread. It collects requests until none has arrived for ``batch_window_ms``,
-then runs them through one ``Engine.generate`` call. Logprob
+then runs them through ``Engine.generate`` calls of at most ``max_batch_size`` rows, in a fixed order. Logprob
 tokens are returned as ``token_id:<id>``, as ART's vLLM server does, so ART's tokenizer can map
 them back exactly.
 """
@@ -80,14 +80,15 @@ class Batcher:
         self.thread.join(timeout=30)
 
     def _collect(self, first: _Pending) -> tuple[list[_Pending], bool]:
-        """The requests that arrive within ``window_s`` of each other (at most ``MAX_WAIT_S`` after the first).
+        """The requests that arrive within ``window_s`` of each other (at most ``MAX_WAIT_S`` after the first), however
+        many: ``_run`` splits them into generate calls of ``max_batch_size`` in a fixed order.
 
         The window restarts at each arrival. The first request of a burst reaches the batcher 30 to 60 ms before the
         rest (it rides the one warm connection; the others open theirs): with a 30 ms window counted from it, a val
         pass of 32 rows ran as 1 + 16 + 15 (the lone row alone took 7.1 s) and 16 documents posted at once to
         summrl.serve as 1 + 15 (27.8 s where one batch of 16 takes 21 s). A lone request waits ``window_s``."""
         batch, start = [first], time.monotonic()
-        while len(batch) < self.max_batch_size:
+        while True:
             timeout = min(self.window_s, start + MAX_WAIT_S - time.monotonic())
             try:
                 item = self.queue.get(timeout=timeout) if timeout > 0 else self.queue.get_nowait()
@@ -109,10 +110,16 @@ class Batcher:
             by_kind: dict[tuple, list[_Pending]] = {}
             for item in batch:
                 by_kind.setdefault((item.params.key(), item.use_lora), []).append(item)
+            calls = []
             for items in by_kind.values():
-                # A row's logprobs depend (around 1e-6) on its place in the batch, and the update reads them: a fixed
-                # order, not the order requests happened to arrive in, keeps a repeated run's training identical.
+                # A row's logits depend (around 1e-5) on the rows beside it (the matrix products' blocking follows the
+                # row count) and on its place among them, and they decide near-tied tokens and the logprobs the update
+                # reads. So the rows are sorted, then split: the same requests, arriving in any order, run as the same
+                # generate calls (a val pass of 96 rows as the same 64 + 32), and a repeated run, or another arm of a
+                # sweep, samples the same summaries.
                 items.sort(key=lambda i: (i.seed is None, i.seed or 0, i.prompt))
+                calls += [items[i:i + self.max_batch_size] for i in range(0, len(items), self.max_batch_size)]
+            for items in calls:
                 params = SamplingParams(
                     max_tokens=max(i.params.max_tokens for i in items),
                     temperature=items[0].params.temperature,

@@ -204,7 +204,7 @@ def build_app(
             top_p=1.0 if request.top_p is None else request.top_p,
             response_format=response_format,
         )
-        # A seed fixes the reply whatever else is batched with it; the n choices get seed, seed+1, ...
+        # A seed fixes the row's draws whatever else is batched with it; the n choices get seed, seed+1, ...
         results = await asyncio.gather(*(
             batcher.submit(prompt, params, names[request.model], None if request.seed is None else request.seed + i)
             for i in range(request.n)

@@ -145,7 +145,7 @@ def test_a_burst_over_the_batch_size_runs_as_the_same_generate_calls_whatever_it
     """A row's logits depend on the rows generated beside it (around 1e-5: enough to flip a near-tied token), so a
     burst larger than max_batch_size (a val pass of 24 documents x 4 summaries is 96 rows, generate calls take 64) is
     sorted before it is split: the same requests arriving in any order make the same calls, and a repeated run or
-    another arm of a sweep samples the same summaries."""
+    another arm of a sweep samples the same summaries. A prompt's rows stay together (they share its prefill)."""
     import random
 
     from summrl.backends.embedded.engine import Completion, SamplingParams
@@ -159,7 +159,7 @@ def test_a_burst_over_the_batch_size_runs_as_the_same_generate_calls_whatever_it
             self.calls.append(list(zip(seeds, prompts)))
             return [Completion([1], [0.0], "stop", len(p)) for p in prompts]
 
-    requests = [(seed, [seed % 3, seed]) for seed in range(10)]
+    requests = [(seed, [seed % 3]) for seed in range(10)]  # 3 prompts, 4 + 3 + 3 rows
 
     def calls_for(order):
         engine = Engine()
@@ -177,7 +177,8 @@ def test_a_burst_over_the_batch_size_runs_as_the_same_generate_calls_whatever_it
     shuffled = requests[:]
     random.Random(3).shuffle(shuffled)
     in_order = calls_for(requests)
-    assert [len(c) for c in in_order] == [4, 4, 2]
+    assert in_order == [[(0, [0]), (3, [0]), (6, [0]), (9, [0])], [(1, [1]), (4, [1]), (7, [1]), (2, [2])],
+                        [(5, [2]), (8, [2])]]
     assert calls_for(shuffled) == calls_for(requests[::-1]) == in_order
 
 

@@ -116,8 +116,10 @@ class Batcher:
                 # row count) and on its place among them, and they decide near-tied tokens and the logprobs the update
                 # reads. So the rows are sorted, then split: the same requests, arriving in any order, run as the same
                 # generate calls (a val pass of 96 rows as the same 64 + 32), and a repeated run, or another arm of a
-                # sweep, samples the same summaries.
-                items.sort(key=lambda i: (i.seed is None, i.seed or 0, i.prompt))
+                # sweep, samples the same summaries. Prompt first: a prompt's rows share one prefill and one KV cache
+                # (engine.SharedPrefix), so they are kept together (by seed, 64 + 32 rows of 24 prompts made 44
+                # prefills, and a job of algorithm_ablation_local took 25% longer).
+                items.sort(key=lambda i: (i.prompt, i.seed is None, i.seed or 0))
                 calls += [items[i:i + self.max_batch_size] for i in range(0, len(items), self.max_batch_size)]
             for items in calls:
                 params = SamplingParams(

@@ -37,7 +37,7 @@ def test_wandb_sweep_isolates_a_failing_job_and_reports(shared_sweep, tmp_path):
     assert good["name"] == ",".join(sorted([
         "algorithm=grpo", "dataset.train_size=2", "dataset.val_size=2", shared_sweep.weights, "trainer.eval_every=1",
         "trainer.groups_per_step=1", "trainer.max_steps=1", "trainer.max_summary_tokens=8",
-        "trainer.rollouts_per_group=2"]))
+        "trainer.rollouts_per_group=2", "trainer.val_rollouts_per_doc=4"]))
     assert set(good["tags"]) == {"reward=qa", "judge=local", "model=smollm2_135m", "backend=embedded",
                                 "algorithm=grpo", "sft=none"}
     config = good["config"]

@@ -208,8 +208,8 @@ class RowSeededSampling:
 
     The seed fixes the row's draws whatever else shares its batch (the OpenAI ``seed`` parameter, as vLLM honours it);
     the logits themselves vary around 1e-5 with the batch's rows, which is why the batcher composes its generate calls
-    the same way every time (``server.Batcher``). After a draw, ``log_norm`` holds each row's log-sum-exp of the scores (float64-summed), from which a
-    token's log-probability under them is ``score - log_norm``.
+    the same way every time (``server.Batcher``). After a draw, ``log_norm`` holds each row's log-sum-exp of the
+    scores (float64-summed), from which a token's log-probability under them is ``score - log_norm``.
     """
 
     def __init__(self, seeds: list[int]) -> None:

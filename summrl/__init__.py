@@ -10,6 +10,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # kept, 2.92 GB in the same time (287 vs 290 s). A decode step's few shapes stay cached. Read at oneDNN's first use.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
 
+# MKL may run a product on fewer threads than it was given when it judges the machine busy, and a product split
+# another way sums in another order: a step-0 val pass of experiment=local came out different in one run of six.
+# Fixed thread counts keep a seeded run's numbers the same from run to run. Read at MKL's first use.
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+
 # Before anything imports PyTorch: MKL's AVX-512 kernels on AMD processors too (see summrl/mkl_isa.py)
 from summrl import mkl_isa  # noqa: E402
 

@@ -32,7 +32,7 @@ from summrl.job import RunRecord, peak_rss_gb
 from summrl.judges import Judge, build_judge
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
-from summrl.rollout import rollout, sample_seed, summary_of
+from summrl.rollout import in_request_order, rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
 from summrl.splits import Splits
 from summrl.splits import load as load_documents
@@ -195,13 +195,15 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
         (
             art.TrajectoryGroup(
                 rollout(session.model, doc, max_words=t.max_words, max_tokens=t.max_summary_tokens,
-                        temperature=temperature, seed=None if seed_key is None else sample_seed(*seed_key, doc.id, i))
+                        temperature=temperature, seed=None if seed_key is None else sample_seed(*seed_key, doc.id, i),
+                        sample=i)
                 for i in range(rollouts_per_doc)
             )
             for doc in documents
         ),
         pbar_desc=None,
     )
+    groups = in_request_order(groups)
     generated = time.perf_counter()
     by_id = {doc.id: doc for doc in documents}
     all_scores = await asyncio.gather(*(

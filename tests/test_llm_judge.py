@@ -19,6 +19,7 @@ from summrl.loop import MissingRewardsError, Session, sample_and_score
 from summrl.rewards import Missing
 from summrl.rewards.qa import QAReward
 from summrl.rewards.ruler import RulerReward
+from summrl.rollout import sample_seed
 from summrl.tracking import Tracker
 from tests.conftest import compose_config
 from summrl.testing import FakeLLM, Reply
@@ -230,6 +231,21 @@ def test_groups_with_a_missing_reward_are_dropped_and_counted(fake, secret_env):
     assert scored.missing_rewards == 1 and scored.dropped_groups == 1
     assert len(scored.groups) == 1 and all(t.reward > 0 for t in scored.groups[0].trajectories)
     assert scored.metrics()["judge/failed_rollouts"] == 1.0
+
+
+def test_a_groups_summaries_keep_the_order_they_were_asked_for_whatever_order_they_finish(fake, secret_env):
+    # ART gathers a group with asyncio.as_completed: the first reply here finishes last. The packed training row and
+    # the judge's prompt follow the group's order, so a finishing order that varied from run to run made two runs of
+    # one seed train differently.
+    session = policy_session(fake, max_missing=1.0)
+    fake.script = [Reply(f"reply {k}", delay_s=0.1 * (3 - k)) for k in range(4)]  # then the judge
+    scored = asyncio.run(sample_and_score(session, [DOC], rollouts_per_doc=4, reward=session.reward, seed_key=(7,)))
+    trajectories = scored.groups[0].trajectories
+    # reply k went to the k-th request to arrive; each request's seed says which summary it was
+    reply_for_seed = {fake.requests[k]["seed"]: f"reply {k}" for k in range(4)}
+    assert [t.messages_and_choices[-1].message.content for t in trajectories] == \
+        [reply_for_seed[sample_seed(7, DOC.id, i)] for i in range(4)]
+    assert [t.metadata["sample"] for t in trajectories] == [0, 1, 2, 3]
 
 
 def test_too_many_missing_rewards_stop_the_run_naming_the_judge(fake, secret_env):

@@ -183,8 +183,9 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
 
     ``min_scored``: a group needs this many scored rollouts to be kept (see ``scored_groups``).
     ``seed_key``: summary i of a document is sampled with seed ``sample_seed(*seed_key, document id, i)``,
-    so the same weights give the same summaries in every arm of a sweep (the batcher makes the same generate calls
-    from the same requests; README "What a seed fixes" says where that ends). None: unseeded.
+    so the same weights give the same summaries in every run and every arm of a sweep (the batcher makes the same
+    generate calls from the same requests, and ``in_request_order`` keeps each group in the order asked; README
+    "What a seed fixes"). None: unseeded.
     ``temperature``: None = trainer.temperature.
     Raises MissingRewardsError when the run's recent rollouts have too many missing rewards.
     """

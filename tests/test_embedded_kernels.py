@@ -95,11 +95,15 @@ def test_a_row_not_packed_as_art_packs_keeps_its_mask():
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not in this PyTorch")
-def test_onednn_linears_give_peft_outputs_and_gradients_and_sample_from_packed_weights():
-    """linear.Linears: the frozen products on oneDNN (the backward pass too) and LoRA's product added in place give
-    peft's outputs and gradients; packed for sampling, the weights give the same logits, and unpacking returns to the
-    weights as they are."""
+@pytest.mark.parametrize("mkl_input_grad", [True, False], ids=["input-grad-on-mkl", "input-grad-on-onednn"])
+def test_onednn_linears_give_peft_outputs_and_gradients_and_sample_from_packed_weights(monkeypatch, mkl_input_grad):
+    """linear.Linears: the frozen products on oneDNN (the backward pass's input gradient on MKL or oneDNN, as the
+    processor decides) and LoRA's product added in place give peft's outputs and gradients; packed for sampling, the
+    weights give the same logits, and unpacking returns to the weights as they are."""
+    from summrl.backends.embedded import linear
     from summrl.backends.embedded.linear import Linears
+
+    monkeypatch.setattr(linear, "_mkl_input_grad", lambda: mkl_input_grad)
 
     plain, fast = tiny_lora_llama(), tiny_lora_llama()
     linears = Linears(fast)

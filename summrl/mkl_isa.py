@@ -22,26 +22,23 @@ import sys
 ACTIVE = False  # whether this process's MKL took the definition
 
 
+def _cpuinfo_says(key: str, word: str) -> bool:
+    """Whether a /proc/cpuinfo line of ``key`` (vendor_id, flags) holds ``word`` (False off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith(key) and word in line.split() for line in f)
+    except OSError:
+        return False
+
+
 def _amd() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
-    except OSError:
-        return False
-
-
-def _avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
+    return _cpuinfo_says("vendor_id", "AuthenticAMD")
 
 
 def widest_kernels() -> bool:
     """Whether MKL's products run on the widest kernels the processor has: everywhere but on an AMD processor with
     AVX-512 where the extension is not loaded (then MKL runs AVX2 kernels, half as fast as oneDNN's)."""
-    return ACTIVE or not _amd() or not _avx512()
+    return ACTIVE or not _amd() or not _cpuinfo_says("flags", "avx512f")
 
 
 def load() -> bool:

@@ -119,7 +119,7 @@ def test_a_seeded_request_repeats_its_reply_when_sent_the_same_way_whatever_the_
     assert alone[0] == alone[1]
     before = len(backend._batcher.batch_sizes)
     crowds = [loop.run_until_complete(crowded(1234)) for _ in range(3)]
-    assert [size for size in backend._batcher.batch_sizes[before:]] == [4, 4, 4]  # the seeded request shared a batch
+    assert backend._batcher.batch_sizes[before:] == [4, 4, 4]  # the seeded request shared a batch
     assert len({seeded for seeded, _ in crowds}) == 1  # its reply held ...
     assert len({unseeded for _, unseeded in crowds}) > 1  # ... while its unseeded neighbour drew anew each time
     others = {loop.run_until_complete(ask("List three colors.", seed=s)) for s in (1, 2, 3, 4)}

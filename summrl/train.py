@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from summrl import cli
 from summrl.cloud.launch import run_from_hydra
 from summrl.config import Config, validate
-from summrl.errors import KINDS, classify, exit_on, full_errors
+from summrl.errors import KINDS, ConfigError, classify, exit_on, full_errors
 from summrl.job import JobInfo, RunRecord
 from summrl.preflight import check
 
@@ -37,6 +37,11 @@ def load_config(cfg: DictConfig) -> Config:
     What the run needs from the machine and the environment (keys, GPU, bucket) is the preflight's."""
     hydra_cfg = HydraConfig.get()
     config = validate(cfg)
+    # serve, export, benchmark and resume read a run as one folder: its .hydra/ config (which Hydra writes into its
+    # output folder before the job starts), log, result.json and checkpoints
+    if Path(config.run.dir).resolve() != Path(hydra_cfg.runtime.output_dir).resolve():
+        raise ConfigError(f"run.dir={config.run.dir}: the run folder is Hydra's output folder; set "
+                          f"hydra.run.dir={config.run.dir} instead (run.dir follows it; hydra.sweep.dir for a multirun)")
     load_dotenv()  # keys may live in .env; they are read from the environment, never from config
     if hydra_cfg.mode == RunMode.MULTIRUN:
         config.run.name = f"{config.run.name}-{hydra_cfg.job.num}"
@@ -49,7 +54,6 @@ def main(cfg: DictConfig) -> float | None:
     record = RunRecord(HydraConfig.get().runtime.output_dir, job)  # result.json: its one owner
     try:
         config = load_config(cfg)
-        record = RunRecord(config.run.dir, job) if Path(config.run.dir) != record.run_dir else record
         if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
 
             return run_from_hydra(config, record)

@@ -160,6 +160,19 @@ def test_an_unknown_key_fails_while_hydra_composes_naming_its_full_path(module, 
     assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())  # nothing ran
 
 
+def test_a_run_folder_set_through_run_dir_is_refused_naming_hydra_run_dir(tmp_path):
+    """run.dir is where the run's checkpoints go, but Hydra writes its config (.hydra/, which serve, export and
+    resume read) into its own output folder: a run split over two folders could not be served."""
+    elsewhere = tmp_path / "elsewhere"
+    result = subprocess.run([sys.executable, "-m", "summrl.train", "experiment=local", f"run.dir={elsewhere}",
+                             f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[0] == (f"summrl: config error: run.dir={elsewhere}: the run folder is Hydra's "
+                                             f"output folder; set hydra.run.dir={elsewhere} instead (run.dir follows "
+                                             "it; hydra.sweep.dir for a multirun)")
+    assert not elsewhere.exists() and "config error" in (tmp_path / "hydra" / "result.json").read_text()
+
+
 def test_every_schema_is_in_hydras_config_store_and_option_files_hold_only_what_differs():
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf

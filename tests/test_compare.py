@@ -42,7 +42,7 @@ def test_arms_share_step0_val_per_doc_and_a_repeated_run_gives_the_same_val(shar
     again = tmp_path / "again"
     repeat = run_cli([*[a for a in SWEEP_ARGS if a != "logger=wandb"], shared_sweep.weights, "algorithm=grpo",
                       "dataset.train_size=2",
-                      f"run.dir={again}"], cwd=ROOT)
+                      f"hydra.run.dir={again}"], cwd=ROOT)
     assert repeat.returncode == 0, repeat.stderr[-3000:]
     assert val_history(again) == first  # every val pass, per document: train rollouts are seeded per step too
     assert val_summaries(again, 0) == summaries and val_summaries(again, 1) == val_summaries(grpo, 1)

@@ -13,6 +13,7 @@ import os
 import random
 import time
 import traceback
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -24,7 +25,7 @@ from art.utils.get_model_step import get_step_from_dir
 from art.utils.iterate_dataset import iterate_dataset
 
 from summrl import algorithm, inbox, sft
-from summrl.backends import build_backend, internal_config
+from summrl.backends import build_backend, internal_config, takes_burst_tags
 from summrl.config import Config
 from summrl.data import Document
 from summrl.facts import hallucinates
@@ -32,7 +33,7 @@ from summrl.job import RunRecord, peak_rss_gb
 from summrl.judges import Judge, build_judge
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
-from summrl.rollout import in_request_order, rollout, sample_seed, summary_of
+from summrl.rollout import Burst, in_request_order, rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
 from summrl.splits import Splits
 from summrl.splits import load as load_documents
@@ -61,6 +62,7 @@ class Session:
     tracker: Tracker
     judge_totals: dict[str, float] = field(default_factory=dict)  # the run's judge calls, tokens and cost
     missing: Optional[MissingRewards] = None  # the run's missing rewards and their limit
+    tag_bursts: bool = False  # send each pass's rollouts as one Burst (backends.takes_burst_tags)
 
     def __post_init__(self) -> None:
         if self.missing is None:
@@ -142,7 +144,7 @@ async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Ses
         await backend.close()
         raise
     return Session(config=config, backend=backend, model=model, judge=judge, reward=reward, val_reward=val_reward,
-                   tracker=tracker or Tracker())
+                   tracker=tracker or Tracker(), tag_bursts=takes_burst_tags(config))
 
 
 def scored_groups(groups: Sequence[art.TrajectoryGroup], all_scores: Sequence[Sequence[Union[Score, Missing]]],
@@ -183,21 +185,22 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
 
     ``min_scored``: a group needs this many scored rollouts to be kept (see ``scored_groups``).
     ``seed_key``: summary i of a document is sampled with seed ``sample_seed(*seed_key, document id, i)``,
-    so the same weights give the same summaries in every run and every arm of a sweep (the batcher makes the same
-    generate calls from the same requests, and ``in_request_order`` keeps each group in the order asked; README
-    "What a seed fixes"). None: unseeded.
+    so the same weights give the same summaries in every run and every arm of a sweep (the batcher waits for the whole
+    Burst and makes the same generate calls from the same requests, and ``in_request_order`` keeps each group in the
+    order asked; README "What a seed fixes"). None: unseeded.
     ``temperature``: None = trainer.temperature.
     Raises MissingRewardsError when the run's recent rollouts have too many missing rewards.
     """
     t = session.trainer
     temperature = t.temperature if temperature is None else temperature
     started = time.perf_counter()
+    burst = Burst(uuid.uuid4().hex, len(documents) * rollouts_per_doc) if session.tag_bursts else None
     groups = await art.gather_trajectory_groups(
         (
             art.TrajectoryGroup(
                 rollout(session.model, doc, max_words=t.max_words, max_tokens=t.max_summary_tokens,
                         temperature=temperature, seed=None if seed_key is None else sample_seed(*seed_key, doc.id, i),
-                        sample=i)
+                        sample=i, burst=burst)
                 for i in range(rollouts_per_doc)
             )
             for doc in documents

@@ -6,12 +6,24 @@ The same code runs on every backend: it only talks to ``model.openai_client()``.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Optional
 
 import art
 
 from summrl.data import Document
 from summrl.prompt import summary_messages, word_count
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Rollouts sent together (a val pass, a step's groups), ``size`` rows in all. The embedded server waits for all
+    of them before it generates (``summrl_burst``): a row's logits depend, around 1e-5, on the rows it shares a
+    generate call with, so the calls must not depend on when each request arrived."""
+
+    id: str
+    size: int
+
 
 def sample_seed(*key: object) -> int:
     """A summary's sampling seed from its key, e.g. (run seed, document id, sample index) for val.
@@ -31,9 +43,11 @@ async def rollout(
     temperature: float,
     seed: Optional[int] = None,
     sample: int = 0,
+    burst: Optional[Burst] = None,
 ) -> art.Trajectory:
     """``seed``: the OpenAI ``seed`` parameter (the embedded server and vLLM honour it); None samples freely.
-    ``sample``: the summary's index among its document's, kept in the metadata (``in_request_order`` reads it)."""
+    ``sample``: the summary's index among its document's, kept in the metadata (``in_request_order`` reads it).
+    ``burst``: the rollouts this one is sent with, for a server that reads it (``backends.takes_burst_tags``)."""
     messages = summary_messages(document, max_words)
     completion = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(),
@@ -42,6 +56,7 @@ async def rollout(
         temperature=temperature,
         logprobs=True,
         **({} if seed is None else {"seed": seed}),
+        **({} if burst is None else {"extra_body": {"summrl_burst": {"id": burst.id, "size": burst.size}}}),
     )
     choice = completion.choices[0]
     summary = choice.message.content or ""

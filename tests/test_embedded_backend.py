@@ -190,6 +190,58 @@ def test_a_burst_over_the_batch_size_runs_as_the_same_generate_calls_whatever_it
     assert calls_for(shuffled) == calls_for(requests[::-1]) == in_order
 
 
+def test_a_burst_is_generated_whole_however_slowly_its_rows_arrive(loop, session):
+    """The loop's passes arrive tagged as one Burst: its rows run as one generate call even when they reach the server
+    further apart than the batch window (and than MAX_WAIT_S in all), as a 64-row val pass did on a 2-core machine.
+    The same rows untagged, as any other client sends them, are cut by the window."""
+    from summrl.backends.embedded.server import MAX_WAIT_S
+    from summrl.rollout import Burst
+
+    backend, model, docs, _ = session
+    gap = max(3 * backend.config.batch_window_ms / 1000, MAX_WAIT_S / 2)
+
+    async def send(burst):
+        async def one(i):
+            await asyncio.sleep(gap * i)
+            return await rollout(model, docs[i], max_words=350, max_tokens=4, temperature=1.0, seed=i, burst=burst)
+        return await asyncio.gather(*(one(i) for i in range(3)))
+
+    before = len(backend._batcher.batch_sizes)
+    loop.run_until_complete(send(Burst("pass-1", 3)))
+    assert backend._batcher.batch_sizes[before:] == [3]
+    before = len(backend._batcher.batch_sizes)
+    loop.run_until_complete(send(None))
+    untagged = backend._batcher.batch_sizes[before:]
+    assert sum(untagged) == 3 and len(untagged) > 1  # the first alone; the rest as they queued behind it
+
+
+def test_a_burst_missing_rows_runs_without_them_and_says_so(monkeypatch, caplog):
+    """A burst whose last rows never come (their client failed) is generated once none has arrived for BURST_WAIT_S,
+    with a warning that names it and how many arrived."""
+    from summrl.backends.embedded import server
+    from summrl.backends.embedded.engine import Completion, SamplingParams
+
+    class Engine:  # the batcher's only contract with the engine: generate
+        def generate(self, prompts, params, use_lora=True, seeds=None):
+            return [Completion([1], [0.0], "stop", len(p)) for p in prompts]
+
+    monkeypatch.setattr(server, "BURST_WAIT_S", 0.3)
+    batcher = server.Batcher(Engine(), max_batch_size=16, window_s=0.01)
+    tag = server.BurstTag(id="val-0004", size=3)
+
+    async def two_of_three():
+        return await asyncio.gather(*(batcher.submit([i], SamplingParams(max_tokens=1), True, i, tag) for i in range(2)))
+
+    try:
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="summrl"):
+            assert len(asyncio.run(two_of_three())) == 2
+        assert time.monotonic() - started >= 0.3 and batcher.batch_sizes == [2]
+        assert "burst val-0004: 2 of its 3 rows arrived" in caplog.text
+    finally:
+        batcher.close()
+
+
 def test_endpoint_checks_key_and_model_name(session):
     backend, model, _, _ = session
     url = f"{model.inference_base_url}/chat/completions"

@@ -15,6 +15,7 @@ import pytest
 from summrl.data import Document, Question
 from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.judges.llm import LLMJudge
+from summrl.backends import takes_burst_tags
 from summrl.loop import MissingRewardsError, Session, sample_and_score
 from summrl.rewards import Missing
 from summrl.rewards.qa import QAReward
@@ -219,7 +220,7 @@ def policy_session(fake: FakeLLM, max_missing: float, window: int = 64) -> Sessi
     judge = LLMJudge(client(fake, max_retries=0))
     reward = QAReward(judge, max_chars=3000, forbid_han=True, include_unanswerable=True)
     return Session(config=config, backend=None, model=model, judge=judge, reward=reward,  # type: ignore[arg-type]
-                   val_reward=reward, tracker=Tracker())
+                   val_reward=reward, tracker=Tracker(), tag_bursts=takes_burst_tags(config))
 
 
 def test_groups_with_a_missing_reward_are_dropped_and_counted(fake, secret_env):
@@ -246,6 +247,26 @@ def test_a_groups_summaries_keep_the_order_they_were_asked_for_whatever_order_th
     assert [t.messages_and_choices[-1].message.content for t in trajectories] == \
         [reply_for_seed[sample_seed(7, DOC.id, i)] for i in range(4)]
     assert [t.metadata["sample"] for t in trajectories] == [0, 1, 2, 3]
+
+
+def test_a_pass_is_sent_to_the_embedded_server_as_one_burst_and_to_other_servers_untagged(fake, secret_env):
+    # The embedded batcher waits for a whole burst (a row's logits depend on the rows beside it); vLLM and W&B's
+    # servers are not sent the extension. (A session per pass: a client's connections belong to one event loop.)
+    docs = [DOC, Document(id="d2", topic="t", text="x", questions=DOC.questions)]
+    for _ in range(2):
+        session = policy_session(fake, max_missing=1.0)
+        assert session.config.backend.kind == "embedded" and session.tag_bursts
+        fake.script = [Reply("summary")] * 6
+        asyncio.run(sample_and_score(session, docs, rollouts_per_doc=3, reward=session.reward))
+    tags = [r["summrl_burst"] for r in fake.requests if r.get("model") == "fake-policy"]
+    assert len(tags) == 12 and all(t["size"] == 6 for t in tags)
+    assert len({t["id"] for t in tags[:6]}) == len({t["id"] for t in tags[6:]}) == 1 and tags[0]["id"] != tags[6]["id"]
+    fake.requests.clear()
+    session = policy_session(fake, max_missing=1.0)
+    session.tag_bursts = takes_burst_tags(compose_config(["backend=local_gpu"]))
+    fake.script = [Reply("summary")] * 2
+    asyncio.run(sample_and_score(session, [DOC], rollouts_per_doc=2, reward=session.reward))
+    assert [r for r in fake.requests if "summrl_burst" in r] == [] and len(fake.requests) >= 2
 
 
 def test_too_many_missing_rewards_stop_the_run_naming_the_judge(fake, secret_env):

@@ -40,6 +40,12 @@ def build_backend(config: Any, run_dir: str) -> Any:
     raise ValueError(f"backend.kind={kind} is not available")
 
 
+def takes_burst_tags(config: Any) -> bool:
+    """Whether the backend's server reads ``summrl_burst`` (rollout.Burst): the embedded one, whose batcher then makes
+    generate calls that do not depend on when each request arrived. Other servers are not sent it."""
+    return config.backend.kind == "embedded"
+
+
 def check_local_gpu() -> None:
     """Fail before any model loads when ART's LocalBackend can't run here."""
     # Unsloth (training) comes with the [gpu] extra; vLLM is not imported here: ART 0.5.18 installs its own

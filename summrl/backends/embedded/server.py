@@ -1,7 +1,8 @@
 """An OpenAI-compatible ``/v1/chat/completions`` endpoint on 127.0.0.1 for the embedded engine.
 
 Requests are queued to one batcher thread. It collects requests until none has arrived for ``batch_window_ms``,
-then runs them through ``Engine.generate`` calls of at most ``max_batch_size`` rows, in a fixed order. Logprob
+then runs them through ``Engine.generate`` calls of at most ``max_batch_size`` rows, in a fixed order. Requests tagged
+``summrl_burst`` (the training loop's passes) are waited for until the whole burst has arrived, however slowly. Logprob
 tokens are returned as ``token_id:<id>``, as ART's vLLM server does, so ART's tokenizer can map
 them back exactly.
 """
@@ -10,20 +11,31 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import queue
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass
+from collections import Counter
 from typing import Any, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from summrl.backends.embedded.compute import on_compute_thread
 from summrl.backends.embedded.engine import Completion, Engine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class BurstTag(BaseModel):
+    """``summrl_burst``: this row is one of ``size`` rows sent together (a val pass, a step's rollouts)."""
+
+    id: str
+    size: int = Field(ge=1)
 
 
 class ChatRequest(BaseModel):
@@ -39,6 +51,7 @@ class ChatRequest(BaseModel):
     seed: Optional[int] = None
     stream: Optional[bool] = None
     response_format: Optional[dict[str, Any]] = None  # json_object / json_schema: constrained decoding
+    summrl_burst: Optional[BurstTag] = None  # an extension: wait for the burst's other rows (each choice is a row)
 
     model_config = {"extra": "allow"}
 
@@ -51,9 +64,11 @@ class _Pending:
     seed: Optional[int]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    burst: Optional[BurstTag] = None
 
 
 MAX_WAIT_S = 0.5  # a steady stream of requests still starts a batch this soon after its first
+BURST_WAIT_S = 10.0  # an incomplete burst runs without the rest once none of them has arrived for this long
 
 
 class Batcher:
@@ -69,10 +84,10 @@ class Batcher:
         self.thread.start()
 
     async def submit(self, prompt: list[int], params: SamplingParams, use_lora: bool,
-                     seed: Optional[int] = None) -> Completion:
+                     seed: Optional[int] = None, burst: Optional[BurstTag] = None) -> Completion:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.queue.put(_Pending(prompt, params, use_lora, seed, loop, future))
+        self.queue.put(_Pending(prompt, params, use_lora, seed, loop, future, burst))
         return await future
 
     def close(self) -> None:
@@ -81,18 +96,28 @@ class Batcher:
 
     def _collect(self, first: _Pending) -> tuple[list[_Pending], bool]:
         """The requests that arrive within ``window_s`` of each other (at most ``MAX_WAIT_S`` after the first), however
-        many: ``_run`` splits them into generate calls of ``max_batch_size`` in a fixed order.
+        many, and every row of each burst among them: ``_run`` splits them into generate calls of ``max_batch_size``
+        in a fixed order.
 
         The window restarts at each arrival. The first request of a burst reaches the batcher 30 to 60 ms before the
         rest (it rides the one warm connection; the others open theirs): with a 30 ms window counted from it, a val
         pass of 32 rows ran as 1 + 16 + 15 (the lone row alone took 7.1 s) and 16 documents posted at once to
-        summrl.serve as 1 + 15 (27.8 s where one batch of 16 takes 21 s). A lone request waits ``window_s``."""
+        summrl.serve as 1 + 15 (27.8 s where one batch of 16 takes 21 s). A lone request waits ``window_s``.
+        No window is long enough for a pass to arrive whole on every machine: the server tokenizes each request
+        before queuing it, and on a 2-core Zen 3 a 64-row val pass of ``experiment=local`` arrived as 9 + 55 and 3 + 61
+        with the 100 ms window, so its summaries, and the val reward, changed from run to run. A tagged burst is
+        therefore collected whole."""
         batch, start = [first], time.monotonic()
         while True:
-            timeout = min(self.window_s, start + MAX_WAIT_S - time.monotonic())
+            waiting = _incomplete_bursts(batch)
+            timeout = BURST_WAIT_S if waiting else min(self.window_s, start + MAX_WAIT_S - time.monotonic())
             try:
                 item = self.queue.get(timeout=timeout) if timeout > 0 else self.queue.get_nowait()
             except queue.Empty:
+                for burst, arrived in waiting:
+                    log.warning(f"summrl: burst {burst.id}: {arrived} of its {burst.size} rows arrived, then none for "
+                                f"{BURST_WAIT_S:.0f} s; generating these without the rest (this pass may not replay "
+                                f"exactly)")
                 break
             if item is None:
                 return batch, True
@@ -108,8 +133,9 @@ class Batcher:
             batch, stop = self._collect(first)
             # Requests that sample differently run in separate generate calls.
             by_kind: dict[tuple, list[_Pending]] = {}
-            for item in batch:
-                by_kind.setdefault((item.params.key(), item.use_lora), []).append(item)
+            for item in batch:  # a burst runs in calls of its own: what shares them must not depend on timing
+                burst = None if item.burst is None else item.burst.id
+                by_kind.setdefault((item.params.key(), item.use_lora, burst), []).append(item)
             calls = []
             for items in by_kind.values():
                 # A row's logits depend (around 1e-5) on the rows beside it (the matrix products' blocking follows the
@@ -139,6 +165,13 @@ class Batcher:
                 for item, result in zip(items, results):
                     result = _truncate(result, item.params.max_tokens)
                     item.loop.call_soon_threadsafe(_set_result, item.future, result)
+
+
+def _incomplete_bursts(batch: list[_Pending]) -> list[tuple[BurstTag, int]]:
+    """Each burst in ``batch`` with fewer rows than its size, and how many it has."""
+    arrived = Counter(item.burst.id for item in batch if item.burst is not None)
+    tags = {item.burst.id: item.burst for item in batch if item.burst is not None}
+    return [(tags[key], count) for key, count in arrived.items() if count < tags[key].size]
 
 
 def _truncate(result: Completion, max_tokens: int) -> Completion:
@@ -208,7 +241,8 @@ def build_app(
         )
         # A seed fixes the row's draws whatever else is batched with it; the n choices get seed, seed+1, ...
         results = await asyncio.gather(*(
-            batcher.submit(prompt, params, names[request.model], None if request.seed is None else request.seed + i)
+            batcher.submit(prompt, params, names[request.model], None if request.seed is None else request.seed + i,
+                           request.summrl_burst)
             for i in range(request.n)
         ))
         return _chat_response(engine, request, prompt, results)

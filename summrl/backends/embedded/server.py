@@ -17,8 +17,8 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import uvicorn

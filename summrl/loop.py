@@ -194,7 +194,7 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
     t = session.trainer
     temperature = t.temperature if temperature is None else temperature
     started = time.perf_counter()
-    burst = Burst(uuid.uuid4().hex, len(documents) * rollouts_per_doc) if session.tag_bursts else None
+    burst = Burst(id=uuid.uuid4().hex, size=len(documents) * rollouts_per_doc) if session.tag_bursts else None
     groups = await art.gather_trajectory_groups(
         (
             art.TrajectoryGroup(

@@ -6,23 +6,22 @@ The same code runs on every backend: it only talks to ``model.openai_client()``.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Optional
 
 import art
+from pydantic import BaseModel, Field
 
 from summrl.data import Document
 from summrl.prompt import summary_messages, word_count
 
 
-@dataclass(frozen=True)
-class Burst:
-    """Rollouts sent together (a val pass, a step's groups), ``size`` rows in all. The embedded server waits for all
-    of them before it generates (``summrl_burst``): a row's logits depend, around 1e-5, on the rows it shares a
-    generate call with, so the calls must not depend on when each request arrived."""
+class Burst(BaseModel):
+    """Rollouts sent together (a val pass, a step's groups), ``size`` rows in all, as the request field
+    ``summrl_burst``. The embedded server waits for all of them before it generates: a row's logits depend, around
+    1e-5, on the rows it shares a generate call with, so the calls must not depend on when each request arrived."""
 
     id: str
-    size: int
+    size: int = Field(ge=1)
 
 
 def sample_seed(*key: object) -> int:
@@ -56,7 +55,7 @@ async def rollout(
         temperature=temperature,
         logprobs=True,
         **({} if seed is None else {"seed": seed}),
-        **({} if burst is None else {"extra_body": {"summrl_burst": {"id": burst.id, "size": burst.size}}}),
+        **({} if burst is None else {"extra_body": {"summrl_burst": burst.model_dump()}}),
     )
     choice = completion.choices[0]
     summary = choice.message.content or ""

@@ -207,7 +207,7 @@ def test_a_burst_is_generated_whole_however_slowly_its_rows_arrive(loop, session
         return await asyncio.gather(*(one(i) for i in range(3)))
 
     before = len(backend._batcher.batch_sizes)
-    loop.run_until_complete(send(Burst("pass-1", 3)))
+    loop.run_until_complete(send(Burst(id="pass-1", size=3)))
     assert backend._batcher.batch_sizes[before:] == [3]
     before = len(backend._batcher.batch_sizes)
     loop.run_until_complete(send(None))
@@ -227,7 +227,7 @@ def test_a_burst_missing_rows_runs_without_them_and_says_so(monkeypatch, caplog)
 
     monkeypatch.setattr(server, "BURST_WAIT_S", 0.3)
     batcher = server.Batcher(Engine(), max_batch_size=16, window_s=0.01)
-    tag = server.BurstTag(id="val-0004", size=3)
+    tag = server.Burst(id="val-0004", size=3)
 
     async def two_of_three():
         return await asyncio.gather(*(batcher.submit([i], SamplingParams(max_tokens=1), True, i, tag) for i in range(2)))

@@ -23,19 +23,13 @@ from typing import Any, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from summrl.backends.embedded.compute import on_compute_thread
 from summrl.backends.embedded.engine import Completion, Engine, SamplingParams
+from summrl.rollout import Burst
 
 log = logging.getLogger(__name__)
-
-
-class BurstTag(BaseModel):
-    """``summrl_burst``: this row is one of ``size`` rows sent together (a val pass, a step's rollouts)."""
-
-    id: str
-    size: int = Field(ge=1)
 
 
 class ChatRequest(BaseModel):
@@ -51,7 +45,7 @@ class ChatRequest(BaseModel):
     seed: Optional[int] = None
     stream: Optional[bool] = None
     response_format: Optional[dict[str, Any]] = None  # json_object / json_schema: constrained decoding
-    summrl_burst: Optional[BurstTag] = None  # an extension: wait for the burst's other rows (each choice is a row)
+    summrl_burst: Optional[Burst] = None  # an extension: wait for the burst's other rows (each choice is a row)
 
     model_config = {"extra": "allow"}
 
@@ -64,7 +58,7 @@ class _Pending:
     seed: Optional[int]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-    burst: Optional[BurstTag] = None
+    burst: Optional[Burst] = None
 
 
 MAX_WAIT_S = 0.5  # a steady stream of requests still starts a batch this soon after its first
@@ -84,7 +78,7 @@ class Batcher:
         self.thread.start()
 
     async def submit(self, prompt: list[int], params: SamplingParams, use_lora: bool,
-                     seed: Optional[int] = None, burst: Optional[BurstTag] = None) -> Completion:
+                     seed: Optional[int] = None, burst: Optional[Burst] = None) -> Completion:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.queue.put(_Pending(prompt, params, use_lora, seed, loop, future, burst))
@@ -167,7 +161,7 @@ class Batcher:
                     item.loop.call_soon_threadsafe(_set_result, item.future, result)
 
 
-def _incomplete_bursts(batch: list[_Pending]) -> list[tuple[BurstTag, int]]:
+def _incomplete_bursts(batch: list[_Pending]) -> list[tuple[Burst, int]]:
     """Each burst in ``batch`` with fewer rows than its size, and how many it has."""
     arrived = Counter(item.burst.id for item in batch if item.burst is not None)
     tags = {item.burst.id: item.burst for item in batch if item.burst is not None}

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from summrl.backends import takes_burst_tags
 from summrl.checkpoints import checkpoint_steps, resolve_step
 from summrl.config import RubricRewardConfig, RulerRewardConfig
 from summrl.data import Document
@@ -58,6 +59,7 @@ class Service:
         self.judge_usage: Any = None
         self.recorder = Recorder(config.run.run_dir) if config.serve.record else None
         self.tokenizer: Any = None
+        self.arrivals: Any = None  # serve.arrivals.Arrivals, for the embedded server: concurrent requests as one burst
         s = config.serve
         key_env = s.api_key_env
         self.api_key = os.environ.get(key_env) if key_env else None
@@ -79,6 +81,10 @@ class Service:
             self.inner = await self.server.serve(self.step)
             self.client = AsyncOpenAI(base_url=self.server.base_url, api_key=self.server.api_key or "none",
                                       max_retries=0, timeout=600)
+            if takes_burst_tags(train):
+                from summrl.serve.arrivals import Arrivals
+
+                self.arrivals = Arrivals(train.backend.batch_window_ms / 1000)
             self.selector = self._selector()
             self.ready = True
             s = self.config.serve
@@ -163,6 +169,9 @@ class Service:
             self.step = target
 
     async def generate(self, messages: list[dict], n: int, **params: Any) -> Any:
+        if self.arrivals is not None:
+            burst = await self.arrivals.join(n)
+            params["extra_body"] = {"summrl_burst": burst.model_dump()}
         return await self.client.chat.completions.create(model=self.inner, messages=messages, n=n, **params)
 
     async def summarize(self, request: SummarizeRequest) -> dict:

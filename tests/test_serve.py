@@ -85,8 +85,9 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
 def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(monkeypatch):
     """The first of concurrent requests reaches the engine's server well before the rest (it rides the one warm
     connection while this app and that server tokenize the others: 153 ms on a 2-core Zen 3, past the batcher's
-    window), so the door tags the requests that arrive together as one burst, which the batcher collects whole. The
-    door's window restarts at each arrival, as the batcher's does; vLLM (backend=local_gpu) is sent no tag."""
+    window), so /v1/summarize tags the requests that arrive together as one burst, which the batcher collects whole.
+    The door's window restarts at each arrival, as the batcher's does. vLLM (backend=local_gpu) is sent no tag, nor is
+    the chat pass-through (a request the engine's server refused would hold its burst back)."""
     from types import SimpleNamespace
 
     import summrl.backends.serving as serving
@@ -105,33 +106,38 @@ def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(mo
             return Endpoint()
 
         monkeypatch.setattr(serving, "start_server", start_server)
-        monkeypatch.setattr(app, "load_tokenizer", lambda model: None)
+        monkeypatch.setattr(app, "load_tokenizer", lambda model: lambda text, **kw: {"input_ids": text.split()})
 
-        def tags(overrides: list[str], arrivals: list[tuple[float, int]]) -> list:
-            """The summrl_burst each request carried to the backend, for requests arriving at (seconds, n)."""
-            train = compose_config(overrides)
-            service = app.Service(ServeConfig(run=SimpleNamespace(name="r"), step=1, follow="fixed", train=train,
-                                              serve=ServeSection()))
+        def tags(overrides: list[str], arrivals: list[float], chat: bool = False) -> list:
+            """The summrl_burst each best-of-2 request carried to the backend, for requests arriving at these times."""
+            service = app.Service(ServeConfig(run=SimpleNamespace(name="r"), step=1, follow="fixed",
+                                              train=compose_config(overrides),
+                                              serve=ServeSection(best_of_n=2, selector="length")))
 
-            async def arrive(at: float, n: int) -> None:
+            async def arrive(at: float) -> None:
                 await asyncio.sleep(at)
-                await service.generate([{"role": "user", "content": f"document {at}"}], n, max_tokens=8)
+                if chat:
+                    await service.generate([{"role": "user", "content": f"document {at}"}], 2, max_tokens=8)
+                else:
+                    await service.summarize(app.SummarizeRequest(document=f"document {at}"))
 
             async def main() -> None:
                 await service.start()
-                await asyncio.gather(*(arrive(at, n) for at, n in arrivals))
+                await asyncio.gather(*(arrive(at) for at in arrivals))
 
             fake.requests.clear()
             asyncio.run(main())
-            return [request.get("summrl_burst") for request in sorted(fake.requests, key=lambda r: r["messages"][0]["content"])]
+            ordered = sorted(fake.requests, key=lambda r: r["messages"][-1]["content"])
+            return [request.get("summrl_burst") for request in ordered]
 
-        # the third arrives 0.3 s after the first (past the 0.25 s window) but 0.15 s after the second
         embedded = ["experiment=local", "backend.batch_window_ms=250"]
-        together = tags(embedded, [(0.0, 4), (0.15, 4), (0.3, 2)])
-        assert [t["size"] for t in together] == [10, 10, 10] and len({t["id"] for t in together}) == 1
-        alone = tags(embedded, [(0.0, 4), (0.6, 4)])  # a group closes: the next request starts another
-        assert [t["size"] for t in alone] == [4, 4] and alone[0]["id"] != alone[1]["id"]
-        assert tags(["experiment=local", "backend=local_gpu", "judge=lexical"], [(0.0, 4), (0.15, 4)]) == [None, None]
+        # the third arrives 0.3 s after the first (past the 0.25 s window) but 0.15 s after the second
+        together = tags(embedded, [0.0, 0.15, 0.3])
+        assert [t["size"] for t in together] == [6, 6, 6] and len({t["id"] for t in together}) == 1
+        alone = tags(embedded, [0.0, 0.6])  # a group closes: the next request starts another
+        assert [t["size"] for t in alone] == [2, 2] and alone[0]["id"] != alone[1]["id"]
+        assert tags(embedded, [0.0, 0.15], chat=True) == [None, None]
+        assert tags(["experiment=local", "backend=local_gpu", "judge=lexical"], [0.0, 0.15]) == [None, None]
 
 
 def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weights):

@@ -59,7 +59,7 @@ class Service:
         self.judge_usage: Any = None
         self.recorder = Recorder(config.run.run_dir) if config.serve.record else None
         self.tokenizer: Any = None
-        self.arrivals: Any = None  # serve.arrivals.Arrivals, for the embedded server: concurrent requests as one burst
+        self.arrivals: Any = None  # serve.arrivals.Arrivals, for the embedded server: concurrent summaries as one burst
         s = config.serve
         key_env = s.api_key_env
         self.api_key = os.environ.get(key_env) if key_env else None
@@ -168,8 +168,11 @@ class Service:
             log.info(f"summrl: reloaded: serving step {target} (was {self.step})")
             self.step = target
 
-    async def generate(self, messages: list[dict], n: int, **params: Any) -> Any:
-        if self.arrivals is not None:
+    async def generate(self, messages: list[dict], n: int, *, as_burst: bool = False, **params: Any) -> Any:
+        """``as_burst``: sent with the requests that arrive with it, as one burst (embedded only). Only for requests
+        the server is sure to accept (``/v1/summarize`` builds its own): a burst's rows that never reach the batcher
+        hold the rest back 10 s."""
+        if as_burst and self.arrivals is not None:
             burst = await self.arrivals.join(n)
             params["extra_body"] = {"summrl_burst": burst.model_dump()}
         return await self.client.chat.completions.create(model=self.inner, messages=messages, n=n, **params)
@@ -187,7 +190,7 @@ class Service:
                             questions=())
         temperature = t.temperature if s.temperature is None else s.temperature
         step = self.step
-        response = await self.generate(summary_messages(document, t.max_words), s.best_of_n,
+        response = await self.generate(summary_messages(document, t.max_words), s.best_of_n, as_burst=True,
                                        max_tokens=t.max_summary_tokens, temperature=temperature, seed=request.seed)
         samples = [c.message.content or "" for c in response.choices]
         chosen, score, fallback, cost = await self.select(document, samples)

@@ -1,4 +1,5 @@
-"""Requests that reach ``summrl.serve`` together, sent on to the embedded server as one burst (``rollout.Burst``).
+"""``/v1/summarize`` requests that reach ``summrl.serve`` together, sent on to the embedded server as one burst
+(``rollout.Burst``).
 
 The embedded batcher batches what reaches it within ``backend.batch_window_ms`` of each other, but a request's path to
 it is not the same for all: the first of 16 concurrent requests rides the one warm connection to the engine's server

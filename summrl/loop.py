@@ -13,7 +13,6 @@ import os
 import random
 import time
 import traceback
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -194,7 +193,7 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
     t = session.trainer
     temperature = t.temperature if temperature is None else temperature
     started = time.perf_counter()
-    burst = Burst(id=uuid.uuid4().hex, size=len(documents) * rollouts_per_doc) if session.tag_bursts else None
+    burst = Burst.new(len(documents) * rollouts_per_doc) if session.tag_bursts else None
     groups = await art.gather_trajectory_groups(
         (
             art.TrajectoryGroup(

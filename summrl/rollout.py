@@ -6,6 +6,7 @@ The same code runs on every backend: it only talks to ``model.openai_client()``.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from typing import Optional
 
 import art
@@ -22,6 +23,14 @@ class Burst(BaseModel):
 
     id: str
     size: int = Field(ge=1)
+
+    @classmethod
+    def new(cls, size: int) -> "Burst":
+        return cls(id=uuid.uuid4().hex, size=size)
+
+    def request_fields(self) -> dict:
+        """The openai client's arguments that send this tag with a request."""
+        return {"extra_body": {"summrl_burst": self.model_dump()}}
 
 
 def sample_seed(*key: object) -> int:
@@ -55,7 +64,7 @@ async def rollout(
         temperature=temperature,
         logprobs=True,
         **({} if seed is None else {"seed": seed}),
-        **({} if burst is None else {"extra_body": {"summrl_burst": burst.model_dump()}}),
+        **({} if burst is None else burst.request_fields()),
     )
     choice = completion.choices[0]
     summary = choice.message.content or ""

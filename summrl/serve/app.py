@@ -174,7 +174,7 @@ class Service:
         hold the rest back 10 s."""
         if as_burst and self.arrivals is not None:
             burst = await self.arrivals.join(n)
-            params["extra_body"] = {"summrl_burst": burst.model_dump()}
+            params.update(burst.request_fields())
         return await self.client.chat.completions.create(model=self.inner, messages=messages, n=n, **params)
 
     async def summarize(self, request: SummarizeRequest) -> dict:

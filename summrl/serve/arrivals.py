@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -54,4 +53,4 @@ class Arrivals:
     def _close(self, group: _Group) -> None:
         if self._open is group:
             self._open = None
-        group.closed.set_result(Burst(id=uuid.uuid4().hex, size=group.rows))
+        group.closed.set_result(Burst.new(group.rows))

@@ -104,6 +104,7 @@ class RunRecord:
         self.fields: dict[str, Any] = {}
         self.val_history: list[dict] = list(self.earlier.get("val_history", []))
         self.attempts: list[dict] = list(self.earlier.get("attempts", []))  # one per invocation that trained
+        self.untrained_steps: list[int] = list(self.earlier.get("untrained_steps", []))  # no group trainable
         self.started = time.time()
         self.saved = False  # this invocation has written the record
 
@@ -113,6 +114,7 @@ class RunRecord:
             self.earlier = earlier
             self.val_history = list(earlier.get("val_history", []))
             self.attempts = list(earlier.get("attempts", []))
+            self.untrained_steps = list(earlier.get("untrained_steps", []))
 
     def begin_attempt(self, step: int, managed_job_id: Optional[str]) -> None:
         """This invocation trains from ``step`` (0, or the checkpoint it resumed). A managed job's recovery is a new
@@ -131,9 +133,15 @@ class RunRecord:
         if self.attempts:
             self.attempts[-1].update(end_step=step, steps_trained=step - self.attempts[-1]["start_step"])
 
+    def untrained(self, step: int) -> None:
+        """Step ``step`` trained no group: every group's rewards were equal, so GRPO had no advantage."""
+        self.untrained_steps.append(step)
+
     def resume_at(self, step: int) -> None:
-        """The run resumes at ``step``: the earlier val scores up to it are kept, later ones are scored again."""
+        """The run resumes at ``step``: the earlier val scores up to it are kept, later ones are scored again (and
+        later steps trained again)."""
         self.val_history = [h for h in self.earlier.get("val_history", []) if h["step"] <= step]
+        self.untrained_steps = [s for s in self.earlier.get("untrained_steps", []) if s <= step]
 
     def update(self, **fields: Any) -> None:
         self.fields.update(fields)
@@ -143,7 +151,8 @@ class RunRecord:
         (this invocation's time not counted when ``timed`` is false: it trained nothing)."""
         wall_s = round(self.earlier.get("wall_s", 0.0) + (time.time() - self.started if timed else 0.0), 1)
         attempts = {"attempts": self.attempts} if self.attempts else {}
-        write_result(self.run_dir, {**self.fields, "val_history": self.val_history, **attempts, "wall_s": wall_s})
+        write_result(self.run_dir, {**self.fields, "val_history": self.val_history, **attempts,
+                                    "untrained_steps": self.untrained_steps, "wall_s": wall_s})
         self.saved = True
 
     def fail(self, kind: str, line: str, exit_code: int) -> None:
@@ -156,7 +165,7 @@ class RunRecord:
             if self.earlier and "status" not in self.fields:
                 return
             self.fields = {**{k: v for k, v in self.earlier.items()
-                              if k not in ("traceback", "val_history", "attempts", "wall_s")},
+                              if k not in ("traceback", "val_history", "attempts", "untrained_steps", "wall_s")},
                            **self.fields, "status": "failed", "error": line, **self.job.record()}
         self.update(error_kind=kind, exit_code=exit_code)
         self.save(timed=timed)

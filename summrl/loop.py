@@ -25,7 +25,7 @@ from art.utils.iterate_dataset import iterate_dataset
 
 from summrl import algorithm, inbox, sft
 from summrl.backends import build_backend, internal_config, takes_burst_tags
-from summrl.config import Config
+from summrl.config import Config, reward_kinds
 from summrl.data import Document
 from summrl.facts import hallucinates
 from summrl.job import RunRecord, peak_rss_gb
@@ -322,6 +322,20 @@ async def online_documents(config: Config, splits: Splits) -> tuple[Splits, Opti
         splits = await load_documents(config)
 
 
+def nothing_learned(config: Config, steps: list[int]) -> str:
+    """Why a run whose every step trained no group learned nothing, and what to change."""
+    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    if "ruler" in reward_kinds(config.reward) and config.judge.kind in ("local", "embedded"):
+        why = (f"judge={config.judge.kind}'s embedded model gave every summary of a group the same RULER score; "
+               "RULER needs a judge that can rank: a hosted one (judge=gemini_flash) or an instruct model of a few "
+               "billion parameters behind judge=openai_compatible")
+    else:
+        why = (f"reward={config.reward.kind} gave every summary of a group the same reward; it needs summaries that "
+               "differ (trainer.temperature > 0) and a reward that tells them apart")
+    return (f"summrl: {span} trained nothing (the LoRA is unchanged; result.json untrained_steps): GRPO learns from "
+            f"differences within a group, and {why}")
+
+
 def scored_at(history: list[dict], step: int) -> bool:
     return any(h["step"] == step for h in history)
 
@@ -377,6 +391,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         # dataset=inbox: each new document once, in the order it was recorded; otherwise epochs of the train split
         batches = (online.batches(step, t.groups_per_step) if online is not None
                    else training_batches(train_docs, t, config.seed, initial_step=step - sft_steps))
+        trained_steps: list[tuple[int, bool]] = []  # (step, no group trainable) of this invocation
         for batch in batches:
             if batch.step >= t.max_steps and online is None:
                 break
@@ -395,7 +410,14 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             record.save()  # with the checkpoint's backup: a preempted machine leaves its attempt's steps in S3
             backup.save_result(config.run.dir)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
-            log.info(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}")
+            flat = trained.metrics.get("data/step_num_groups_trainable") == 0  # ART's count, on every backend
+            if flat:
+                record.untrained(step)
+            log.info(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}"
+                     f"{' | nothing trained: every group scored its summaries alike' if flat else ''}")
+            trained_steps.append((step, flat))
+        if trained_steps and all(flat for _, flat in trained_steps):
+            log.warning(nothing_learned(config, [s for s, _ in trained_steps]))
         if not scored_at(history, step):
             history.append(await evaluate(session, val, step))
         await backup.after_step(step, final=True)  # the final val rows reach the backed-up history

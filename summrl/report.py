@@ -32,7 +32,7 @@ from summrl.job import RESULT_FILE, JobInfo, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
            "final_val_qa_accuracy", "final_val_hallucination_rate", "algorithm", "sft", "val_qa_before_sft",
-           "val_qa_after_sft", "sft_samples_kept", "steps", "judge_cost_usd", "minutes", "overrides", "error"]
+           "val_qa_after_sft", "sft_samples_kept", "steps", "steps_untrained", "judge_cost_usd", "minutes", "overrides", "error"]
 SFT_COLUMNS = ["sft", "val_qa_before_sft", "val_qa_after_sft", "sft_samples_kept"]  # shown when a job has an SFT stage
 METRICS = {"qa_accuracy": "val QA accuracy (share of questions answered)", "reward": "val reward"}
 # Compared in the paired table beside the score when every job measured it (lower is better).
@@ -111,6 +111,9 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
             "val_qa_after_sft": (sft.get("val_after") or {}).get("val_qa_accuracy"),
             "sft_samples_kept": sft.get("samples_kept"),
             "steps": result.get("steps"),
+            # steps at which no group was trained (every summary of each group scored alike): an arm that learned
+            # nothing shows here rather than as a val curve that merely stayed flat
+            "steps_untrained": len(result["untrained_steps"]) if "untrained_steps" in result else None,
             "judge_cost_usd": result.get("judge_cost_usd"),
             "minutes": round(result["wall_s"] / 60, 1) if "wall_s" in result else None,
             "overrides": " ".join(overrides),
@@ -118,7 +121,8 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
         })
         curves[job] = val_curves(job_dir, result)
         results[job] = result
-    table = pd.DataFrame(rows, columns=COLUMNS).astype({"steps": "Int64", "sft_samples_kept": "Int64"})
+    table = pd.DataFrame(rows, columns=COLUMNS).astype({"steps": "Int64", "steps_untrained": "Int64",
+                                                        "sft_samples_kept": "Int64"})
     return table, curves, common, results
 
 

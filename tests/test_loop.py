@@ -142,3 +142,18 @@ def test_missing_reward_limit_is_judged_over_a_window_and_says_what_failed():
     assert "timeout_s" not in fixes and "trainer.max_missing_reward_rate" in fixes
     assert window.record() == {"scored": 16, "missing": 7,
                                "missing_by_error": {"Timeout": 2, "RateLimitError": 3, "ReplyShapeError": 2}}
+
+
+def test_a_run_that_trained_nothing_says_why_and_what_to_change():
+    """Every step's groups scored alike (GRPO had no advantage): the end-of-run warning names the cause. With RULER
+    judged by the embedded 135M model (experiment=local's judge), the judge is why; otherwise the reward."""
+    from summrl.loop import nothing_learned
+    from tests.conftest import compose_config
+
+    ruler = nothing_learned(compose_config(["experiment=local", "reward=ruler"]), [17, 18])
+    assert ruler.startswith("summrl: steps 17-18 trained nothing")
+    assert "judge=local's embedded model gave every summary of a group the same RULER score" in ruler
+    assert "judge=gemini_flash" in ruler
+    qa = nothing_learned(compose_config(["experiment=local"]), [1])
+    assert qa.startswith("summrl: step 1 trained nothing") and "reward=qa gave every summary" in qa
+    assert "RULER" not in qa

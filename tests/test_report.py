@@ -31,7 +31,9 @@ def write_job(job_dir: Path, overrides: list[str], seed: str, curve: list[float]
               "judge_cost_usd": 0.25}
     if status == "completed":
         result.update(steps=len(curve) - 1, best_val_score=max(curve) / 2, final_val_score=curve[-1] / 2,
-                      best_val_qa_accuracy=max(curve), final_val_qa_accuracy=curve[-1])
+                      best_val_qa_accuracy=max(curve), final_val_qa_accuracy=curve[-1],
+                      # the ruler arm as a judge that can't rank leaves it: no step trained a group
+                      untrained_steps=list(range(1, len(curve))) if "reward=ruler" in overrides else [])
     else:
         result["error"] = "MissingRewardsError: judge down"
     write_result(job_dir, result)
@@ -61,6 +63,7 @@ def test_report_table_stats_and_plots(sweep, tmp_path):
     assert table.loc[1, "best_val_qa_accuracy"] == 0.7 and table.loc[1, "final_val_qa_accuracy"] == 0.7
     assert table.loc[4, "error"] == "MissingRewardsError: judge down"
     assert table.minutes.tolist()[0] == 1.5 and table.judge_cost_usd.tolist()[0] == 0.25
+    assert table.steps_untrained.tolist()[:4] == [0, 0, 2, 2] and pd.isna(table.steps_untrained[4])
 
     report = (out / "report.md").read_text()
     assert "5 jobs: 4 completed, 1 failed." in report

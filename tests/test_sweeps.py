@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -30,6 +31,15 @@ def test_wandb_sweep_isolates_a_failing_job_and_reports(shared_sweep, tmp_path):
     assert ok["overrides"] == [*SWEEP_ARGS, shared_sweep.weights, "algorithm=grpo", "dataset.train_size=2"]
     assert ok["final_val_qa_accuracy"] is not None and ok["judge_cost_usd"] == 0.0 and ok["wall_s"] > 0
     assert failed["status"] == "failed" and "train_size" in failed["error"]
+    # The tiny model's random-token summaries answer no question: the step's two summaries scored alike, nothing was
+    # trained (ART's count of trainable groups is 0), and the run says so in result.json, its log and the report.
+    history = [json.loads(line) for line in (jobs[("grpo", 2)] / "art" / "summrl" / "models" / ok["run_name"] /
+                                             "history.jsonl").read_text().splitlines()]
+    assert [r["data/step_num_groups_trainable"] for r in history if "train/reward" in r] == [0.0]
+    assert ok["untrained_steps"] == [1]
+    printed = (jobs[("grpo", 2)] / "train.log").read_text()
+    assert "| nothing trained: every group scored its summaries alike" in printed
+    assert "summrl: step 1 trained nothing (the LoRA is unchanged; result.json untrained_steps)" in printed
 
     good, bad = wandb_records(jobs[("grpo", 2)]), wandb_records(jobs[("grpo", 999)])
     assert good["project"] == "summrl" and good["group"] == "2026-11-22_05-10-00" == bad["group"]
@@ -59,6 +69,8 @@ def test_wandb_sweep_isolates_a_failing_job_and_reports(shared_sweep, tmp_path):
 
     report = run_cli_report(shared_sweep.folder, tmp_path / "report")
     assert "4 jobs: 2 completed, 2 failed." in report
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert summary[summary.status == "completed"].steps_untrained.tolist() == [1, 1]
     import matplotlib.image as mpimg
 
     for name in ("val_curves.png", "best_val.png"):

@@ -71,6 +71,9 @@ def test_a_rerun_resumes_at_the_last_step_and_keeps_the_earlier_val_scores(share
     weights = load_file(shared_run.model_dir / "checkpoints" / "0003" / "adapter_model.safetensors")
     changed = any(not torch.equal(weights[k], v) for k, v in shared_run.after_first["lora_step2"].items())
     assert changed == (step3["data/step_num_groups_trainable"] > 0)
+    # result.json lists the steps that trained no group, across both invocations
+    assert resumed["untrained_steps"] == [r["step"] for r in shared_run.history()
+                                          if "train/reward" in r and r["data/step_num_groups_trainable"] == 0]
 
 
 def test_ruler_with_the_embedded_judge_runs_offline(tmp_path, tiny_weights):

@@ -332,8 +332,8 @@ def nothing_learned(config: Config, steps: list[int]) -> str:
     else:
         why = (f"reward={config.reward.kind} gave every summary of a group the same reward; it needs summaries that "
                "differ (trainer.temperature > 0) and a reward that tells them apart")
-    return (f"summrl: {span} trained nothing (the LoRA is unchanged; result.json untrained_steps): GRPO learns from "
-            f"differences within a group, and {why}")
+    return (f"summrl: {span} trained nothing (the LoRA is as it was before; result.json untrained_steps): GRPO learns "
+            f"from differences within a group, and {why}")
 
 
 def scored_at(history: list[dict], step: int) -> bool:
@@ -401,6 +401,10 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             if online is not None:
                 online.before_step(batch)  # the watermark first: see summrl.inbox
             scored, trained = await train_step(session, batch.items, batch.step)
+            flat = trained.metrics.get("data/step_num_groups_trainable") == 0  # ART's count, on every backend
+            if flat:
+                record.untrained(trained.step)  # saved with the step below
+            trained_steps.append((trained.step, flat))
             await session.model.log(scored.groups, split="train", step=trained.step,
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
             session.tracker.log_history()
@@ -410,12 +414,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             record.save()  # with the checkpoint's backup: a preempted machine leaves its attempt's steps in S3
             backup.save_result(config.run.dir)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
-            flat = trained.metrics.get("data/step_num_groups_trainable") == 0  # ART's count, on every backend
-            if flat:
-                record.untrained(step)
             log.info(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}"
                      f"{' | nothing trained: every group scored its summaries alike' if flat else ''}")
-            trained_steps.append((step, flat))
         if trained_steps and all(flat for _, flat in trained_steps):
             log.warning(nothing_learned(config, [s for s, _ in trained_steps]))
         if not scored_at(history, step):

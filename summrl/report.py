@@ -32,7 +32,8 @@ from summrl.job import RESULT_FILE, JobInfo, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
            "final_val_qa_accuracy", "final_val_hallucination_rate", "algorithm", "sft", "val_qa_before_sft",
-           "val_qa_after_sft", "sft_samples_kept", "steps", "steps_untrained", "judge_cost_usd", "minutes", "overrides", "error"]
+           "val_qa_after_sft", "sft_samples_kept", "steps", "steps_untrained", "judge_cost_usd", "minutes", "overrides",
+           "error"]
 SFT_COLUMNS = ["sft", "val_qa_before_sft", "val_qa_after_sft", "sft_samples_kept"]  # shown when a job has an SFT stage
 METRICS = {"qa_accuracy": "val QA accuracy (share of questions answered)", "reward": "val reward"}
 # Compared in the paired table beside the score when every job measured it (lower is better).

@@ -39,7 +39,7 @@ def test_wandb_sweep_isolates_a_failing_job_and_reports(shared_sweep, tmp_path):
     assert ok["untrained_steps"] == [1]
     printed = (jobs[("grpo", 2)] / "train.log").read_text()
     assert "| nothing trained: every group scored its summaries alike" in printed
-    assert "summrl: step 1 trained nothing (the LoRA is unchanged; result.json untrained_steps)" in printed
+    assert "summrl: step 1 trained nothing (the LoRA is as it was before; result.json untrained_steps)" in printed
 
     good, bad = wandb_records(jobs[("grpo", 2)]), wandb_records(jobs[("grpo", 999)])
     assert good["project"] == "summrl" and good["group"] == "2026-11-22_05-10-00" == bad["group"]

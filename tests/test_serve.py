@@ -178,15 +178,18 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
             assert "4 new inbox documents, 1 step(s) from step 3" in first.stdout
             assert json.loads((run_copy / "inbox" / "watermark.json").read_text()) == {"consumed": {"4": 8}}
             deadline = time.monotonic() + 30
-            while client.models.list().data[0].id != "shared@4":  # reloaded between requests, no restart
+            # reloaded with no request to prompt it (GET /health loads nothing), no restart
+            while httpx.get(f"{served.url}/health").json()["step"] != 4:
                 assert time.monotonic() < deadline, served.log.read_text()[-2000:]
                 time.sleep(0.3)
             assert "reloaded: serving step 4 (was 3)" in served.log.read_text()
-            assert httpx.get(f"{served.url}/health").json()["step"] == 4
+            assert client.models.list().data[0].id == "shared@4"
             checkpoints = run_copy / "art" / "summrl" / "models" / "shared" / "checkpoints"
-            shutil.copytree(checkpoints / "0004", checkpoints / "0005")  # a step 5 whose weights can't be read
-            (checkpoints / "0005" / "adapter_model.safetensors").write_bytes(b"not safetensors")
-            time.sleep(0.3)
+            broken = checkpoints / ".0005.tmp"  # a step 5 whose weights can't be read, written whole as training does
+            shutil.copytree(checkpoints / "0004", broken)
+            (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
+            broken.rename(checkpoints / "0005")
+            time.sleep(0.5)  # the server looks every 0.2 s
             assert client.models.list().data[0].id == "shared@4"  # the failed reload keeps serving step 4
             assert summarize(served.url, "Still answering.", id="still").json()["step"] == 4
             assert served.log.read_text().count("reload of step 5 failed, still serving step 4") == 1

@@ -27,10 +27,12 @@ async def serve(config) -> None:
     s = config.serve
     server = uvicorn.Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning"))
     loading = asyncio.create_task(service.start())  # /health says 503 until it is done
+    watching = asyncio.create_task(service.watch())  # serve.reload=auto
     try:
         await server.serve()
     finally:
         loading.cancel()
+        watching.cancel()
         await service.close()
 
 

@@ -140,6 +140,21 @@ class Service:
     def leave(self) -> None:
         self.in_flight -= 1
 
+    async def watch(self) -> None:
+        """serve.reload=auto: look for a newer checkpoint every ``serve.reload_check_s`` while no request comes too,
+        so that the new step is loaded (and ``/health`` reports it) once training has written it, not at the next
+        request, which would wait for the load."""
+        s = self.config.serve
+        if s.reload != "auto":
+            return
+        while True:
+            await asyncio.sleep(s.reload_check_s)
+            if self.ready:
+                try:
+                    await self.maybe_reload()
+                except Exception as e:  # the next look tries again; requests keep being served
+                    log.error(f"summrl: looking for a newer checkpoint failed: {type(e).__name__}: {str(e)[:200]}")
+
     async def maybe_reload(self) -> None:
         """serve.reload=auto: between requests, serve the step the config follows once training has written it. A
         failed load keeps the previous step and logs one line (once per step)."""

@@ -34,7 +34,7 @@ class ServeSection:
     max_queue: int = 64  # requests in flight beyond this get 429 with Retry-After
     record: bool = False  # append each summarized document to <run_dir>/inbox/ (online learning: dataset=inbox)
     reload: str = "off"  # auto: serve a newer checkpoint of the run as soon as training writes one
-    reload_check_s: float = 2.0  # how often auto reload looks for a newer checkpoint (between requests)
+    reload_check_s: float = 2.0  # how often auto reload looks for a newer checkpoint (loaded between requests)
 
     def __post_init__(self) -> None:
         _require(1 <= self.port <= 65535, "serve.port", f"must be in 1..65535, got {self.port}")

@@ -13,7 +13,6 @@ import asyncio
 import hashlib
 import logging
 import os
-import time
 from typing import Any, Optional, Union
 
 from fastapi import FastAPI, Header, HTTPException, Request
@@ -53,7 +52,6 @@ class Service:
         self.failed: Optional[str] = None  # why loading failed
         self.in_flight = 0
         self.gate = asyncio.Lock()  # held by a reload: new requests wait; it waits for those in flight
-        self.last_check = time.monotonic()
         self.failed_reloads: set[int] = set()
         self.selector: Any = None
         self.judge_usage: Any = None
@@ -133,7 +131,6 @@ class Service:
         if self.in_flight >= self.config.serve.max_queue:
             raise HTTPException(429, detail=f"{self.in_flight} requests in flight (serve.max_queue="
                                             f"{self.config.serve.max_queue}): retry shortly", headers={"Retry-After": "1"})
-        await self.maybe_reload()
         async with self.gate:
             self.in_flight += 1
 
@@ -141,9 +138,9 @@ class Service:
         self.in_flight -= 1
 
     async def watch(self) -> None:
-        """serve.reload=auto: look for a newer checkpoint every ``serve.reload_check_s`` while no request comes too,
-        so that the new step is loaded (and ``/health`` reports it) once training has written it, not at the next
-        request, which would wait for the load."""
+        """serve.reload=auto: look for a newer checkpoint every ``serve.reload_check_s``, whether or not requests
+        come, so that the new step is loaded (and ``/health`` reports it) once training has written it, rather than
+        by the next request, which would wait for the load."""
         s = self.config.serve
         if s.reload != "auto":
             return
@@ -156,12 +153,8 @@ class Service:
                     log.error(f"summrl: looking for a newer checkpoint failed: {type(e).__name__}: {str(e)[:200]}")
 
     async def maybe_reload(self) -> None:
-        """serve.reload=auto: between requests, serve the step the config follows once training has written it. A
-        failed load keeps the previous step and logs one line (once per step)."""
-        s = self.config.serve
-        if s.reload != "auto" or time.monotonic() - self.last_check < s.reload_check_s:
-            return
-        self.last_check = time.monotonic()
+        """Serve the step the config follows if training has written a newer one, between requests. A failed load
+        keeps the previous step and logs one line (once per step)."""
         run = self.config.run
         run.steps = checkpoint_steps(run.checkpoints_dir)
         try:
@@ -271,8 +264,6 @@ def build_app(service: Service) -> FastAPI:
     @app.get("/v1/models")
     async def models(authorization: Optional[str] = Header(default=None)) -> dict:
         authorize(authorization)
-        if service.ready:
-            await service.maybe_reload()  # a request like any other: the step it reports is the one that answers
         return {"object": "list", "data": [{"id": service.name, "object": "model", "owned_by": "summrl",
                                             "step": service.step}]}
 

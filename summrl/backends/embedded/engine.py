@@ -57,10 +57,27 @@ def dequantized_cache(gguf: Path, dtype: torch.dtype) -> Path:
     shares one cache entry, and a changed file or library makes a new one.
     ``$SUMMRL_CACHE_DIR`` moves the cache (default ``~/.cache/summrl``).
     """
+    return _dequantized_entry(gguf, _file_sha256(gguf), dtype)
+
+
+def saved_dequantized(gguf: Path) -> Optional[Path]:
+    """A de-quantized copy of ``gguf`` already saved, in any dtype (each holds the same tokenizer), or None."""
+    content = _file_sha256(gguf)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        entry = _dequantized_entry(gguf, content, dtype)
+        if (entry / "config.json").exists():
+            return entry
+    return None
+
+
+def _file_sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _dequantized_entry(gguf: Path, content: str, dtype: torch.dtype) -> Path:
     import transformers  # heavy: kept off the import path of this module's light users
 
-    with gguf.open("rb") as f:
-        content = hashlib.file_digest(f, "sha256").hexdigest()
     key = f"{content}:{dtype}:{transformers.__version__}"
     root = Path(os.environ.get("SUMMRL_CACHE_DIR") or Path.home() / ".cache" / "summrl")
     return root / "dequantized" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"

@@ -331,6 +331,8 @@ def test_checkpoints_per_step_against_a_fake_frontier_model_with_the_lexical_jud
         assert (line.answered_pct, line.ci_low_pct, line.ci_high_pct) == pytest.approx(expected, abs=1e-3, nan_ok=True)
         assert_png(out / "models.png")
         assert_png(out / "steps.png")
+        # its account beside its results, named for the command (the README's benchmark.log)
+        assert "summrl: benchmark output in" in (out / "benchmark.log").read_text()
 
         rerun = run_benchmark_cli(args, timeout=120)
         assert rerun.returncode == 0, rerun.stderr[-3000:]

@@ -186,9 +186,10 @@ def test_teacher_faults_are_retried_and_a_document_that_still_fails_stays_pendin
     from summrl.sft import COLLECTED, SUMMARIES, SFTError, collect
 
     # 1. A faulty teacher (429 with Retry-After, 500, hangs past the timeout): retried until every document is done.
-    # (seed 15 draws each of the three among the first six calls; the fault draws are a function of the seed)
-    with FakeLLM(faults=Faults(rate=0.4, seed=15, hang_s=1.0, retry_after_s="0")) as server:
-        config = distill_config(tmp_path / "faulty", server, "sft.teacher.timeout_s=0.5", "sft.teacher.max_retries=8")
+    # (seed 15 draws each of the three among the first six calls; the fault draws are a function of the seed. A 2 s
+    # timeout: a loaded 2-core machine once answered a good call past 0.5 s, a retry no fault had asked for)
+    with FakeLLM(faults=Faults(rate=0.4, seed=15, hang_s=3.0, retry_after_s="0")) as server:
+        config = distill_config(tmp_path / "faulty", server, "sft.teacher.timeout_s=2.0", "sft.teacher.max_retries=8")
         record = asyncio.run(collect(config, None, lexical_reward(config), train_split(config)))
         retried = sum(server.outcomes[kind] for kind in ("rate_limited", "server_error", "hang"))
     assert min(server.outcomes[kind] for kind in ("rate_limited", "server_error", "hang")) >= 1

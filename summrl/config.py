@@ -607,6 +607,8 @@ class EmbeddedBackendConfig:
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "backend.dtype",
                  f"must be one of float32, bfloat16, float16, got {self.dtype!r}")
+        _require(self.num_threads is None or self.num_threads > 0, "backend.num_threads",
+                 f"must be > 0 or null (torch's default), got {self.num_threads}")
         _require(self.max_batch_size > 0, "backend.max_batch_size", f"must be > 0, got {self.max_batch_size}")
         _require(self.batch_window_ms >= 0, "backend.batch_window_ms", f"must be >= 0, got {self.batch_window_ms}")
         _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "backend.device",
@@ -896,6 +898,9 @@ class Config:
     # The training seed: data order, sampling, LoRA init. The val/train split keeps dataset.seed, so the seeds of
     # an ablation are compared on the same val documents.
     seed: int = 80
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.seed < 2**32, "seed", f"must be in [0, 2**32 - 1] (numpy's seed range), got {self.seed}")
 
 
 def register_configs() -> None:

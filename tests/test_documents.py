@@ -229,8 +229,10 @@ def test_split_sizes_are_counts_fractions_or_all(train, val, expected):
 def test_split_sizes_the_data_cannot_meet_or_bad_values_are_refused():
     from summrl.errors import ConfigError
 
-    with pytest.raises(DataError, match="only 10 documents are available"):
+    with pytest.raises(DataError, match=r"^src: train_size \+ val_size = 8 \+ 5 documents, but only 10 documents are"):
         split_counts(10, 8, 5, "src")
+    with pytest.raises(DataError, match=r"train_size \+ val_size = 0.9 \+ 3 = 9 \+ 3 documents, but only 10"):
+        split_counts(10, 0.9, 3, "src")
     with pytest.raises(ConfigError, match="dataset.val_size: must be a count"):
         compose_config(["experiment=local", "dataset.val_size=most"])
     with pytest.raises(ConfigError, match="can't both be all"):

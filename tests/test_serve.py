@@ -78,6 +78,16 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             limited = next(r for r in asyncio.run(burst()) if r.status_code == 429)
             assert limited.headers["retry-after"] == "1" and "serve.max_queue=2" in limited.json()["error"]["message"]
             assert httpx.get(f"{served.url}/health").json()["step"] == 2  # still serving
+
+            async def beside_a_bad_seed() -> list[httpx.Response]:  # both in one burst, were the bad one let through
+                async with httpx.AsyncClient(timeout=120) as client:
+                    return await asyncio.gather(*(client.post(f"{served.url}/v1/summarize", json={"document": document,
+                                                                                                   "seed": seed})
+                                                  for seed in (2**64, 7)))
+
+            bad_seed, good = asyncio.run(beside_a_bad_seed())
+            assert bad_seed.status_code == 400 and "seed: Input should be less than or equal to" in bad_seed.text
+            assert good.status_code == 200 and good.json()["summary"], good.text
         finally:
             served.stop()
 
@@ -157,6 +167,10 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{served.url}/v1", api_key="wrong", max_retries=0).models.list()
         assert summarize(served.url, "A document.", key=None).status_code == 401
+        # a parameter the backend refuses is the client's 400, naming it (not a 500 for the whole batch)
+        with pytest.raises(openai.BadRequestError, match="seed: Input should be less than or equal to"):
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key=SERVE_KEY, max_retries=0).chat.completions.create(
+                model="shared@3", max_tokens=8, seed=2**64, messages=[{"role": "user", "content": "Summarize: a."}])
 
         for i in range(8):
             reply = summarize(served.url, f"Report {i}. The Harbor Festival in Port {i} drew {100 + i} visitors on "

@@ -36,8 +36,9 @@ def split_counts(n: int, train_size: Union[int, float, str], val_size: Union[int
     if train < 0:
         train = n - val
     if val <= 0 or train <= 0 or val + train > n:
-        raise DataError(
-            f"{source}: train_size + val_size = {train_size} + {val_size} = {max(train, 0)} + {max(val, 0)} documents, "
+        given, counted = f"{train_size} + {val_size}", f"{max(train, 0)} + {max(val, 0)}"
+        raise DataError(  # the counts are shown where they differ from the sizes given (a fraction, "all")
+            f"{source}: train_size + val_size = {given}{'' if counted == given else f' = {counted}'} documents, "
             f"but only {n} documents are available. Lower dataset.train_size / dataset.val_size "
             "(or the TRAIN_SIZE / VAL_SIZE environment variables); each split needs at least one document.")
     return val, train

@@ -15,12 +15,14 @@ import logging
 import os
 from typing import Any, Optional, Union
 
+import openai
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from summrl.backends import takes_burst_tags
+from summrl.backends.seed import Seed
 from summrl.checkpoints import checkpoint_steps, resolve_step
 from summrl.config import RubricRewardConfig, RulerRewardConfig
 from summrl.data import Document
@@ -36,7 +38,7 @@ log = logging.getLogger(__name__)
 class SummarizeRequest(BaseModel):
     document: str
     id: Optional[str] = None  # recorded with the document (serve.record); default: the text's hash
-    seed: Optional[int] = None
+    seed: Optional[Seed] = None  # checked here: the backend would refuse it only after its burst was announced
 
 
 class Service:
@@ -234,6 +236,15 @@ class Service:
         return -negative_index, float(reward), None, cost
 
 
+def _refused_parameter(e: Any) -> Exception:
+    """The backend's refusal of a parameter the client passed through (openai.APIStatusError, 400 or 422) as this
+    server's 400: FastAPI's 422 lists the fields (the embedded server), vLLM's 400 carries a message."""
+    body = e.body if isinstance(e.body, dict) else {}
+    if isinstance(body.get("detail"), list):
+        return RequestValidationError(body["detail"])
+    return HTTPException(400, detail=f"bad request: {body.get('detail') or body.get('message') or e.message}")
+
+
 def build_app(service: Service) -> FastAPI:
     app = FastAPI(title="summrl serve")
 
@@ -300,7 +311,12 @@ def build_app(service: Service) -> FastAPI:
                 raise HTTPException(404, detail=f"model {model!r} is not served here; served: {service.name}")
             params = {k: body[k] for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
                                           "logprobs", "top_logprobs", "response_format") if body.get(k) is not None}
-            response = await service.generate(body["messages"], int(body.get("n") or 1), **params)
+            try:
+                response = await service.generate(body["messages"], int(body.get("n") or 1), **params)
+            except openai.APIStatusError as e:
+                if e.status_code not in (400, 422):
+                    raise
+                raise _refused_parameter(e) from None
             return {**response.model_dump(exclude_none=True), "model": service.name}
         finally:
             service.leave()

@@ -23,8 +23,9 @@ from typing import Any, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from summrl.backends.seed import Seed
 from summrl.backends.embedded.compute import on_compute_thread
 from summrl.backends.embedded.engine import Completion, Engine, SamplingParams
 from summrl.rollout import Burst
@@ -35,14 +36,14 @@ log = logging.getLogger(__name__)
 class ChatRequest(BaseModel):
     model: str
     messages: list[dict[str, Any]]
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
     temperature: Optional[float] = None
     top_p: Optional[float] = None
-    n: int = 1
+    n: int = Field(1, ge=1)
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = None
-    seed: Optional[int] = None
+    seed: Optional[Seed] = None  # checked here: a bad one would fail every request batched with it
     stream: Optional[bool] = None
     response_format: Optional[dict[str, Any]] = None  # json_object / json_schema: constrained decoding
     summrl_burst: Optional[Burst] = None  # an extension: wait for the burst's other rows (each choice is a row)

@@ -25,9 +25,9 @@ import uvicorn
 from fastapi import FastAPI, Header, HTTPException
 from pydantic import BaseModel, Field
 
-from summrl.backends.seed import Seed
 from summrl.backends.embedded.compute import on_compute_thread
 from summrl.backends.embedded.engine import Completion, Engine, SamplingParams
+from summrl.backends.seed import Seed
 from summrl.rollout import Burst
 
 log = logging.getLogger(__name__)

@@ -70,8 +70,6 @@ class Service:
 
     async def start(self) -> None:
         """Load the model, then the selector's judge (it may use the same endpoint); ``ready`` when done."""
-        from openai import AsyncOpenAI
-
         from summrl.backends.serving import start_server
 
         try:
@@ -79,7 +77,7 @@ class Service:
             self.tokenizer = await asyncio.to_thread(load_tokenizer, train.model)
             self.server = await start_server(train, self.config.run)
             self.inner = await self.server.serve(self.step)
-            self.client = AsyncOpenAI(base_url=self.server.base_url, api_key=self.server.api_key or "none",
+            self.client = openai.AsyncOpenAI(base_url=self.server.base_url, api_key=self.server.api_key or "none",
                                       max_retries=0, timeout=600)
             if takes_burst_tags(train):
                 from summrl.serve.arrivals import Arrivals

@@ -78,7 +78,7 @@ class Service:
             self.server = await start_server(train, self.config.run)
             self.inner = await self.server.serve(self.step)
             self.client = openai.AsyncOpenAI(base_url=self.server.base_url, api_key=self.server.api_key or "none",
-                                      max_retries=0, timeout=600)
+                                             max_retries=0, timeout=600)
             if takes_burst_tags(train):
                 from summrl.serve.arrivals import Arrivals
 

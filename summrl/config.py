@@ -1100,12 +1100,6 @@ def check(config: Config) -> None:
         _require(config.sft.min_reward <= high, "sft.min_reward",
                  f"{config.sft.min_reward} is unreachable: reward={config.reward.kind} lies in [{low:g}, {high:g}]; "
                  "lower it, or filter by rank with sft.min_reward=null sft.top_k=<k>")
-    paid_judge = config.judge.kind not in ("lexical", "local", "embedded")
-    if (config.dataset.kind == "documents" and config.dataset.questions.confirm and paid_judge
-            and config.backend.kind == "skypilot"):
-        raise ConfigError("dataset.questions.confirm: the remote job has no terminal to confirm the question writer's "
-                          "cost in: add dataset.questions.confirm=false (and dataset.questions.max_cost_usd=<$> as a "
-                          "budget; the estimate is printed in the job's log)")
     if config.dataset.kind == "inbox":
         _require(config.sft.kind == "none", "sft", "dataset=inbox continues a trained run on new documents: an SFT "
                  "warm start belongs at a run's start; use sft=none")

@@ -17,6 +17,7 @@ import logging
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from summrl.config import reward_kinds
@@ -133,7 +134,7 @@ async def with_questions(config: Any, loaded: Loaded, val: list[Document], train
     """Questions for the val documents (and the train ones when ``train_needs``) that have none: cached, or written
     and checked after the cost guard. A document none of whose questions pass is left out."""
     dataset = config.dataset
-    need = [d for d in val if not d.questions] + [d for d in train if not d.questions and train_needs]
+    need = needing_questions(val, train, train_needs)
     bank = question_bank(config)
     checked = await fill(bank, need, dataset.questions) if need else {}
 
@@ -171,17 +172,36 @@ async def with_questions(config: Any, loaded: Loaded, val: list[Document], train
     return Splits(val_out, train_out, record)
 
 
-def question_bank(config: Any) -> QuestionBank:
+def question_bank(config: Any, lookup_only: bool = False) -> QuestionBank:
+    """The run's question bank. ``lookup_only``: to read the cache (the cloud launcher), so no key is needed and the
+    judge's reply cache is not opened; it writes nothing."""
     q = config.dataset.questions
     judge = None
     if config.judge.kind not in ("lexical", "local", "embedded"):
         missing = missing_keys(config.judge)
-        if missing:
+        if missing and not lookup_only:
             raise ConfigError(f"dataset=documents: the judge writes the questions, and its key {missing[0]} is not set: "
                               f"export {missing[0]}=... (or put it in .env), or use judge=lexical offline")
-        judge = build_judge(config.judge)
+        judge = build_judge(replace(config.judge, cache_dir=None) if lookup_only else config.judge)
     settings = QuestionSettings(q.per_document, q.unanswerable_share, q.check)
     return QuestionBank(question_writer(config.judge, judge), settings, JsonCache(q.cache_dir))
+
+
+def needing_questions(val: Sequence[Document], train: Sequence[Document], train_needs: bool) -> list[Document]:
+    """The documents whose questions are written or read from the cache: the val ones without questions, and the
+    train ones too when ``train_needs`` (:func:`needs_questions`)."""
+    return [d for d in val if not d.questions] + [d for d in train if not d.questions and train_needs]
+
+
+def cached_question_files(config: Any) -> tuple[list[Path], int]:
+    """dataset=documents: the files of this machine's question cache that the run would read, and how many of its
+    documents have none yet (their questions are still to be written). Reads the documents; calls nothing."""
+    loaded = read_documents(config)
+    val, train = split(loaded.documents, config.dataset, loaded.source)
+    bank = question_bank(config, lookup_only=True)
+    need = needing_questions(val, train, needs_questions(config, True))
+    files = [bank.path(d) for d in need if bank.cached(d) is not None]
+    return files, len(need) - len(files)
 
 
 def plan(bank: QuestionBank, documents: Sequence[Document], price_model: Optional[str]) -> tuple[list[Document], Calls]:

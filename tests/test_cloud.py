@@ -7,6 +7,7 @@ cancel, down) are replaced, by a recorder.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -338,6 +339,47 @@ def test_skyignore_keeps_keys_outputs_and_environments_off_the_cluster(tmp_path)
     assert {".env", "runs", ".venv", "outputs"} <= excluded
     assert any(p.startswith("multirun/") for p in excluded)
     assert not {"summrl/train.py", "conf/train.yaml", "summrl", "conf"} & excluded
+
+
+def test_questions_written_here_are_asked_for_here_and_travel_with_the_cloud_job(cloud_env, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """dataset=documents on a cloud GPU with a paid judge: the remote job has no terminal to confirm the writer's cost,
+    so the launch refuses until `summrl.data prepare` has written the questions here (it asks here); then they are
+    copied with the task into the remote job's question cache, and no cluster writes them again."""
+    import subprocess
+
+    from summrl.data.__main__ import main as data
+    from summrl.testing import FakeLLM
+
+    project = tmp_path / "project"  # a run folder under a git work tree that ignores runs/, as in this repo
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    (project / ".gitignore").write_text("runs/\n")
+    run_dir = project / "runs" / "summary-rl"
+    with FakeLLM() as server:
+        cloud = ["dataset=documents", f"dataset.path={ROOT / 'tests' / 'fixtures' / 'documents'}",
+                 "judge=openai_compatible", "judge.model=gpt-4o-mini", f"judge.api_base={server.base_url}",
+                 "judge.cache_dir=null", f"dataset.questions.cache_dir={tmp_path / 'questions'}"]
+        config = default_config(*cloud, f"run.dir={run_dir}")  # the defaults: backend=skypilot
+        (refused,) = [p for p in launch.preflight(config) if p.startswith("dataset.questions")]
+        assert refused.startswith("dataset.questions: 10 documents have no questions yet, and the remote job has no "
+                                  "terminal") and "python -m summrl.data prepare" in refused
+        assert build_task(config, cloud, "summrl", resources=False).file_mounts is None
+        assert not [p for p in launch.preflight(default_config(*cloud, "dataset.questions.confirm=false"))
+                    if p.startswith("dataset.questions")]
+        assert server.requests == []
+        monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+        data(["prepare", *cloud])  # the same overrides, cloud defaults and all: asked for, and written, here
+        assert "10 written now, 0 from the cache" in capsys.readouterr().out
+    assert not [p for p in launch.preflight(config) if p.startswith("dataset.questions")]
+    task = build_task(config, cloud, "summrl", resources=False)
+    staged = run_dir / "questions"
+    assert task.file_mounts == {"~/.cache/summrl/questions": str(staged)}
+    cached = sorted((tmp_path / "questions").glob("*.json"))
+    assert len(cached) == 10
+    assert {p.name: p.read_bytes() for p in cached} == {p.name: p.read_bytes() for p in staged.glob("*.json")}
+    assert storage_utils.get_excluded_files(str(staged)) == []  # SkyPilot uploads every one of them
+    assert "'dataset.questions.cache_dir=~/.cache/summrl/questions'" in task.run.splitlines()[-1]
+    assert str(tmp_path / "questions") not in task.run
 
 
 def test_cluster_command_takes_down_and_tails_the_named_cluster(monkeypatch, capsys):

@@ -16,14 +16,15 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional
 
+from summrl import splits
 from summrl.data import DataError
-from summrl.data.documents import read as read_documents
 from summrl.errors import KINDS, NETWORK_FIX, NetworkError, classify, full_errors, is_network, network_message
 from summrl.cloud import managed, plan, pricing
 from summrl.job import RunRecord, write_result
@@ -46,6 +47,9 @@ SECRET_NAMES = (
 FORWARDED_ENVS = ("WANDB_MODE",)
 # Overrides of this launcher that must not reach the remote job (it gets its own backend and name).
 _LOCAL_ONLY = ("backend", "run.name", "run.dir")
+# dataset=documents: the remote job's question cache, where the questions written here (summrl.data prepare) are
+# copied with the task, so that no cluster writes (and pays for) them again.
+REMOTE_QUESTIONS = "~/.cache/summrl/questions"
 
 
 class RemoteJobFailed(RuntimeError):
@@ -69,7 +73,8 @@ class RemoteJobFailed(RuntimeError):
 
 
 def preflight(config: Any) -> list[str]:
-    """Everything the launch needs that is missing, each with its fix. Offline, in well under a second."""
+    """Everything the launch needs that is missing, each with its fix. Offline, in well under a second (more when
+    dataset=documents has a document long enough to need the policy's tokenizer, which training needs as well)."""
     problems = []
     try:
         import sky  # noqa: F401
@@ -86,10 +91,7 @@ def preflight(config: Any) -> list[str]:
         if not Path(config.dataset.path).expanduser().resolve().is_relative_to(ROOT):
             problems.append(f"dataset.path={config.dataset.path} is outside the project folder {ROOT}, the only folder "
                             "SkyPilot copies to the cluster: move (or copy) the documents into it")
-        try:  # a bad file fails here, not after the cluster has started
-            read_documents(config.dataset)
-        except DataError as e:
-            problems.append(str(e))
+        problems += questions_problems(config)
     online = getattr(config.logger, "kind", "none") == "wandb" and wandb_mode(config.logger) == "online"
     if online and not os.environ.get("WANDB_API_KEY"):
         problems.append("WANDB_API_KEY (logger=wandb, online) is not set: export it or put it in .env, "
@@ -103,6 +105,44 @@ def preflight(config: Any) -> list[str]:
                 problems.append(f"{name} (S3 backups from the cluster) is not set: export it or put it in .env, "
                                 "or storage.enabled=false")
     return problems
+
+
+def questions_problems(config: Any) -> list[str]:
+    """dataset=documents: a bad file, and questions left for a paid judge to write where nobody can confirm the cost.
+    The remote job has no terminal, so with dataset.questions.confirm on, every question must be written here first;
+    those written here travel with the task (:func:`question_mounts`)."""
+    try:  # a bad file fails here, not after the cluster has started
+        _, pending = splits.cached_question_files(config)
+    except DataError as e:
+        return [str(e)]
+    q = config.dataset.questions
+    if not pending or not q.confirm or config.judge.kind in ("lexical", "local", "embedded"):
+        return []
+    return [f"dataset.questions: {pending} documents have no questions yet, and the remote job has no terminal to "
+            f"confirm the judge's cost in: write them here first, with `python -m summrl.data prepare` and this run's "
+            f"overrides (it asks here; what it writes goes with the job, so no cluster pays again), or add "
+            f"dataset.questions.confirm=false (with dataset.questions.max_cost_usd=<$> as a budget; the estimate is "
+            f"printed in the job's log)"]
+
+
+def question_mounts(config: Any) -> dict[str, str]:
+    """dataset=documents: the run's questions in this machine's cache, copied into ``<run dir>/questions`` (what was
+    sent, kept with the run) and mounted as the remote job's question cache. Empty when none are cached."""
+    try:
+        files, _ = splits.cached_question_files(config)
+    except DataError:  # a bad document: the preflight lists it, and nothing is launched
+        return {}
+    if not files:
+        return {}
+    staged = Path(config.run.dir) / "questions"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    # Without a .skyignore here SkyPilot would read the project's .gitignore, which ignores runs/ (and git fails on
+    # an ignored folder): this one excludes nothing.
+    (staged / ".skyignore").write_text("# summrl: every file here is a question cache entry the remote job reads\n")
+    for file in files:
+        shutil.copy2(file, staged / file.name)
+    return {REMOTE_QUESTIONS: str(staged)}
 
 
 def runpod_credentials_problem() -> Optional[str]:
@@ -168,8 +208,9 @@ def remote_command(config: Any, overrides: list[str]) -> str:
     pinned = [f"dataset.{k}={getattr(config.dataset, k)}" for k in ("train_size", "val_size")
               if f"dataset.{k}" not in keys]
     if config.dataset.kind == "documents":  # the cluster has the project folder (the workdir), at another path
-        kept = [o for o in kept if _override_key(o) != "dataset.path"]
+        kept = [o for o in kept if _override_key(o) not in ("dataset.path", "dataset.questions.cache_dir")]
         pinned.append(f"dataset.path={Path(config.dataset.path).expanduser().resolve().relative_to(ROOT).as_posix()}")
+        pinned.append(f"dataset.questions.cache_dir={REMOTE_QUESTIONS}")
     args = [*kept, *pinned, f"run.name={config.run.name}", "backend=local_gpu", *backend]
     return "python -m summrl.train " + " ".join(shlex.quote(a) for a in args)
 
@@ -210,6 +251,8 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
     task = sky.Task(name=cluster, setup=setup_script(config), run=run_script(config, overrides), workdir=str(ROOT))
     task.update_secrets(secrets(config))
     task.update_envs({name: os.environ[name] for name in FORWARDED_ENVS if os.environ.get(name)})
+    if config.dataset.kind == "documents":
+        task.set_file_mounts(question_mounts(config) or None)
     if resources:
         task.set_resources(sky.Resources.from_yaml_config(resources_spec(b)))
     return task

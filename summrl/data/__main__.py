@@ -65,8 +65,7 @@ async def inspect(config) -> None:
     val, train = splits.split(loaded.documents, dataset, loaded.source)
     print(f"summrl: split (dataset.seed={dataset.seed}): {len(val)} val, {len(train)} train")
     given = sum(bool(d.questions) for d in loaded.documents)
-    need = ([d for d in val if not d.questions]
-            + [d for d in train if not d.questions and splits.needs_questions(config, True)])
+    need = splits.needing_questions(val, train, splits.needs_questions(config, True))
     print(f"summrl: questions: {given} documents bring their own; {len(need)} need them written "
           f"({dataset.questions.per_document} each, {dataset.questions.unanswerable_share:.0%} unanswerable"
           f"{', checked open and closed book' if dataset.questions.check else ', unchecked'})")
@@ -85,8 +84,7 @@ async def prepare(config) -> None:
     started = time.monotonic()
     loaded = splits.read_documents(config)
     val, train = splits.split(loaded.documents, config.dataset, loaded.source)
-    need = ([d for d in val if not d.questions]
-            + [d for d in train if not d.questions and splits.needs_questions(config, True)])
+    need = splits.needing_questions(val, train, splits.needs_questions(config, True))
     bank = splits.question_bank(config)
     checked = await splits.fill(bank, need, config.dataset.questions, progress=True)
     total = splits.totals(checked)

@@ -67,10 +67,11 @@ class LazyCounter:
         return self._count(text)
 
 
-def read_documents(config: Any, count_tokens: Optional[Callable[[str], int]] = None) -> Loaded:
-    """dataset=documents: the documents, duplicates kept once, held to max_document_tokens; what happened printed."""
+def read_documents(config: Any, count_tokens: Optional[Callable[[str], int]] = None, report: bool = True) -> Loaded:
+    """dataset=documents: the documents, duplicates kept once, held to max_document_tokens; what happened printed
+    (unless ``report`` is false: read a second time)."""
     loaded = limit_length(read(config.dataset), config.dataset, count_tokens or LazyCounter(config.model))
-    for line in loaded.lines():
+    for line in loaded.lines() if report else ():
         log.info(line)
     return loaded
 
@@ -193,10 +194,10 @@ def needing_questions(val: Sequence[Document], train: Sequence[Document], train_
     return [d for d in val if not d.questions] + [d for d in train if not d.questions and train_needs]
 
 
-def cached_question_files(config: Any) -> tuple[list[Path], int]:
+def cached_question_files(config: Any, report: bool = True) -> tuple[list[Path], int]:
     """dataset=documents: the files of this machine's question cache that the run would read, and how many of its
     documents have none yet (their questions are still to be written). Reads the documents; calls nothing."""
-    loaded = read_documents(config)
+    loaded = read_documents(config, report=report)
     val, train = split(loaded.documents, config.dataset, loaded.source)
     bank = question_bank(config, lookup_only=True)
     need = needing_questions(val, train, needs_questions(config, True))

@@ -129,7 +129,7 @@ def question_mounts(config: Any) -> dict[str, str]:
     """dataset=documents: the run's questions in this machine's cache, copied into ``<run dir>/questions`` (what was
     sent, kept with the run) and mounted as the remote job's question cache. Empty when none are cached."""
     try:
-        files, _ = splits.cached_question_files(config)
+        files, _ = splits.cached_question_files(config, report=False)  # the preflight printed what was read
     except DataError:  # a bad document: the preflight lists it, and nothing is launched
         return {}
     if not files:

@@ -182,6 +182,18 @@ def test_a_bad_dataset_exits_2_with_its_line_before_anything_loads(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_the_data_tools_refuse_an_inbox_with_one_line_naming_what_reads_it(capsys):
+    from summrl.data.__main__ import main
+
+    for command in ("inspect", "prepare"):
+        with pytest.raises(SystemExit) as ended:
+            main([command, "experiment=local", "dataset=inbox"])
+        assert ended.value.code == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith("summrl: config error: dataset=inbox: summrl.data reads dataset=documents or repliqa")
+        assert "run.name=<name> dataset=inbox" in line
+
+
 # --------------------------------------------------------------------------- long documents and split sizes
 
 

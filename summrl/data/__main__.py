@@ -25,7 +25,7 @@ from summrl import logs
 from summrl.config import compose, validate
 from summrl.data import load_splits
 from summrl.data.documents import policy_token_counter
-from summrl.errors import exit_on
+from summrl.errors import ConfigError, exit_on
 
 USAGE = "usage: python -m summrl.data inspect|prepare [training's overrides, e.g. dataset=documents dataset.path=docs/]"
 log = logging.getLogger("summrl.data")
@@ -40,6 +40,10 @@ def main(argv: list[str]) -> None:
     try:
         # no run folder: nothing is trained (run.dir would name Hydra's, which only a run has)
         config = validate(compose("train", [*overrides, "run.dir=.", "run.name=data"], return_hydra_config=True))
+        if config.dataset.kind == "inbox":
+            raise ConfigError("dataset=inbox: summrl.data reads dataset=documents or repliqa; a run's inbox is read, "
+                              "and its questions written, by `python -m summrl.train run.name=<name> dataset=inbox` "
+                              "(see the README's \"Keep it learning\")")
         load_dotenv()  # keys may live in .env, as for training
         asyncio.run(inspect(config) if command == "inspect" else prepare(config))
     except Exception as e:

@@ -182,16 +182,17 @@ def test_a_bad_dataset_exits_2_with_its_line_before_anything_loads(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_the_data_tools_refuse_an_inbox_with_one_line_naming_what_reads_it(capsys):
+def test_the_data_tools_refuse_an_inbox_with_one_line_naming_what_reads_it(caplog):
     from summrl.data.__main__ import main
 
     for command in ("inspect", "prepare"):
+        caplog.clear()
         with pytest.raises(SystemExit) as ended:
             main([command, "experiment=local", "dataset=inbox"])
         assert ended.value.code == 2
-        line = capsys.readouterr().err.strip().splitlines()[-1]
+        (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]  # the line exit_on prints
         assert line.startswith("summrl: config error: dataset=inbox: summrl.data reads dataset=documents or repliqa")
-        assert "run.name=<name> dataset=inbox" in line
+        assert "run.name=<name> dataset=inbox" in line and "Traceback" not in caplog.text
 
 
 # --------------------------------------------------------------------------- long documents and split sizes

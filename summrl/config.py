@@ -382,6 +382,11 @@ def check_backend_support(algorithm: AlgorithmConfig, backend: str) -> None:
 
 # --------------------------------------------------------------------------- judge
 
+# Judges that run on this machine: no key, no network, no bill, nothing to confirm.
+FREE_JUDGES = ("lexical", "embedded", "local")
+# Judges whose LLM is the embedded model (judge=local grades QA lexically and asks it only for RULER).
+EMBEDDED_JUDGES = ("embedded", "local")
+
 
 @dataclass
 class LexicalJudgeConfig:
@@ -1082,7 +1087,7 @@ def check(config: Config) -> None:
             "reward=ruler needs an LLM judge, got judge=lexical: use judge=gemini_flash, judge=openai_compatible, "
             "judge=embedded, or judge=local (offline: lexical QA grading, the embedded model for RULER)"
         )
-    if config.judge.kind in ("embedded", "local") and config.backend.kind != "embedded":
+    if config.judge.kind in EMBEDDED_JUDGES and config.backend.kind != "embedded":
         raise ConfigError(f"judge={config.judge.kind} uses the embedded backend's model; got "
                           f"backend.kind={config.backend.kind}: use backend=embedded or another judge")
     if config.backend.kind == "skypilot":

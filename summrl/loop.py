@@ -25,7 +25,7 @@ from art.utils.iterate_dataset import iterate_dataset
 
 from summrl import algorithm, inbox, sft
 from summrl.backends import build_backend, internal_config, takes_burst_tags
-from summrl.config import Config, reward_kinds
+from summrl.config import EMBEDDED_JUDGES, Config, reward_kinds
 from summrl.data import Document
 from summrl.facts import hallucinates
 from summrl.job import RunRecord, peak_rss_gb
@@ -136,7 +136,7 @@ async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Ses
         await model.register(backend)
         # judge=embedded: the same endpoint, base weights (the base model's name selects no LoRA)
         endpoint = (config.model.base_model, model.inference_base_url, model.inference_api_key)
-        judge = build_judge(config.judge, endpoint if config.judge.kind in ("embedded", "local") else None)
+        judge = build_judge(config.judge, endpoint if config.judge.kind in EMBEDDED_JUDGES else None)
         reward = build_reward(config.reward, judge, config.trainer.max_words)
         val_reward = build_val_reward(config.reward, judge, config.trainer.max_words)
     except BaseException:

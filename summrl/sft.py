@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 import art
 
-from summrl.config import Config, reward_kinds
+from summrl.config import FREE_JUDGES, Config, reward_kinds
 from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render
 from summrl.data import Document
 from summrl.errors import ExpectedFailure
@@ -197,7 +197,7 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
         return
     docs = [d for d in train_docs if d.id in pending]
     teacher = Calls(f"teacher {s.teacher.model}", s.teacher.model)
-    llm_judge = config.judge.kind not in ("lexical", "local", "embedded")
+    llm_judge = config.judge.kind not in FREE_JUDGES
     judge = Calls(f"judge {getattr(config.judge, 'model', config.judge.kind)}",
                   getattr(config.judge, "model", None) if llm_judge else None)
     lines = estimate([Work(teacher, 1, pending)], docs, judge, max_words=t.max_words,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from summrl.config import reward_kinds
+from summrl.config import FREE_JUDGES, reward_kinds
 from summrl.cost import Calls, confirmed
 from summrl.data import Document, all_documents, load_splits, split
 from summrl import inbox
@@ -178,7 +178,7 @@ def question_bank(config: Any, lookup_only: bool = False) -> QuestionBank:
     judge's reply cache is not opened; it writes nothing."""
     q = config.dataset.questions
     judge = None
-    if config.judge.kind not in ("lexical", "local", "embedded"):
+    if config.judge.kind not in FREE_JUDGES:
         missing = missing_keys(config.judge)
         if missing and not lookup_only:
             raise ConfigError(f"dataset=documents: the judge writes the questions, and its key {missing[0]} is not set: "

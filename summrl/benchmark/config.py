@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from summrl.backends import BackendUnavailable, check_local_gpu
-from summrl.config import ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
+from summrl.config import EMBEDDED_JUDGES, ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.preflight import missing_model_keys
@@ -74,8 +74,6 @@ class BenchmarkConfig:
 
 SPLITS = ("val", "all")
 SERVING_BACKENDS = ("embedded", "local_gpu")
-# Judges whose LLM is the embedded model (judge=local grades QA lexically and asks it only for RULER).
-EMBEDDED_JUDGES = ("embedded", "local")
 
 
 @dataclass

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from summrl.benchmark.charts import bar_chart, step_chart
-from summrl.benchmark.config import EMBEDDED_JUDGES, BenchmarkConfig, BestOfNEntry, ModelEntry
+from summrl.benchmark.config import BenchmarkConfig, BestOfNEntry, ModelEntry
 from summrl.benchmark.publish import publish
 from summrl.benchmark.rows import Row, RowStore, correctness, read_rows, row_key
 from summrl.backends.serving import start_server
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
 from summrl.benchmark.summary import markdown, summarize
-from summrl.config import LexicalJudgeConfig, RulerRewardConfig, reward_kinds
+from summrl.config import EMBEDDED_JUDGES, FREE_JUDGES, LexicalJudgeConfig, RulerRewardConfig, reward_kinds
 from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
 from summrl.data import Document, Question
 from summrl.errors import ConfigError
@@ -74,7 +74,7 @@ def _uses_ruler(config: BenchmarkConfig) -> bool:
 
 
 def judge_local(config: BenchmarkConfig) -> bool:
-    return config.judge.kind in ("lexical", *EMBEDDED_JUDGES)
+    return config.judge.kind in FREE_JUDGES
 
 
 def ruler_used(config: BenchmarkConfig, jobs: Sequence[Job]) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from summrl import splits
+from summrl.config import FREE_JUDGES
 from summrl.data import DataError
 from summrl.errors import KINDS, NETWORK_FIX, NetworkError, classify, full_errors, is_network, network_message
 from summrl.cloud import managed, plan, pricing
@@ -116,7 +117,7 @@ def questions_problems(config: Any) -> list[str]:
     except DataError as e:
         return [str(e)]
     q = config.dataset.questions
-    if not pending or not q.confirm or config.judge.kind in ("lexical", "local", "embedded"):
+    if not pending or not q.confirm or config.judge.kind in FREE_JUDGES:
         return []
     return [f"dataset.questions: {pending} documents have no questions yet, and the remote job has no terminal to "
             f"confirm the judge's cost in: write them here first, with `python -m summrl.data prepare` and this run's "

@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from summrl.config import parse_accelerators
+from summrl.config import FREE_JUDGES, parse_accelerators
 from summrl.cost import Calls, Sized, Tally, first_calls, group_calls, sized
 from summrl.errors import is_network
 
 SNAPSHOT = Path(__file__).with_name("prices.json")
-# Judges that run on the training machine: no calls are billed.
-LOCAL_JUDGES = ("lexical", "embedded", "local")
 
 
 @dataclass
@@ -201,7 +199,7 @@ def judge_calls(config: Any) -> tuple[Calls, list[str], list[str], list[str]]:
     """The judge calls of a whole run (train steps, an SFT stage's scoring, val passes), where they come from, what
     is left out, and why their $ can't be known (empty when it can)."""
     judge, t, data, s = config.judge, config.trainer, config.dataset, config.sft
-    calls = Calls(f"judge {getattr(judge, 'model', judge.kind)}", None if judge.kind in LOCAL_JUDGES else judge.model)
+    calls = Calls(f"judge {getattr(judge, 'model', judge.kind)}", None if judge.kind in FREE_JUDGES else judge.model)
     notes: list[str] = []
     unknown: list[str] = []
     if calls.local:

@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Sequence
 
+from summrl.config import FREE_JUDGES
 from summrl.data import UNANSWERABLE, Document, Question
 from summrl.facts import MONTHS, WEEKDAYS, facts
 from summrl.judges.cache import JsonCache, document_hash
@@ -204,7 +205,7 @@ class OfflineQuestionWriter:
 def question_writer(judge_config: Any, judge: Optional[LLMJudge] = None) -> QuestionWriter:
     """The writer for the configured judge: offline for judge=lexical, local and embedded (the embedded model is not
     loaded when questions are prepared, before training), the judge's own model otherwise."""
-    if judge_config.kind in ("lexical", "local", "embedded"):
+    if judge_config.kind in FREE_JUDGES:
         return OfflineQuestionWriter(min_recall=getattr(judge_config, "min_recall", 0.6))
     if judge is None:
         raise ValueError(f"judge={judge_config.kind} writes questions with its LLM: pass the built judge")

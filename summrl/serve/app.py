@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from summrl.backends import takes_burst_tags
 from summrl.backends.seed import Seed
 from summrl.checkpoints import checkpoint_steps, resolve_step
-from summrl.config import RubricRewardConfig, RulerRewardConfig
+from summrl.config import EMBEDDED_JUDGES, RubricRewardConfig, RulerRewardConfig
 from summrl.data import Document
 from summrl.data.tokenizer import load_tokenizer
 from summrl.inbox import Recorder
@@ -102,7 +102,7 @@ class Service:
         from summrl.judges import build_judge
 
         endpoint = (train.model.base_model, self.server.base_url, self.server.api_key)  # base weights: the judge
-        judge = build_judge(train.judge, endpoint if train.judge.kind in ("embedded", "local") else None)
+        judge = build_judge(train.judge, endpoint if train.judge.kind in EMBEDDED_JUDGES else None)
         if s.selector == "ruler":
             from summrl.rewards.ruler import RulerReward
 

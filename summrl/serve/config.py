@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from summrl.checkpoints import TrainedRun, resolve_step, run_config, trained_run
-from summrl.config import KIND_SCHEMAS, _require, typed_entry
+from summrl.config import EMBEDDED_JUDGES, KIND_SCHEMAS, _require, typed_entry
 from summrl.errors import ConfigError
 
 SELECTORS = ("ruler", "rubric", "length")
@@ -95,7 +95,7 @@ def validate_serve(cfg: DictConfig) -> ServeConfig:
     if s.best_of_n > 1 and s.selector == "ruler" and train.judge.kind == "lexical":
         raise ConfigError("serve.selector=ruler ranks the samples with an LLM judge; the run's judge is lexical: choose "
                           "judge=local (offline), judge=gemini_flash, or serve.selector=length")
-    if train.judge.kind in ("embedded", "local") and train.backend.kind != "embedded":
+    if train.judge.kind in EMBEDDED_JUDGES and train.backend.kind != "embedded":
         raise ConfigError(f"judge={train.judge.kind} uses the embedded model: serve with backend=embedded, or choose "
                           "another judge")
     text = str(schema.step).strip().lower()

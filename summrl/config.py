@@ -969,6 +969,10 @@ def config_error(e: BaseException, prefix: str = "") -> ConfigError:
     schema = cause.object_type if isinstance(cause.object_type, type) else None
     name = schema.__name__ if schema else "the config"
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+        if schema is not None and not is_dataclass(schema):  # a map (reward.terms), or a group left null (serve's)
+            kind = cause.parent_node.get("kind") if isinstance(cause.parent_node, DictConfig) else None
+            typed = TERM_SCHEMAS.get(kind) if key.startswith("reward.terms.") else None  # a term, typed later
+            return unknown_key(key, typed) if typed else new_key(key, cause.parent_node, str(e))
         return unknown_key(key, schema)
     message = str(cause.msg).splitlines()[0]
     if isinstance(cause, MissingMandatoryValue):
@@ -985,6 +989,17 @@ def unknown_key(key: str, schema: Optional[type]) -> ConfigError:
     listing = f" Valid keys: {', '.join(valid)}." if valid else ""
     name = schema.__name__ if schema else "the config"
     return ConfigError(f"{key} is not a setting of {name}.{hint}{listing}")
+
+
+def new_key(key: str, parent: Any, hydra_message: str) -> ConfigError:
+    """``key`` is not in an untyped node (a map such as reward.terms, or summrl.serve's judge or backend, null there
+    until chosen): Hydra overrides only what exists; ``+`` adds."""
+    held = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
+    where, leaf = key.rsplit(".", 1) if "." in key else ("the config", key)
+    what = f"{where} holds {', '.join(held)}" if held else f"{where} is empty here"
+    added = re.search(r"use (\+\S+)", hydra_message)
+    return ConfigError(f"{key} is not in the config ({what}), so it can't be overridden: add it with "
+                       f"{added.group(1) if added else f'+{key}=<value>'}")
 
 
 def compose(config_name: str, overrides: list[str], *, return_hydra_config: bool = False) -> DictConfig:

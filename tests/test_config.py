@@ -103,6 +103,22 @@ def test_bad_values_name_the_key(override, message):
         compose_config([*LOCAL, override])
 
 
+@pytest.mark.parametrize("overrides,message", [
+    (["reward=weighted", "reward.terms.rubric.weight=0.2"],
+     "reward.terms.rubric is not in the config (reward.terms holds qa), so it can't be overridden: add it with "
+     "+reward.terms.rubric.weight=0.2"),
+    (["reward=qa_rubric", "reward.terms.qa.include_unanswerabl=true"],
+     "reward.terms.qa.include_unanswerabl is not a setting of QARewardConfig. Did you mean "
+     "reward.terms.qa.include_unanswerable?"),
+])
+def test_a_key_a_map_lacks_is_named_with_what_the_map_holds_and_how_to_add_it(overrides, message):
+    """reward.terms is a map, typed only after Hydra composes it: a term it lacks needs Hydra's +, a term's unknown
+    setting is named against the term's schema."""
+    with pytest.raises(ConfigError) as raised:
+        compose_config([*LOCAL, *overrides])
+    assert str(raised.value).startswith(message)
+
+
 def test_validation_needs_no_heavy_imports():
     """Errors come before torch, ART or litellm load: the validation path does not import them."""
     code = (

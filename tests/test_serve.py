@@ -6,9 +6,12 @@ train finds nothing new)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -90,6 +93,31 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             assert good.status_code == 200 and good.json()["summary"], good.text
         finally:
             served.stop()
+
+
+def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_training_checks_them(shared_run):
+    """The serve config has no backend or judge until the run's is read: ``+backend.<key>`` changes one setting of
+    the run's own; without the ``+`` Hydra can't override it, and the line says to add it."""
+    from summrl.checkpoints import run_config, trained_run
+    from summrl.config import compose
+    from summrl.errors import ConfigError
+    from summrl.serve.config import validate_serve
+
+    run = f"run_dir={shared_run.run_dir}"
+    saved = run_config(trained_run(str(shared_run.run_dir), "run_dir"))
+    config = validate_serve(compose("serve", [run, "+backend.batch_window_ms=300", "+judge.max_retries=0"]))
+    assert config.train.backend == dataclasses.replace(saved.backend, batch_window_ms=300.0)
+    assert config.train.judge == dataclasses.replace(saved.judge, max_retries=0)
+    for override, message in [("+backend.device=gpu", "backend.device: must be auto, cpu, cuda, cuda:N or mps"),
+                              ("+backend.max_batch_siz=8", "Did you mean backend.max_batch_size?"),
+                              ("+backend.kind=local_gpu", "choose it with backend=<option>")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            validate_serve(compose("serve", [run, override]))
+    result = subprocess.run([sys.executable, "-m", "summrl.serve", run, "backend.device=cpu"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[0] == ("summrl: config error: backend.device is not in the config (backend is "
+                                             "empty here), so it can't be overridden: add it with +backend.device=cpu")
 
 
 def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(monkeypatch):

@@ -1,20 +1,22 @@
 """``python -m summrl.serve``'s typed config: which run and step to serve, and how (``conf/serve.yaml``).
 
 The model, its prompt (``trainer.max_words``, ``max_summary_tokens``, ``temperature``), the backend and the judge are
-the run's own (its ``.hydra/config.yaml``): a server answers as the run was trained. ``judge=<option>`` on the command
-line replaces the run's judge for best-of-N selection; ``backend.*`` and ``serve.*`` overrides apply on top.
+the run's own (its ``.hydra/config.yaml``): a server answers as the run was trained. ``+backend.<key>=<value>`` and
+``+judge.<key>=<value>`` change one setting of the run's own (``+``: Hydra adds a key the composed config lacks);
+``judge=<option>`` or ``backend=<option>`` replaces the run's with that option (its defaults, then ``judge.<key>=...``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from summrl.checkpoints import TrainedRun, resolve_step, run_config, trained_run
-from summrl.config import EMBEDDED_JUDGES, KIND_SCHEMAS, _require, typed_entry
+from summrl.config import EMBEDDED_JUDGES, KIND_SCHEMAS, _require, config_error, typed_entry, unknown_key
 from summrl.errors import ConfigError
 
 SELECTORS = ("ruler", "rubric", "length")
@@ -73,6 +75,21 @@ class ServeConfig:
     serve: ServeSection
 
 
+def with_settings(group: str, section: Any, settings: dict) -> Any:
+    """The run's judge or backend with some of its settings changed (``+backend.device=cuda``), each checked as
+    training checks it. Raises ConfigError naming the key."""
+    if settings.get("kind", section.kind) != section.kind:
+        raise ConfigError(f"+{group}.kind: a {group} of another kind is an option: choose it with {group}=<option>")
+    schema = type(section)
+    for key in settings:
+        if key not in {f.name for f in fields(schema)}:
+            raise unknown_key(f"{group}.{key}", schema)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(section), settings))
+    except OmegaConfBaseException as e:
+        raise config_error(e, prefix=group) from None
+
+
 def register() -> None:
     ConfigStore.instance().store(name="serve_schema", node=ServeSchema)
 
@@ -84,7 +101,9 @@ def validate_serve(cfg: DictConfig) -> ServeConfig:
     train = run_config(run)
     for group in ("judge", "backend"):
         chosen = getattr(schema, group)
-        if chosen is not None:  # judge=<option> on the command line: its YAML starts from its kind's schema
+        if isinstance(chosen, dict):  # +backend.device=cuda: settings changed on the run's own
+            setattr(train, group, with_settings(group, getattr(train, group), chosen))
+        elif chosen is not None:  # judge=<option> on the command line: its YAML starts from its kind's schema
             if type(chosen) not in KIND_SCHEMAS[group].values():
                 raise ConfigError(f"{group}: choose one of its options ({group}=<option>), got {chosen!r}")
             setattr(train, group, chosen)

@@ -120,6 +120,26 @@ def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_
                                              "empty here), so it can't be overridden: add it with +backend.device=cpu")
 
 
+def test_a_port_in_use_or_a_host_not_this_machines_is_refused_before_the_model_loads(shared_run):
+    """uvicorn binds after the model starts loading and exits 1 with its own line; the server binds first."""
+    import socket
+
+    def serve(*overrides: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "summrl.serve", f"run_dir={shared_run.run_dir}", *overrides],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        in_use = serve(f"serve.port={port}")
+    assert in_use.returncode == 2, in_use.stderr
+    assert in_use.stderr.splitlines()[-1] == (f"summrl: config error: serve.port={port}: 127.0.0.1:{port} is in use "
+                                              "(another server is listening there): stop it, or choose another "
+                                              "serve.port")
+    foreign = serve("serve.host=192.0.2.1")  # TEST-NET-1: no machine's own address
+    assert foreign.returncode == 2, foreign.stderr
+    assert foreign.stderr.splitlines()[-1].startswith("summrl: config error: serve.host=192.0.2.1: can't listen there")
+
+
 def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(monkeypatch):
     """The first of concurrent requests reaches the engine's server well before the rest (it rides the one warm
     connection while this app and that server tokenize the others: 153 ms on a 2-core Zen 3, past the batcher's

@@ -1,13 +1,16 @@
 """``python -m summrl.serve run_dir=runs/<name> [step=best|latest|<N>] [serve.*=...]``: serve a trained run.
 
-A bad value or run folder ends with one line and exit code 2 before any model loads; a missing bearer key
-(``serve.api_key_env``) too. The server answers ``GET /health`` with 503 while the model loads, then 200.
+A bad value or run folder ends with one line and exit code 2 before any model loads; so do a missing bearer key
+(``serve.api_key_env``), a port in use and a host that is not this machine's. The server answers ``GET /health``
+with 503 while the model loads, then 200.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import socket
 
 import hydra
 import uvicorn
@@ -19,7 +22,25 @@ from summrl.errors import ConfigError, exit_on
 from summrl.serve.config import validate_serve
 
 
-async def serve(config) -> None:
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads: a port in use, or a host that is not this machine's, fails
+    at once naming the setting (uvicorn would fail after the load started, exit 1). Raises ConfigError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a restart reuses a closing port
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as e:
+        sock.close()
+        if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+            raise ConfigError(f"serve.port={port}: {host}:{port} is in use (another server is listening there): stop "
+                              "it, or choose another serve.port") from None
+        raise ConfigError(f"serve.host={host}: can't listen there ({getattr(e, 'strerror', None) or e}): use an "
+                          "address of this machine, e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+    return sock
+
+
+async def serve(config, sock: socket.socket) -> None:
     from summrl.serve.app import Service, build_app  # heavy (openai, the backend): once the config is good
 
     service = Service(config)
@@ -29,7 +50,7 @@ async def serve(config) -> None:
     loading = asyncio.create_task(service.start())  # /health says 503 until it is done
     watching = asyncio.create_task(service.watch())  # serve.reload=auto
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
         loading.cancel()
         watching.cancel()
@@ -45,8 +66,9 @@ def main(cfg: DictConfig) -> None:
         if key_env and not os.environ.get(key_env):
             raise ConfigError(f"serve.api_key_env={key_env}: the variable is not set; export {key_env}=<the key clients "
                               "must send>, or leave serve.api_key_env unset to serve without a key")
+        sock = listening_socket(config.serve.host, config.serve.port)
         os.environ.setdefault("TQDM_DISABLE", "1")
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, sock))
     except Exception as e:
         exit_on(e)
 

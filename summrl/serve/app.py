@@ -86,8 +86,9 @@ class Service:
             self.selector = self._selector()
             self.ready = True
             s = self.config.serve
-            log.info(f"summrl: serving {self.name} on http://{s.host}:{s.port} (OpenAI base URL http://{s.host}:"
-                     f"{s.port}/v1){f' | best of {s.best_of_n} by {s.selector}' if s.best_of_n > 1 else ''}"
+            url = f"http://{f'[{s.host}]' if ':' in s.host else s.host}:{s.port}"  # an IPv6 address in brackets
+            log.info(f"summrl: serving {self.name} on {url} (OpenAI base URL {url}/v1)"
+                     f"{f' | best of {s.best_of_n} by {s.selector}' if s.best_of_n > 1 else ''}"
                      f"{' | recording to the inbox' if self.recorder else ''}"
                      f"{f' | reload: follows {self.config.follow}' if s.reload == 'auto' else ''}")
         except Exception as e:

@@ -145,11 +145,15 @@ def export(config: ExportConfig, command: str) -> Path:
     run, model = config.run, config.train.model
     checkpoint = run.checkpoint(config.step)
     log.info(f"summrl: export: {run.name} step {config.step} ({why(config)}) from {checkpoint}")
-    config.dir.parent.mkdir(parents=True, exist_ok=True)
     # Written beside its place and moved in at the end: an interrupted export leaves no half folder at export.dir.
     work = config.dir.parent / f".{config.dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
+    try:  # before the model loads
+        config.dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+    except OSError as e:
+        raise ConfigError(f"export.dir={config.dir}: can't write there ({e.strerror or e}: {e.filename or work}); "
+                          "choose a folder you can write") from None
     try:
         # float32 for the merge (an exact sum of the base and the LoRA delta), cast to the saved dtype afterwards.
         tokenizer, base = load_causal_lm(model.base_model, model.weights, torch.float32, torch.device("cpu"))

@@ -228,6 +228,15 @@ def test_a_bad_step_is_one_line_and_exit_2_before_any_model_loads(trained, tmp_p
     assert "summrl: export:" not in process.stdout, "refused before the export began"
 
 
+def test_an_export_dir_that_cant_be_written_is_one_line_and_exit_2_before_any_model_loads(trained, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    process = export_cli([f"run_dir={trained}", "step=2", f"export.dir={tmp_path / 'a-file' / 'out'}"], cwd=tmp_path)
+    assert process.returncode == 2, process.stderr
+    (line,) = process.stderr.strip().splitlines()
+    assert line.startswith(f"summrl: config error: export.dir={tmp_path / 'a-file' / 'out'}: can't write there (")
+    assert line.endswith("choose a folder you can write") and "merged model" not in process.stdout
+
+
 def test_push_to_hub_without_a_token_fails_before_any_work(trained, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH")}
     env["HF_HOME"] = str(tmp_path / "hf")  # no cached login either

@@ -222,7 +222,7 @@ def matching_configuration(table: pd.DataFrame, results: dict, baseline: str) ->
         if wanted <= said:
             matches.add(configuration)
     if len(matches) != 1:
-        raise SystemExit(f"summrl.report: --baseline {baseline!r} matches {len(matches)} configurations "
+        raise ReportError(f"summrl.report: --baseline {baseline!r} matches {len(matches)} configurations "
                          f"({', '.join(sorted(matches)) or 'none'}); configurations: "
                          f"{', '.join(sorted(set(table.configuration)))}")
     return matches.pop()
@@ -305,11 +305,22 @@ def plot_best(stats: pd.DataFrame, metric: str, path: Path) -> None:
     plt.close(fig)
 
 
+class ReportError(Exception):
+    """Bad input (a folder with no runs, a baseline that names no one configuration, an --out that can't be a
+    folder): one line, exit code 2, nothing written."""
+
+
 def write_report(folder: Path, out: Path, baseline: str | None = None) -> pd.DataFrame:
     table, curves, common, results = collect(folder)
     if table.empty:
-        raise SystemExit(f"summrl.report: {folder} has no {RESULT_FILE} and no numbered job folders")
-    out.mkdir(parents=True, exist_ok=True)
+        raise ReportError(f"summrl.report: {folder} has no {RESULT_FILE} and no numbered job folders")
+    if baseline:  # refused before anything is written
+        baseline = matching_configuration(table, results, baseline)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"summrl.report: --out {out}: can't write a folder there ({e.strerror or e}); name a "
+                          "folder") from None
     table.to_csv(out / "summary.csv", index=False)
     metric = score_metric(table)
     stats = by_configuration(table, metric)
@@ -318,7 +329,6 @@ def write_report(folder: Path, out: Path, baseline: str | None = None) -> pd.Dat
     plot_best(stats, metric, out / "best_val.png")
     paired, side = None, {}
     if baseline:
-        baseline = matching_configuration(table, results, baseline)
         paired = paired_table(table, results, metric, baseline)
         side = {name: paired_table(table, results, name, baseline, lower_is_better=True) for name in SIDE_METRICS
                 if all(per_doc(results[job], name) for job in table[table.status == "completed"].job)}
@@ -363,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"summrl.report: {args.folder} is not a folder", file=sys.stderr)
         return 2
     out = args.out or args.folder
-    table = write_report(args.folder, out, args.baseline)
+    try:
+        table = write_report(args.folder, out, args.baseline)
+    except ReportError as e:
+        print(e, file=sys.stderr)
+        return 2
     print(f"summrl.report: {len(table)} jobs -> {out / 'report.md'}, summary.csv, val_curves.png, best_val.png")
     return 0
 

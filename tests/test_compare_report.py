@@ -110,9 +110,9 @@ def test_seeds_by_documents_ci_matches_a_hand_computed_two_way_anova(sweep, tmp_
     assert (ruler.difference, ruler.ci_low, ruler.ci_high) == pytest.approx((0.0, -1.905931, 1.905931), abs=1e-5)
     assert ruler.verdict == "no detectable difference" and "val_size" in ruler.noise
 
-    unknown = subprocess.run([sys.executable, "-m", "summrl.report", str(sweep), "--baseline", "reward=nope"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert unknown.returncode != 0 and "reward=nope" in unknown.stderr and "reward=qa" in unknown.stderr
+    unknown = report(sweep, tmp_path / "refused", "reward=nope")
+    assert unknown.returncode == 2 and "reward=nope" in unknown.stderr and "reward=qa" in unknown.stderr
+    assert not (tmp_path / "refused").exists()  # refused before anything was written
 
 
 def test_training_seeds_that_disagree_are_not_pooled_into_a_verdict(tmp_path):

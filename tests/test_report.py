@@ -88,10 +88,20 @@ def test_report_on_a_single_run_folder(sweep, tmp_path):
     assert (tmp_path / "one" / "val_curves.png").stat().st_size > 10_000
 
 
-def test_report_names_a_folder_with_no_jobs(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "summrl.report", str(tmp_path)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode != 0 and str(tmp_path) in result.stderr + result.stdout
+def test_report_names_a_folder_with_no_jobs_and_an_out_that_cant_be_a_folder(sweep, tmp_path):
+    def report(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "summrl.report", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+
+    (tmp_path / "empty").mkdir()
+    empty = report(str(tmp_path / "empty"))
+    assert empty.returncode == 2
+    assert empty.stderr.strip() == f"summrl.report: {tmp_path / 'empty'} has no result.json and no numbered job folders"
+    (tmp_path / "a-file").write_text("not a folder")
+    out_a_file = report(str(sweep), "--out", str(tmp_path / "a-file"))
+    assert out_a_file.returncode == 2 and "Traceback" not in out_a_file.stderr
+    assert out_a_file.stderr.strip() == (f"summrl.report: --out {tmp_path / 'a-file'}: can't write a folder there "
+                                         "(File exists); name a folder")
 
 
 def test_report_shows_both_stages_of_an_sft_run(tmp_path):

@@ -35,11 +35,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['name']}\t{status}\t{resources}\tautostop {r.get('autostop')} min{down}")
         return 0
     name = args.name or DEFAULT_CLUSTER
-    if args.command == "down":
-        sky.stream_and_get(sky.down(name))
-        print(f"summrl: cluster {name} is down")
-        return 0
-    return int(sky.tail_logs(name, args.job, follow=True))
+    try:
+        if args.command == "down":
+            sky.stream_and_get(sky.down(name))
+            print(f"summrl: cluster {name} is down")
+            return 0
+        return int(sky.tail_logs(name, args.job, follow=True))
+    except (sky.exceptions.ClusterDoesNotExist, sky.exceptions.ClusterNotUpError) as e:
+        what = (f"there is no cluster {name}" if isinstance(e, sky.exceptions.ClusterDoesNotExist)
+                else f"cluster {name} is not up, so it has no logs to show")
+        print(f"summrl: {what} (python -m summrl.cluster status lists the clusters)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -391,6 +391,16 @@ def test_cluster_command_takes_down_and_tails_the_named_cluster(monkeypatch, cap
     assert cluster.main(["logs"]) == 100  # the job's exit code, like `sky logs`
     assert ("tail_logs", "summrl", None, True) in fake.calls
 
+    def no_such_cluster(name, *args, **kwargs):  # what SkyPilot 0.14 raises for a name it does not know
+        raise sky.exceptions.ClusterDoesNotExist(f"\x1b[33mCluster {name!r} does not exist.\x1b[0m")
+
+    monkeypatch.setattr(sky, "down", no_such_cluster)
+    monkeypatch.setattr(sky, "tail_logs", no_such_cluster)
+    for command in ("down", "logs"):
+        assert cluster.main([command, "nope"]) == 2
+        assert capsys.readouterr().err == ("summrl: there is no cluster nope (python -m summrl.cluster status lists "
+                                           "the clusters)\n")
+
     from sky.schemas.api.responses import StatusResponse
     from sky.utils.status_lib import ClusterStatus
 

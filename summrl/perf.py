@@ -429,6 +429,18 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(bench_faults(args.rate, args.seed), indent=2))
         return
     if args.benchmark == "serve":
+        from summrl.config import compose
+        from summrl.errors import ConfigError, Failure
+        from summrl.serve.config import validate_serve
+
+        try:  # what a server would refuse, refused before one starts
+            for n in args.best_of_n:
+                validate_serve(compose("serve", [f"run_dir={args.run_dir}", f"step={args.step}", f"serve.best_of_n={n}",
+                                                 f"serve.selector={args.selector}", *args.overrides]))
+        except ConfigError as e:
+            failure = Failure("config", str(e))
+            print(failure.line, file=sys.stderr)
+            sys.exit(failure.exit_code)
         result = bench_serve(args.run_dir, args.concurrency, tuple(args.best_of_n), args.selector, args.step,
                              tuple(args.overrides))
         result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}

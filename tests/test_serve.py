@@ -140,6 +140,14 @@ def test_a_port_in_use_or_a_host_not_this_machines_is_refused_before_the_model_l
     assert foreign.stderr.splitlines()[-1].startswith("summrl: config error: serve.host=192.0.2.1: can't listen there")
 
 
+def test_perf_serve_refuses_what_the_server_would_before_starting_one(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "summrl.perf", "serve", "--run-dir", str(tmp_path / "nowhere")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"summrl: config error: run_dir: {tmp_path / 'nowhere'} is not a folder (a "
+                                     "training run folder, e.g. runs/<run.name>)")
+
+
 def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(monkeypatch):
     """The first of concurrent requests reaches the engine's server well before the rest (it rides the one warm
     connection while this app and that server tokenize the others: 153 ms on a 2-core Zen 3, past the batcher's

@@ -115,7 +115,7 @@ def split_size(value: Any, key: str) -> Union[int, float, str]:
         if text == "all":
             return "all"
         try:
-            value = int(text) if text.lstrip("+").isdigit() else float(text)
+            value = int(text) if text.lstrip("+-").isdigit() else float(text)
         except ValueError:
             raise ConfigError(f"{key}: must be {SPLIT_SIZE_HELP}; got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -94,6 +94,7 @@ def test_cli_overrides_reach_typed_config():
         ("seed=-3", r"seed: must be in \[0, 2\*\*32 - 1\]"),
         ("seed=4294967296", r"seed: must be in \[0, 2\*\*32 - 1\]"),
         ("trainer.missing_reward_window=0", "trainer.missing_reward_window: must be > 0"),
+        ("dataset.val_size='-1'", r"dataset.val_size: must be > 0 \(a count"),  # as VAL_SIZE=-1 gives it: a string
         ("trainer.val_temperature=-0.5", r"trainer.val_temperature: must be in \[0, 2\] or null"),
         ("trainer.val_temperature=0", "trainer.val_rollouts_per_doc: greedy val .* set trainer.val_rollouts_per_doc=1"),
     ],

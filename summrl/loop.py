@@ -27,6 +27,7 @@ from summrl import algorithm, inbox, sft
 from summrl.backends import build_backend, internal_config, takes_burst_tags
 from summrl.config import EMBEDDED_JUDGES, Config, reward_kinds
 from summrl.data import Document
+from summrl.errors import ConfigError
 from summrl.facts import hallucinates
 from summrl.job import RunRecord, peak_rss_gb
 from summrl.judges import Judge, build_judge
@@ -311,6 +312,11 @@ async def online_documents(config: Config, splits: Splits) -> tuple[Splits, Opti
     if config.dataset.kind != "inbox":
         return splits, None
     t = config.trainer
+    if get_step_from_dir(str(model_dir(config))) == 0 and not inbox.inbox_dir(config.run.dir).is_dir():
+        # nothing trained or recorded under this name: a mistyped run.name would otherwise wait for nothing
+        raise ConfigError(f"dataset=inbox: run.name={config.run.name} has no checkpoint and no inbox "
+                          f"({inbox.inbox_dir(config.run.dir)}): name the run that python -m summrl.serve records "
+                          "for (serve.record=true), e.g. run.name=local1 for runs/local1")
     deadline = time.monotonic() + t.wait_for_documents_s
     while True:
         step = get_step_from_dir(str(model_dir(config)))  # the checkpoint the backend will resume from

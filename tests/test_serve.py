@@ -148,6 +148,17 @@ def test_perf_serve_refuses_what_the_server_would_before_starting_one(tmp_path):
                                      "training run folder, e.g. runs/<run.name>)")
 
 
+def test_an_inbox_run_with_no_checkpoint_and_no_inbox_is_refused_naming_run_name(tmp_path):
+    """A mistyped run.name: nothing was trained or recorded under it, so there is nothing to continue or wait for."""
+    result = run_cli(["experiment=local", "run.name=local1x", "dataset=inbox", f"hydra.run.dir={tmp_path / 'local1x'}"],
+                     cwd=ROOT, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"summrl: config error: dataset=inbox: run.name=local1x has no checkpoint and no inbox "
+        f"({tmp_path / 'local1x' / 'inbox'}): name the run that python -m summrl.serve records for (serve.record=true), "
+        "e.g. run.name=local1 for runs/local1")
+
+
 def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(monkeypatch):
     """The first of concurrent requests reaches the engine's server well before the rest (it rides the one warm
     connection while this app and that server tokenize the others: 153 ms on a 2-core Zen 3, past the batcher's

@@ -64,6 +64,11 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             assert bad.status_code == 400 and "bad request" in bad.json()["error"]["message"]
             missing = httpx.post(f"{served.url}/v1/summarize", json={"text": "x"}, timeout=30)
             assert missing.status_code == 400 and "document" in missing.json()["error"]["message"]
+            empty = httpx.post(f"{served.url}/v1/summarize", json={"document": "  "}, timeout=30)
+            assert empty.status_code == 400 and empty.json()["error"]["message"].startswith("document: empty")
+            # every error in OpenAI's shape, whichever check refused it
+            assert [(r.json()["error"]["type"], r.json()["error"]["code"]) for r in (bad, missing, empty)] == [
+                ("invalid_request_error", 400)] * 3
             # what `curl -d '{"document": ...}'` sends, as the README shows it: JSON under a form Content-Type
             as_curl = httpx.post(f"{served.url}/v1/summarize", content=json.dumps({"document": document}).encode(),
                                  headers={"content-type": "application/x-www-form-urlencoded"}, timeout=120)
@@ -80,6 +85,7 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             assert 429 in statuses and 200 in statuses  # serve.max_queue=2: the rest are told to come back
             limited = next(r for r in asyncio.run(burst()) if r.status_code == 429)
             assert limited.headers["retry-after"] == "1" and "serve.max_queue=2" in limited.json()["error"]["message"]
+            assert (limited.json()["error"]["type"], limited.json()["error"]["code"]) == ("rate_limit_error", 429)
             assert httpx.get(f"{served.url}/health").json()["step"] == 2  # still serving
 
             async def beside_a_bad_seed() -> list[httpx.Response]:  # both in one burst, were the bad one let through

@@ -244,6 +244,17 @@ def _refused_parameter(e: Any) -> Exception:
     return HTTPException(400, detail=f"bad request: {body.get('detail') or body.get('message') or e.message}")
 
 
+# OpenAI's error types, by status: its clients read the error's message and type.
+ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 503: "server_error"}
+
+
+def error_response(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
+    """Every error in one shape, OpenAI's: {"error": {"message", "type", "code"}}."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
+                        headers=headers)
+
+
 def build_app(service: Service) -> FastAPI:
     app = FastAPI(title="summrl serve")
 
@@ -251,13 +262,11 @@ def build_app(service: Service) -> FastAPI:
     async def bad_request(request: Request, error: RequestValidationError) -> JSONResponse:
         problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
                              for e in error.errors())
-        return JSONResponse({"error": {"message": f"bad request: {problems}", "type": "invalid_request_error"}},
-                            status_code=400)
+        return error_response(400, f"bad request: {problems}")
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(error.detail), "code": error.status_code}},
-                            status_code=error.status_code, headers=error.headers)
+        return error_response(error.status_code, str(error.detail), error.headers)
 
     def authorize(authorization: Optional[str]) -> None:
         if service.api_key and authorization != f"Bearer {service.api_key}":

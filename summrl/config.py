@@ -995,7 +995,7 @@ def new_key(key: str, parent: Any, hydra_message: str) -> ConfigError:
     """``key`` is not in an untyped node (a map such as reward.terms, or summrl.serve's judge or backend, null there
     until chosen): Hydra overrides only what exists; ``+`` adds."""
     held = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
-    where, leaf = key.rsplit(".", 1) if "." in key else ("the config", key)
+    where = key.rsplit(".", 1)[0] if "." in key else "the config"
     what = f"{where} holds {', '.join(held)}" if held else f"{where} is empty here"
     added = re.search(r"use (\+\S+)", hydra_message)
     return ConfigError(f"{key} is not in the config ({what}), so it can't be overridden: add it with "

@@ -223,8 +223,8 @@ def matching_configuration(table: pd.DataFrame, results: dict, baseline: str) ->
             matches.add(configuration)
     if len(matches) != 1:
         raise ReportError(f"summrl.report: --baseline {baseline!r} matches {len(matches)} configurations "
-                         f"({', '.join(sorted(matches)) or 'none'}); configurations: "
-                         f"{', '.join(sorted(set(table.configuration)))}")
+                          f"({', '.join(sorted(matches)) or 'none'}); configurations: "
+                          f"{', '.join(sorted(set(table.configuration)))}")
     return matches.pop()
 
 

@@ -161,8 +161,8 @@ def test_an_inbox_run_with_no_checkpoint_and_no_inbox_is_refused_naming_run_name
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         f"summrl: config error: dataset=inbox: run.name=local1x has no checkpoint and no inbox "
-        f"({tmp_path / 'local1x' / 'inbox'}): name the run that python -m summrl.serve records for (serve.record=true), "
-        "e.g. run.name=local1 for runs/local1")
+        f"({tmp_path / 'local1x' / 'inbox'}): name the run that python -m summrl.serve records for "
+        "(serve.record=true), e.g. run.name=local1 for runs/local1")
 
 
 def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(monkeypatch):

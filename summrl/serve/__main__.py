@@ -36,7 +36,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
             raise ConfigError(f"serve.port={port}: {host}:{port} is in use (another server is listening there): stop "
                               "it, or choose another serve.port") from None
         raise ConfigError(f"serve.host={host}: can't listen there ({getattr(e, 'strerror', None) or e}): use an "
-                          "address of this machine, e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+                          "address of this machine, e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every "
+                          "interface)") from None
     return sock
 
 

@@ -241,9 +241,19 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
             openai.OpenAI(base_url=f"{served.url}/v1", api_key="wrong", max_retries=0).models.list()
         assert summarize(served.url, "A document.", key=None).status_code == 401
         # a parameter the backend refuses is the client's 400, naming it (not a 500 for the whole batch)
-        with pytest.raises(openai.BadRequestError, match="seed: Input should be less than or equal to"):
-            openai.OpenAI(base_url=f"{served.url}/v1", api_key=SERVE_KEY, max_retries=0).chat.completions.create(
-                model="shared@3", max_tokens=8, seed=2**64, messages=[{"role": "user", "content": "Summarize: a."}])
+        strict = openai.OpenAI(base_url=f"{served.url}/v1", api_key=SERVE_KEY, max_retries=0)
+        for refused, match in [({"seed": 2**64}, "seed: Input should be less than or equal to"),
+                               # one request asking for 100,000 choices held the server for minutes
+                               ({"n": 100_000}, r"n: must be an integer in 1\.\.16 \(serve\.max_n\), got 100000"),
+                               ({"temperature": 5}, "temperature: Input should be less than or equal to 2"),
+                               ({"top_p": 0}, "top_p: Input should be greater than 0"),
+                               # content parts: the chat template failed on them, a 500
+                               ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]},
+                                "messages.0.content: Input should be a valid string")]:
+            with pytest.raises(openai.BadRequestError, match=match):
+                strict.chat.completions.create(**{"model": "shared@3", "max_tokens": 8,
+                                                  "messages": [{"role": "user", "content": "Summarize: a."}],
+                                                  **refused})
 
         for i in range(8):
             reply = summarize(served.url, f"Report {i}. The Harbor Festival in Port {i} drew {100 + i} visitors on "

@@ -312,6 +312,9 @@ def build_app(service: Service) -> FastAPI:
             raise HTTPException(400, detail="bad request: messages: a non-empty list of chat messages is required")
         if body.get("stream"):
             raise HTTPException(400, detail="bad request: stream=true is not supported")
+        n, max_n = 1 if body.get("n") is None else body["n"], service.config.serve.max_n
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_n:
+            raise HTTPException(400, detail=f"bad request: n: must be an integer in 1..{max_n} (serve.max_n), got {n!r}")
         model = body.get("model")
         await service.enter()
         try:
@@ -320,7 +323,7 @@ def build_app(service: Service) -> FastAPI:
             params = {k: body[k] for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
                                           "logprobs", "top_logprobs", "response_format") if body.get(k) is not None}
             try:
-                response = await service.generate(body["messages"], int(body.get("n") or 1), **params)
+                response = await service.generate(body["messages"], n, **params)
             except openai.APIStatusError as e:
                 if e.status_code not in (400, 422):
                     raise

@@ -34,6 +34,7 @@ class ServeSection:
     temperature: Optional[float] = None  # null: the run's trainer.temperature
     max_document_tokens: int = 4096  # in the policy's tokens; a longer document gets 413
     max_queue: int = 64  # requests in flight beyond this get 429 with Retry-After
+    max_n: int = 16  # the most choices one chat completion may ask for (n); more get 400: one request can't hog it
     record: bool = False  # append each summarized document to <run_dir>/inbox/ (online learning: dataset=inbox)
     reload: str = "off"  # auto: serve a newer checkpoint of the run as soon as training writes one
     reload_check_s: float = 2.0  # how often auto reload looks for a newer checkpoint (loaded between requests)
@@ -47,6 +48,7 @@ class ServeSection:
                  f"must be in [0, 2] or null (the run's trainer.temperature), got {self.temperature}")
         _require(self.max_document_tokens > 0, "serve.max_document_tokens", f"must be > 0, got {self.max_document_tokens}")
         _require(self.max_queue > 0, "serve.max_queue", f"must be > 0, got {self.max_queue}")
+        _require(self.max_n > 0, "serve.max_n", f"must be > 0, got {self.max_n}")
         _require(self.reload in RELOAD, "serve.reload", f"must be off or auto, got {self.reload!r}")
         _require(self.reload_check_s > 0, "serve.reload_check_s", f"must be > 0, got {self.reload_check_s}")
 

@@ -33,13 +33,20 @@ from summrl.rollout import Burst
 log = logging.getLogger(__name__)
 
 
+class Message(BaseModel):
+    role: str
+    content: str  # the chat template reads text; a list of content parts would fail inside it (a 500)
+
+    model_config = {"extra": "allow"}
+
+
 class ChatRequest(BaseModel):
     model: str
-    messages: list[dict[str, Any]]
+    messages: list[Message] = Field(min_length=1)
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
+    temperature: Optional[float] = Field(None, ge=0, le=2)  # OpenAI's bounds, as trainer.temperature's
+    top_p: Optional[float] = Field(None, gt=0, le=1)
     n: int = Field(1, ge=1)
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = None
@@ -220,7 +227,7 @@ def build_app(
             )
         if request.stream:
             raise HTTPException(status_code=400, detail="stream=true is not supported by the embedded server")
-        prompt = engine.encode_chat(request.messages)
+        prompt = engine.encode_chat([m.model_dump() for m in request.messages])
         response_format = None
         if request.response_format and request.response_format.get("type") != "text":
             response_format = json.dumps(request.response_format, sort_keys=True)

@@ -314,7 +314,8 @@ def build_app(service: Service) -> FastAPI:
             raise HTTPException(400, detail="bad request: stream=true is not supported")
         n, max_n = 1 if body.get("n") is None else body["n"], service.config.serve.max_n
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_n:
-            raise HTTPException(400, detail=f"bad request: n: must be an integer in 1..{max_n} (serve.max_n), got {n!r}")
+            raise HTTPException(400, detail=f"bad request: n: must be an integer in 1..{max_n} (serve.max_n), "
+                                            f"got {n!r}")
         model = body.get("model")
         await service.enter()
         try:

@@ -247,6 +247,10 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
                                ({"n": 100_000}, r"n: must be an integer in 1\.\.16 \(serve\.max_n\), got 100000"),
                                ({"temperature": 5}, "temperature: Input should be less than or equal to 2"),
                                ({"top_p": 0}, "top_p: Input should be greater than 0"),
+                               # past SmolLM2's 8192 positions, as vLLM refuses it (the engine decoded on, untrained)
+                               ({"max_tokens": 8190}, r"maximum context length is 8192 tokens\. However, you "
+                                                      r"requested \d+ tokens \(\d+ in the messages, 8190 in the "
+                                                      r"completion\)\. Please reduce .* max_tokens \(at most \d+"),
                                # content parts: the chat template failed on them, a 500
                                ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]},
                                 "messages.0.content: Input should be a valid string")]:

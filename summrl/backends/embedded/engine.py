@@ -519,6 +519,11 @@ class Engine:
             self.decode_ms.append((rows, 1000 * gaps[len(gaps) // 2]))
         return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
 
+    @property
+    def context_length(self) -> Optional[int]:
+        """The most tokens, prompt and completion together, the model was built for (None: the config does not say)."""
+        return getattr(self.model.get_base_model().config, "max_position_embeddings", None)
+
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 

@@ -236,7 +236,7 @@ def build_app(
             except Exception as e:
                 raise HTTPException(status_code=400, detail=f"response_format: {e}") from None
         params = SamplingParams(
-            max_tokens=request.max_completion_tokens or request.max_tokens or default_max_tokens,
+            max_tokens=_completion_budget(engine, request, len(prompt), default_max_tokens),
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             response_format=response_format,
@@ -250,6 +250,30 @@ def build_app(
         return _chat_response(engine, request, prompt, results)
 
     return app
+
+
+def _completion_budget(engine: Engine, request: ChatRequest, prompt_tokens: int, default: int) -> int:
+    """The completion's token budget: what the request asks for, else ``default`` or what the context leaves.
+
+    Past the model's context its positions are ones it never saw trained, and the engine reserves cache room for the
+    whole budget: a request that does not fit is refused as vLLM refuses it (a 400 saying both lengths)."""
+    asked = request.max_completion_tokens or request.max_tokens
+    context = engine.context_length
+    if context is None:
+        return asked or default
+    if prompt_tokens >= context:
+        raise HTTPException(status_code=400, detail=(
+            f"This model's maximum context length is {context} tokens. However, your messages resulted in "
+            f"{prompt_tokens} tokens. Please reduce the length of the messages."))
+    if asked is None:
+        return min(default, context - prompt_tokens)
+    if prompt_tokens + asked > context:
+        field = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        raise HTTPException(status_code=400, detail=(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + asked} tokens ({prompt_tokens} in the messages, {asked} in the completion). "
+            f"Please reduce the length of the messages or {field} (at most {context - prompt_tokens} here)."))
+    return asked
 
 
 def _chat_response(engine: Engine, request: ChatRequest, prompt: list[int], results: list[Completion]) -> dict:

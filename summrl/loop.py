@@ -33,7 +33,7 @@ from summrl.job import RunRecord, peak_rss_gb
 from summrl.judges import Judge, build_judge
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
-from summrl.rollout import Burst, in_request_order, rollout, sample_seed, summary_of
+from summrl.rollout import Burst, check_context, in_request_order, rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
 from summrl.splits import Splits
 from summrl.splits import load as load_documents
@@ -377,6 +377,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                 return None
         sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend
         session = await open_session(config, tracker)
+        if config.backend.kind == "embedded":  # its engine has loaded: the policy's context is known
+            check_context(session.backend.engine, [*val, *train_docs], t.max_words, t.max_summary_tokens)
         step = await session.model.get_step()
         record.resume_at(step)
         # A managed job's id (SkyPilot sets it in the job's environment): its recoveries are counted per job id.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import art
 from pydantic import BaseModel, Field
@@ -74,6 +74,29 @@ async def rollout(
         metrics={"word_count": word_count(summary), "chars": len(summary)},
         metadata={"document_id": document.id, "sample": sample},
     )
+
+
+def check_context(engine: Any, documents: Sequence[Document], max_words: int, max_tokens: int) -> None:
+    """Refuse a run whose summary requests can't fit the policy's context (``engine.context_length``): the longest
+    document's prompt plus ``trainer.max_summary_tokens``. The server refuses such a request, as vLLM does; checked
+    here, after the model loads and before anything is generated, rather than at the step that meets that document."""
+    context = engine.context_length
+    if context is None or not documents:
+        return
+    # The text's tokens rank the documents (one batched call); the chat prompt is counted exactly for the longest.
+    lengths = [len(ids) for ids in engine.tokenizer([d.text for d in documents], add_special_tokens=False)["input_ids"]]
+    near = [d for d, n in zip(documents, lengths) if n >= max(lengths) - 16]  # a template's joins move a few tokens
+    longest, document = max(((len(engine.encode_chat(summary_messages(d, max_words))), d) for d in near),
+                            key=lambda pair: pair[0])
+    if longest + max_tokens > context:
+        from summrl.errors import ConfigError
+
+        room = context - longest
+        raise ConfigError(
+            f"trainer.max_summary_tokens={max_tokens}: the policy's context is {context} tokens and the longest "
+            f"prompt (document {document.id}) takes {longest}, so a summary can have at most {room} tokens"
+            + (f": set trainer.max_summary_tokens={room} or less" if room > 0 else "")
+            + ", or shorten the documents (dataset.max_document_tokens for dataset=documents)")
 
 
 def in_request_order(groups: list[art.TrajectoryGroup]) -> list[art.TrajectoryGroup]:

@@ -63,6 +63,24 @@ def test_rollout_through_the_openai_client_returns_a_trainable_trajectory(loop, 
     assert model.inference_base_url.startswith("http://127.0.0.1:")
 
 
+def test_a_summary_budget_past_the_context_is_refused_before_generating_as_the_server_would_refuse_it(loop, session):
+    """check_context (run by training once the model loads) and the server agree on the longest prompt's room."""
+    from summrl.errors import ConfigError
+    from summrl.prompt import summary_messages
+    from summrl.rollout import check_context
+
+    backend, model, docs, _ = session
+    engine = backend.engine
+    longest = max(docs, key=lambda d: len(engine.encode_chat(summary_messages(d, 350))))
+    room = engine.context_length - len(engine.encode_chat(summary_messages(longest, 350)))
+    check_context(engine, docs, 350, room)  # fits exactly
+    with pytest.raises(ConfigError, match=rf"trainer\.max_summary_tokens={room + 1}: .* prompt \(document "
+                                          rf"{longest.id}\) .* at most {room} tokens: set trainer\.max_summary_tokens"):
+        check_context(engine, docs, 350, room + 1)
+    with pytest.raises(openai.BadRequestError, match=rf"{room + 1} in the completion\).*\(at most {room} here"):
+        loop.run_until_complete(rollout(model, longest, max_words=350, max_tokens=room + 1, temperature=1.0))
+
+
 def test_concurrent_requests_are_batched_and_share_a_prompt(loop, session):
     backend, model, docs, _ = session
     before = len(backend._batcher.batch_sizes)

@@ -41,7 +41,7 @@ def summarize(url: str, document: str, key: str | None = SERVE_KEY, **extra) -> 
 
 def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_get_clear_errors(run_copy, tmp_path):
     with FakeLLM() as judge:
-        served = ServeProcess(run_copy, ["step=2", "serve.best_of_n=4", "serve.max_document_tokens=64", "serve.max_queue=2",
+        served = ServeProcess(run_copy, ["step=2", "serve.best_of_n=4", "serve.max_document_tokens=8192", "serve.max_queue=2",
                                    "judge=openai_compatible", f"judge.api_base={judge.base_url}", "judge.max_retries=0",
                                    "judge.cache_dir=null"], tmp_path / "serve.log")
         try:
@@ -73,8 +73,15 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             as_curl = httpx.post(f"{served.url}/v1/summarize", content=json.dumps({"document": document}).encode(),
                                  headers={"content-type": "application/x-www-form-urlencoded"}, timeout=120)
             assert as_curl.status_code == 200 and as_curl.json()["summary"], as_curl.text
-            long = summarize(served.url, " ".join(["word"] * 200), key=None)
-            assert long.status_code == 413 and "serve.max_document_tokens=64" in long.json()["error"]["message"]
+            long = summarize(served.url, " ".join(["word"] * 9000), key=None)
+            assert long.status_code == 413 and "serve.max_document_tokens=8192" in long.json()["error"]["message"]
+            # within the limit, but not within SmolLM2's 8192 positions once the instructions and the summary's
+            # tokens are added: refused here, before the embedded server refuses it (a 500, and a burst held 10 s)
+            longer_than_context = summarize(served.url, " ".join(["word"] * 8150), key=None)
+            assert longer_than_context.status_code == 413, longer_than_context.text
+            assert re.match(r"document: 8150 tokens; with the instructions \(\d+ in all\) and trainer\.max_summary_"
+                            r"tokens=\d+ it needs more than the model's context of 8192 tokens; split it",
+                            longer_than_context.json()["error"]["message"])
 
             async def burst() -> list[httpx.Response]:
                 async with httpx.AsyncClient(timeout=120) as client:

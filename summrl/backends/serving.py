@@ -21,6 +21,7 @@ from summrl.checkpoints import TrainedRun
 class CheckpointServer(Protocol):
     base_url: str
     api_key: str
+    context_length: Optional[int]  # prompt and completion together, at most (None: not known here)
 
     async def serve(self, step: int) -> str:
         """Load ``step`` (0 = the base model) and return the name to request it by."""
@@ -60,6 +61,10 @@ class EmbeddedServer:
         self.base_url = self._server.base_url
         return self
 
+    @property
+    def context_length(self) -> Optional[int]:
+        return None if self._engine is None else self._engine.context_length
+
     async def serve(self, step: int) -> str:
         if step == 0:
             return self.config.model.base_model
@@ -82,6 +87,7 @@ class LocalGPUServer:
     def __init__(self, config: Any, run: TrainedRun) -> None:
         self.config, self.run = config, run
         self.base_url = self.api_key = ""
+        self.context_length = config.backend.max_model_len  # None: the model's own, which vLLM enforces itself
 
     async def start(self) -> "LocalGPUServer":
         import art

@@ -197,9 +197,19 @@ class Service:
                                             f"{s.max_document_tokens}; split it, or raise the limit")
         document = Document(id=request.id or hashlib.sha256(text.encode()).hexdigest()[:16], topic="", text=text,
                             questions=())
+        messages = summary_messages(document, t.max_words)
+        context = getattr(self.server, "context_length", None)
+        if context is not None:  # the server would refuse it (and a burst would wait for it): checked first
+            prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                        **dict(self.config.train.model.chat_template_kwargs))
+            prompt_tokens = len(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+            if prompt_tokens + t.max_summary_tokens > context:
+                raise HTTPException(413, detail=f"document: {tokens} tokens; with the instructions ({prompt_tokens} in "
+                                                f"all) and trainer.max_summary_tokens={t.max_summary_tokens} it needs "
+                                                f"more than the model's context of {context} tokens; split it")
         temperature = t.temperature if s.temperature is None else s.temperature
         step = self.step
-        response = await self.generate(summary_messages(document, t.max_words), s.best_of_n, as_burst=True,
+        response = await self.generate(messages, s.best_of_n, as_burst=True,
                                        max_tokens=t.max_summary_tokens, temperature=temperature, seed=request.seed)
         samples = [c.message.content or "" for c in response.choices]
         chosen, score, fallback, cost = await self.select(document, samples)

@@ -28,7 +28,7 @@ from summrl.config import EMBEDDED_JUDGES, RubricRewardConfig, RulerRewardConfig
 from summrl.data import Document
 from summrl.data.tokenizer import load_tokenizer
 from summrl.inbox import Recorder
-from summrl.prompt import summary_messages, word_count
+from summrl.prompt import chat_token_ids, summary_messages, word_count
 from summrl.rewards.base import Missing
 from summrl.serve.config import ServeConfig
 
@@ -200,9 +200,8 @@ class Service:
         messages = summary_messages(document, t.max_words)
         context = getattr(self.server, "context_length", None)
         if context is not None:  # the server would refuse it (and a burst would wait for it): checked first
-            prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                        **dict(self.config.train.model.chat_template_kwargs))
-            prompt_tokens = len(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+            template = self.config.train.model.chat_template_kwargs
+            prompt_tokens = len(chat_token_ids(self.tokenizer, messages, **template))
             if prompt_tokens + t.max_summary_tokens > context:
                 raise HTTPException(413, detail=f"document: {tokens} tokens; with the instructions ({prompt_tokens} in "
                                                 f"all) and trainer.max_summary_tokens={t.max_summary_tokens} it needs "

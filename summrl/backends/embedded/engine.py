@@ -29,6 +29,7 @@ from summrl.backends.embedded import activations
 from summrl.backends.embedded.attention import ATTENTION, PackedRuns, SharedPrefix, register_attention
 from summrl.backends.embedded.linear import Linears, onednn_usable
 from summrl.data import resolve_path
+from summrl.prompt import chat_token_ids
 
 # peft looks the base model up again at every save_pretrained to see whether the vocabulary changed; offline, or
 # with a local model, it warns at each checkpoint. LoRA here never changes the vocabulary: noise to a user.
@@ -365,11 +366,7 @@ class Engine:
     # ------------------------------------------------------------------ inference
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 **self.chat_template_kwargs)
-        if hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
+        return chat_token_ids(self.tokenizer, messages, **self.chat_template_kwargs)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams, use_lora: bool = True,
@@ -629,8 +626,7 @@ class Engine:
     def chat_sample(self, messages: list[dict]) -> tuple[list[int], int]:
         """An SFT sample's token ids and the length of its prompt (everything before the last, assistant, turn)."""
         prompt = self.encode_chat(messages[:-1])
-        full = self.tokenizer.apply_chat_template(messages, tokenize=True, **self.chat_template_kwargs)
-        full = list(full["input_ids"] if hasattr(full, "keys") else full)
+        full = chat_token_ids(self.tokenizer, messages, add_generation_prompt=False, **self.chat_template_kwargs)
         if full[: len(prompt)] != prompt:  # a template that re-renders earlier turns: append the reply's tokens
             full = prompt + self.tokenizer.encode(messages[-1]["content"], add_special_tokens=False) + self.eos_ids[:1]
         return full, len(prompt)

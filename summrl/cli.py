@@ -12,11 +12,16 @@ import os
 import sys
 from typing import Callable
 
+from pathlib import Path
+from typing import Any, NoReturn
+
 from hydra.errors import CompactHydraException, ConfigCompositionException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from summrl.config import config_error
-from summrl.errors import Failure, full_errors
+from summrl.errors import ConfigError, Failure, full_errors
 
 
 def run(main: Callable[[], object]) -> None:
@@ -35,3 +40,38 @@ def run(main: Callable[[], object]) -> None:
             raise
         print(e, file=sys.stderr, flush=True)
         sys.exit(1)
+
+
+class OutputFolder(Callback):
+    """Hydra makes the output folder (hydra.run.dir, or hydra.sweep.dir for a multirun) before the job starts, and
+    where a file stands in the way it ends in mkdir's traceback. Checked first (``hydra.callbacks`` in the entry
+    points' configs that write one), it is a config error like any other: its one line and exit code 2. (Hydra turns
+    a callback's exception into a warning and goes on, so the callback exits itself.)"""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_folder(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_folder(config, "hydra.sweep.dir")
+
+
+def _check_folder(config: DictConfig, key: str) -> None:
+    try:
+        value = OmegaConf.select(config, key, throw_on_resolution_failure=True)
+    except OmegaConfBaseException:
+        return  # resolved only inside the job (a ${hydra:...} value): Hydra's own error then
+    path = Path(str(value))
+    for folder in (path, *path.parents):
+        if folder.exists() and not folder.is_dir():
+            where = "it" if folder == path else f"{folder} (in its path)"
+            _end(f"{key}={value}: {where} is a file, not a folder: name another folder, or move the file")
+        if folder.is_dir():
+            if not os.access(folder, os.W_OK | os.X_OK):
+                _end(f"{key}={value}: {folder} is not writable here: name a folder you can write to")
+            return
+
+
+def _end(message: str) -> NoReturn:
+    failure = Failure("config", str(ConfigError(message)))
+    print(failure.line, file=sys.stderr, flush=True)
+    sys.exit(failure.exit_code)

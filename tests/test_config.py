@@ -268,3 +268,21 @@ def test_the_qwen3_preset_turns_thinking_off_for_rollouts_and_training_alike():
     assert internal_config(local)["chat_template_kwargs"] == {"enable_thinking": False}
     with pytest.raises(ConfigError, match="model.engine_args.gpu_memory_utilization: is the backend's to set"):
         compose_config([*LOCAL, "+model.engine_args.gpu_memory_utilization=0.5"])
+
+
+@pytest.mark.parametrize("module,key,path", [("summrl.train", "hydra.run.dir", "file"),
+                                             ("summrl.train", "hydra.run.dir", "file/run"),
+                                             ("summrl.train", "hydra.sweep.dir", "file"),
+                                             ("summrl.benchmark", "hydra.run.dir", "file/run")])
+def test_an_output_folder_where_a_file_stands_is_one_config_error_not_mkdirs_traceback(module, key, path, tmp_path):
+    """Hydra makes the output folder before the job starts; a file in the way was mkdir's FileExistsError or
+    NotADirectoryError traceback (exit 1)."""
+    (tmp_path / "file").write_text("a file the user keeps\n")
+    sweep = ["-m", "seed=1,2"] if key == "hydra.sweep.dir" else []
+    result = subprocess.run([sys.executable, "-m", module, *sweep, "experiment=local", f"{key}={tmp_path / path}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    where = "it" if path == "file" else f"{tmp_path / 'file'} (in its path)"
+    assert result.stderr.splitlines() == [f"summrl: config error: {key}={tmp_path / path}: {where} is a file, not a "
+                                          "folder: name another folder, or move the file"]
+    assert (tmp_path / "file").read_text() == "a file the user keeps\n"

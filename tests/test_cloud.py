@@ -382,6 +382,20 @@ def test_questions_written_here_are_asked_for_here_and_travel_with_the_cloud_job
     assert str(tmp_path / "questions") not in task.run
 
 
+def test_a_launch_on_the_users_documents_reads_them_once(cloud_env, tmp_path, monkeypatch):
+    """The preflight (questions still to write) and the task (the cached questions it carries) both need the
+    documents; each reading goes through every file, so a launch reads them once and shares what it read."""
+    from summrl import splits
+
+    reads = []
+    read = splits.read_documents
+    monkeypatch.setattr(splits, "read_documents", lambda *a, **k: reads.append(1) or read(*a, **k))
+    overrides = ["dataset=documents", f"dataset.path={ROOT / 'tests' / 'fixtures' / 'documents'}", "judge=lexical",
+                 "backend.dry_run=true"]
+    assert run_on_cluster(launcher_config(*overrides, f"run.dir={tmp_path / 'run'}"), overrides) is None
+    assert len(reads) == 1
+
+
 def test_cluster_command_takes_down_and_tails_the_named_cluster(monkeypatch, capsys):
     from summrl import cluster
 

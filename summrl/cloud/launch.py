@@ -73,9 +73,10 @@ class RemoteJobFailed(RuntimeError):
 # --------------------------------------------------------------------------- preflight
 
 
-def preflight(config: Any) -> list[str]:
+def preflight(config: Any, questions: Optional[QuestionCache] = None) -> list[str]:
     """Everything the launch needs that is missing, each with its fix. Offline, in well under a second (more when
-    dataset=documents has a document long enough to need the policy's tokenizer, which training needs as well)."""
+    dataset=documents has a document long enough to need the policy's tokenizer, which training needs as well).
+    ``questions``: dataset=documents' question cache, when the caller has read it already."""
     problems = []
     try:
         import sky  # noqa: F401
@@ -92,7 +93,7 @@ def preflight(config: Any) -> list[str]:
         if not Path(config.dataset.path).expanduser().resolve().is_relative_to(ROOT):
             problems.append(f"dataset.path={config.dataset.path} is outside the project folder {ROOT}, the only folder "
                             "SkyPilot copies to the cluster: move (or copy) the documents into it")
-        problems += questions_problems(config)
+        problems += questions_problems(config, questions or QuestionCache(config))
     online = getattr(config.logger, "kind", "none") == "wandb" and wandb_mode(config.logger) == "online"
     if online and not os.environ.get("WANDB_API_KEY"):
         problems.append("WANDB_API_KEY (logger=wandb, online) is not set: export it or put it in .env, "
@@ -108,15 +109,27 @@ def preflight(config: Any) -> list[str]:
     return problems
 
 
-def questions_problems(config: Any) -> list[str]:
+class QuestionCache:
+    """dataset=documents: the files of this machine's question cache that the run reads, and how many documents have
+    none yet, or why the documents could not be read. The preflight and the task's file mounts both need them, and
+    each reading goes through every document: a launch reads them once (:func:`run_on_cluster`)."""
+
+    def __init__(self, config: Any, report: bool = True) -> None:
+        self.files: list[Path] = []
+        self.pending, self.error = 0, None
+        try:  # a bad file fails here, not after the cluster has started
+            self.files, self.pending = splits.cached_question_files(config, report=report)
+        except DataError as e:
+            self.error = str(e)
+
+
+def questions_problems(config: Any, questions: QuestionCache) -> list[str]:
     """dataset=documents: a bad file, and questions left for a paid judge to write where nobody can confirm the cost.
     The remote job has no terminal, so with dataset.questions.confirm on, every question must be written here first;
     those written here travel with the task (:func:`question_mounts`)."""
-    try:  # a bad file fails here, not after the cluster has started
-        _, pending = splits.cached_question_files(config)
-    except DataError as e:
-        return [str(e)]
-    q = config.dataset.questions
+    if questions.error is not None:
+        return [questions.error]
+    q, pending = config.dataset.questions, questions.pending
     if not pending or not q.confirm or config.judge.kind in FREE_JUDGES:
         return []
     return [f"dataset.questions: {pending} documents have no questions yet, and the remote job has no terminal to "
@@ -126,14 +139,11 @@ def questions_problems(config: Any) -> list[str]:
             f"printed in the job's log)"]
 
 
-def question_mounts(config: Any) -> dict[str, str]:
+def question_mounts(config: Any, questions: QuestionCache) -> dict[str, str]:
     """dataset=documents: the run's questions in this machine's cache, copied into ``<run dir>/questions`` (what was
-    sent, kept with the run) and mounted as the remote job's question cache. Empty when none are cached."""
-    try:
-        files, _ = splits.cached_question_files(config, report=False)  # the preflight printed what was read
-    except DataError:  # a bad document: the preflight lists it, and nothing is launched
-        return {}
-    if not files:
+    sent, kept with the run) and mounted as the remote job's question cache. Empty when none are cached (or the
+    documents are bad: the preflight lists them, and nothing is launched)."""
+    if not questions.files:
         return {}
     staged = Path(config.run.dir) / "questions"
     shutil.rmtree(staged, ignore_errors=True)
@@ -141,7 +151,7 @@ def question_mounts(config: Any) -> dict[str, str]:
     # Without a .skyignore here SkyPilot would read the project's .gitignore, which ignores runs/ (and git fails on
     # an ignored folder): this one excludes nothing.
     (staged / ".skyignore").write_text("# summrl: every file here is a question cache entry the remote job reads\n")
-    for file in files:
+    for file in questions.files:
         shutil.copy2(file, staged / file.name)
     return {REMOTE_QUESTIONS: str(staged)}
 
@@ -243,9 +253,11 @@ def run_script(config: Any, overrides: list[str]) -> str:
     ])
 
 
-def build_task(config: Any, overrides: list[str], cluster: str, resources: bool = True) -> Any:
+def build_task(config: Any, overrides: list[str], cluster: str, resources: bool = True,
+               questions: Optional[QuestionCache] = None) -> Any:
     """The SkyPilot task for this job. Secrets go in the task's secrets mapping only.
-    Its resources need SkyPilot's catalog (fetched online once): ``resources=False`` leaves them out."""
+    Its resources need SkyPilot's catalog (fetched online once): ``resources=False`` leaves them out.
+    ``questions``: dataset=documents' question cache, when the caller has read it already."""
     import sky
 
     b = config.backend
@@ -253,7 +265,7 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
     task.update_secrets(secrets(config))
     task.update_envs({name: os.environ[name] for name in FORWARDED_ENVS if os.environ.get(name)})
     if config.dataset.kind == "documents":
-        task.set_file_mounts(question_mounts(config) or None)
+        task.set_file_mounts(question_mounts(config, questions or QuestionCache(config, report=False)) or None)
     if resources:
         task.set_resources(sky.Resources.from_yaml_config(resources_spec(b)))
     return task
@@ -354,17 +366,18 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
     b = config.backend
     cluster = job_name(config) if b.managed else cluster_name(config, job_num)  # the task's name
     logging.getLogger("alembic").setLevel(logging.WARNING)  # SkyPilot's state DB migrations, at Hydra's INFO
-    problems = preflight(config)
+    questions = QuestionCache(config) if config.dataset.kind == "documents" else None
+    problems = preflight(config, questions)
     if importlib.util.find_spec("sky") is None:  # nothing more can be checked without it
         raise PreflightError(_listing(b, problems))
     unreachable = None  # SkyPilot's catalog, when there is no network
     with quiet_sky():
         try:
-            task = build_task(config, overrides, cluster)
+            task = build_task(config, overrides, cluster, questions=questions)
         except Exception as e:
             if not is_network(e):
                 raise
-            unreachable, task = e, build_task(config, overrides, cluster, resources=False)
+            unreachable, task = e, build_task(config, overrides, cluster, resources=False, questions=questions)
     asked = resources_spec(b) if unreachable else None
     with quiet_sky():
         estimates = plan.estimates(config, overrides, job_num)

@@ -930,6 +930,14 @@ def reward_kinds(reward: Any) -> set[str]:
     return {reward.kind}
 
 
+def rubric_rewards(reward: Any) -> dict[str, Any]:
+    """The rubric rewards of a reward config, by their key's path: ``reward``, or ``reward.terms.<name>.reward``."""
+    if reward.kind == "weighted":
+        return {f"reward.terms.{name}.reward": term.reward for name, term in reward.terms.items()
+                if term.reward.kind == "rubric"}
+    return {"reward": reward} if reward.kind == "rubric" else {}
+
+
 REWARD_BOUNDS = {"qa": (0.0, 1.0), "ruler": (0.0, 1.0), "rubric": (0.0, 1.0)}
 
 

@@ -382,6 +382,54 @@ def test_questions_written_here_are_asked_for_here_and_travel_with_the_cloud_job
     assert str(tmp_path / "questions") not in task.run
 
 
+def test_rubrics_written_here_by_prepare_travel_with_the_cloud_job(cloud_env, tmp_path, monkeypatch, capsys):
+    """reward=rubric with a paid judge: each cluster (each job of a sweep) would write, and pay for, every document's
+    rubrics again. `summrl.data prepare` writes them here, after the estimate and a y/N; the launch then carries the
+    judge's cached rubrics to the remote job's rubric cache."""
+    from summrl.data.__main__ import main as data
+    from summrl.testing import FakeLLM
+
+    run_dir = tmp_path / "project" / "runs" / "summary-rl"
+    rubrics = tmp_path / "rubrics"
+
+    def rubric_writes(server):
+        return [r for r in server.requests if '"positive_rubrics"' in r["messages"][-1]["content"]]
+
+    with FakeLLM() as server:
+        cloud = ["dataset=documents", f"dataset.path={ROOT / 'tests' / 'fixtures' / 'documents'}",
+                 "judge=openai_compatible", "judge.model=gpt-4o-mini", f"judge.api_base={server.base_url}",
+                 "judge.cache_dir=null", f"dataset.questions.cache_dir={tmp_path / 'questions'}", "reward=rubric",
+                 f"reward.cache_dir={rubrics}"]
+        config = default_config(*cloud, f"run.dir={run_dir}")
+        assert build_task(config, cloud, "summrl", resources=False).file_mounts is None  # nothing cached yet
+        monkeypatch.setattr("sys.stdin", io.StringIO("y\nn\n"))  # the questions' cost, then the rubrics' declined
+        with pytest.raises(SystemExit) as declined:
+            data(["prepare", *cloud])
+        assert declined.value.code == 3 and rubric_writes(server) == []
+        out = capsys.readouterr().out
+        assert "summrl: rubrics (reward, max_rubrics=8): 10 documents to write rubrics for (0 cached in" in out
+        assert "judge gpt-4o-mini: 10 calls" in out
+        monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))  # the questions are cached now: only the rubrics ask
+        data(["prepare", *cloud])
+        assert len(rubric_writes(server)) == 10
+        assert "10 documents' rubrics written into" in capsys.readouterr().out
+        monkeypatch.setattr("sys.stdin", io.StringIO(""))  # nothing left to write: nothing asked, nothing called
+        data(["prepare", *cloud])
+        assert "0 documents to write rubrics for (10 cached in" in capsys.readouterr().out
+        assert len(rubric_writes(server)) == 10
+    task = build_task(config, cloud, "summrl", resources=False)
+    staged = run_dir / "rubrics"
+    assert task.file_mounts["~/.cache/summrl/rubrics"] == str(staged)
+    cached = sorted(rubrics.glob("*.json"))
+    assert len(cached) == 10
+    assert {p.name: p.read_bytes() for p in cached} == {p.name: p.read_bytes() for p in staged.glob("*.json")}
+    assert "reward.cache_dir=~/.cache/summrl/rubrics" in task.run.splitlines()[-1]
+    assert str(rubrics) not in task.run
+    # another judge keys its rubrics apart: none of these would be read, so none go
+    other = default_config(*cloud, "judge.model=gpt-4o", f"run.dir={tmp_path / 'other'}")
+    assert "~/.cache/summrl/rubrics" not in (build_task(other, cloud, "summrl", resources=False).file_mounts or {})
+
+
 def test_a_launch_on_the_users_documents_reads_them_once(cloud_env, tmp_path, monkeypatch):
     """The preflight (questions still to write) and the task (the cached questions it carries) both need the
     documents; each reading goes through every file, so a launch reads them once and shares what it read."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from summrl import splits
-from summrl.config import FREE_JUDGES
+from summrl.config import FREE_JUDGES, rubric_rewards
 from summrl.data import DataError
 from summrl.errors import KINDS, NETWORK_FIX, NetworkError, classify, full_errors, is_network, network_message
 from summrl.cloud import managed, plan, pricing
@@ -51,6 +51,9 @@ _LOCAL_ONLY = ("backend", "run.name", "run.dir")
 # dataset=documents: the remote job's question cache, where the questions written here (summrl.data prepare) are
 # copied with the task, so that no cluster writes (and pays for) them again.
 REMOTE_QUESTIONS = "~/.cache/summrl/questions"
+# reward=rubric (or a rubric term) with an LLM judge: the remote job's rubric cache, where the rubrics this machine's
+# cache holds for the run's judge (written by summrl.data prepare, or by earlier runs) are copied with the task.
+REMOTE_RUBRICS = "~/.cache/summrl/rubrics"
 
 
 class RemoteJobFailed(RuntimeError):
@@ -145,15 +148,30 @@ def question_mounts(config: Any, questions: QuestionCache) -> dict[str, str]:
     documents are bad: the preflight lists them, and nothing is launched)."""
     if not questions.files:
         return {}
-    staged = Path(config.run.dir) / "questions"
+    return {REMOTE_QUESTIONS: str(staged_copy(questions.files, Path(config.run.dir) / "questions"))}
+
+
+def rubric_mounts(config: Any) -> dict[str, str]:
+    """Rubric terms with an LLM judge: the rubrics this machine's cache holds for the run's judge (and each term's
+    max_rubrics), copied into ``<run dir>/rubrics`` and mounted as the remote job's rubric cache. Empty when none."""
+    from summrl.rewards import rubric  # the judges' modules: only where a launch needs them
+
+    files = rubric.cached_files(config)
+    if not files:
+        return {}
+    return {REMOTE_RUBRICS: str(staged_copy(files, Path(config.run.dir) / "rubrics"))}
+
+
+def staged_copy(files: list[Path], staged: Path) -> Path:
+    """``files`` copied into ``staged`` (emptied first): what the task uploads, and what the run keeps of it."""
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir(parents=True)
     # Without a .skyignore here SkyPilot would read the project's .gitignore, which ignores runs/ (and git fails on
     # an ignored folder): this one excludes nothing.
-    (staged / ".skyignore").write_text("# summrl: every file here is a question cache entry the remote job reads\n")
-    for file in questions.files:
+    (staged / ".skyignore").write_text("# summrl: every file here is a cache entry the remote job reads\n")
+    for file in files:
         shutil.copy2(file, staged / file.name)
-    return {REMOTE_QUESTIONS: str(staged)}
+    return staged
 
 
 def runpod_credentials_problem() -> Optional[str]:
@@ -222,6 +240,10 @@ def remote_command(config: Any, overrides: list[str]) -> str:
         kept = [o for o in kept if _override_key(o) not in ("dataset.path", "dataset.questions.cache_dir")]
         pinned.append(f"dataset.path={Path(config.dataset.path).expanduser().resolve().relative_to(ROOT).as_posix()}")
         pinned.append(f"dataset.questions.cache_dir={REMOTE_QUESTIONS}")
+    for key, reward in rubric_rewards(config.reward).items():  # where the task puts what rubric_mounts carries
+        if reward.cache_dir is not None:
+            kept = [o for o in kept if _override_key(o) != f"{key}.cache_dir"]
+            pinned.append(f"{key}.cache_dir={REMOTE_RUBRICS}")
     args = [*kept, *pinned, f"run.name={config.run.name}", "backend=local_gpu", *backend]
     return "python -m summrl.train " + " ".join(shlex.quote(a) for a in args)
 
@@ -264,8 +286,11 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
     task = sky.Task(name=cluster, setup=setup_script(config), run=run_script(config, overrides), workdir=str(ROOT))
     task.update_secrets(secrets(config))
     task.update_envs({name: os.environ[name] for name in FORWARDED_ENVS if os.environ.get(name)})
+    mounts = rubric_mounts(config)
     if config.dataset.kind == "documents":
-        task.set_file_mounts(question_mounts(config, questions or QuestionCache(config, report=False)) or None)
+        mounts.update(question_mounts(config, questions or QuestionCache(config, report=False)))
+    if mounts:
+        task.set_file_mounts(mounts)
     if resources:
         task.set_resources(sky.Resources.from_yaml_config(resources_spec(b)))
     return task
@@ -378,6 +403,10 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
             if not is_network(e):
                 raise
             unreachable, task = e, build_task(config, overrides, cluster, resources=False, questions=questions)
+    if carried := (task.file_mounts or {}).get(REMOTE_RUBRICS):
+        log.info(f"summrl: rubrics: {len(list(Path(carried).glob('*.json')))} written here for this judge go with the "
+                 "job; any other document's are written on the cluster (`python -m summrl.data prepare` with this "
+                 "run's overrides writes them here, once for every job)")
     asked = resources_spec(b) if unreachable else None
     with quiet_sky():
         estimates = plan.estimates(config, overrides, job_num)

@@ -7,7 +7,9 @@ conf/train.yaml, so ``prepare`` fills exactly the question cache the run will re
   ``dataset.max_document_tokens``), questions per document (given, cached, to write), and what writing the rest
   would call and cost. Calls nothing.
 - ``prepare``: writes and checks the missing questions into the cache (with a progress bar), after the same cost
-  guard as training; then a sweep's jobs start with nothing to write.
+  guard as training; then, with reward=rubric (or a rubric term) and an LLM judge, the documents' rubrics into the
+  reward's cache, after their estimate and a question (y/N). Then a sweep's jobs, and a cloud job (which carries what
+  was written here), start with nothing to write.
 
 A bad config or dataset ends with one line and exit code 2, as in training (summrl.errors).
 """
@@ -81,9 +83,12 @@ async def inspect(config) -> None:
 
 async def prepare(config) -> None:
     from summrl import splits  # heavy, as above
+    from summrl.rewards import rubric
 
     if config.dataset.kind == "repliqa":
-        print(f"summrl: dataset {config.dataset.name} brings its questions: nothing to prepare")
+        print(f"summrl: dataset {config.dataset.name} brings its questions: no questions to prepare")
+        val, train = load_splits(config.dataset)
+        await rubric.prepare(config, [*val, *train])
         return
     started = time.monotonic()
     loaded = splits.read_documents(config)
@@ -99,6 +104,7 @@ async def prepare(config) -> None:
           f"{total['kept']}, dropped {', '.join(f'{k} {v}' for k, v in total['dropped'].items())}; closed-book "
           f"answer rate {'n/a' if rate is None else f'{rate:.1%}'}"
           + (f"; judge cost ${usage.cost_usd:.4f} in {usage.calls} calls" if usage else ""))
+    await rubric.prepare(config, [*val, *train])
 
 
 if __name__ == "__main__":

@@ -8,19 +8,30 @@ lexical judge offline). Rubrics a judge paid for are cached on disk, keyed by th
 scores a whole group against every rubric in one call (:meth:`Judge.score_rubrics`).
 
 A rubric score that can't be had (the judge failed after its retries) leaves the reward missing, never 0.
+
+``python -m summrl.data prepare`` writes a run's rubrics into that cache ahead of training (:func:`prepare`), after
+the cost guard; a cloud launch carries what the cache holds for the run's judge to the cluster
+(:func:`cached_files`), so that no cluster, and no job of a sweep, pays for them again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import sys
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, TextIO, Union
 
+from summrl.config import rubric_rewards
 from summrl.data import Document
+from summrl.errors import ExpectedFailure
 from summrl.judges.base import Judge, Rubrics
 from summrl.judges.cache import JsonCache, document_hash
 from summrl.judges.client import JudgeError
 from summrl.rewards.base import Missing, Score
+
+log = logging.getLogger(__name__)
 
 
 class RubricCache:
@@ -98,3 +109,94 @@ class RubricReward:
         per_rubric = {**{f"+ {r}": s for r, s in zip(rubrics.positive, positives)},
                       **{f"- {r}": s for r, s in zip(rubrics.negative, negatives)}}
         return Score(reward, metrics, {"rubric_scores": json.dumps(per_rubric)})
+
+
+# --------------------------------------------------------------------------- written ahead: summrl.data prepare
+
+
+class RubricsNotConfirmed(ExpectedFailure, RuntimeError):
+    """The user declined the rubric writer's estimated cost: nothing was called."""
+
+    failure = "not_confirmed"
+
+
+def cached_files(config: Any) -> list[Path]:
+    """The files of the run's rubric caches (each rubric term's ``cache_dir``) that its judge wrote at the term's
+    ``max_rubrics``: what a cloud job would otherwise write again. Empty for a judge that writes offline (lexical,
+    local) or on the embedded backend, and for a term that caches nothing."""
+    writer = writer_of(config)
+    if writer is None:
+        return []
+    files = []
+    for reward in rubric_rewards(config.reward).values():
+        if reward.cache_dir is None:
+            continue
+        cache = JsonCache(reward.cache_dir)
+        for path in sorted(cache.directory.glob("*.json")) if cache.directory.is_dir() else ():
+            saved = cache.read(path) or {}
+            if saved.get("writer") == writer and saved.get("max_rubrics") == reward.max_rubrics:
+                files.append(path)
+    return sorted(set(files))
+
+
+def writer_of(config: Any) -> Optional[str]:
+    """Who writes the run's rubrics, as the cache keys them; None where nothing is cached (an offline writer) or the
+    writer is the embedded backend's model (it exists only in the training process)."""
+    if config.judge.kind != "litellm":
+        return None
+    from summrl.judges import build_judge
+
+    return build_judge(config.judge).rubric_writer  # no call, and no key read
+
+
+async def prepare(config: Any, documents: Sequence[Document], stdin: Optional[TextIO] = None) -> None:
+    """``summrl.data prepare``: each rubric term's rubrics for ``documents`` (those without the dataset's own),
+    written into its cache now, after the estimate and a question (y/N). Raises RubricsNotConfirmed, JudgeError."""
+    from summrl.cost import Calls, confirmed, first_calls, sized
+    from summrl.judges import build_judge
+
+    terms = rubric_rewards(config.reward)
+    if not terms:
+        return
+    if config.judge.kind != "litellm":
+        where = ("offline, in no time" if config.judge.kind in ("lexical", "local")
+                 else "by the embedded backend's model, during training")
+        print(f"summrl: rubrics: judge={config.judge.kind} writes them {where}: nothing to prepare")
+        return
+    judge = build_judge(config.judge)
+    own = [d for d in documents if d.positive_rubrics is None and d.negative_rubrics is None]
+    for key, term in terms.items():
+        if term.cache_dir is None:
+            print(f"summrl: rubrics: {key}.cache_dir=null keeps none, so training would write them again: nothing to "
+                  f"prepare (set {key}.cache_dir to keep them)")
+            continue
+        reward = RubricReward(judge, max_rubrics=term.max_rubrics, positive_weight=term.positive_weight,
+                              negative_weight=term.negative_weight, cache_dir=term.cache_dir)
+        cache, writer = reward.cache, judge.rubric_writer
+        pending = [d for d in own if cache.read(cache.path(d, writer, term.max_rubrics)) is None]
+        calls = Calls(f"judge {judge.client.model}", judge.client.model)
+        for document in pending:
+            first_calls([term], sized(document, config.trainer.max_words)).into(calls)
+        usd = calls.usd
+        price = "unknown (not in litellm's cost map)" if usd is None else f"${usd:.4f}"
+        print(f"summrl: rubrics ({key}, max_rubrics={term.max_rubrics}): {len(pending)} documents to write rubrics "
+              f"for ({len(own) - len(pending)} cached in {cache.cache.directory}"
+              + (f", {len(documents) - len(own)} bring their own" if len(own) < len(documents) else "") + ")"
+              + (f": {calls.who}: {calls.calls} calls, ~{calls.input_tokens:,} input / <= {calls.output_tokens:,} "
+                 f"output tokens, {price}" if pending else ": nothing to write"))
+        if not pending:
+            continue
+        if not confirmed(stdin or sys.stdin):
+            raise RubricsNotConfirmed("rubrics: the rubric writer's cost was not confirmed; nothing was called")
+        results = await asyncio.gather(*(reward.rubrics_for(d) for d in pending), return_exceptions=True)
+        failed = [(d.id, r) for d, r in zip(pending, results) if isinstance(r, BaseException)]
+        if failed:
+            first_id, error = failed[0]
+            if not isinstance(error, JudgeError):
+                raise error
+            raise JudgeError(f"rubrics could not be written for {len(failed)} of {len(pending)} documents (document "
+                             f"{first_id}: {error}); the {len(pending) - len(failed)} written are cached: rerun to write "
+                             "the rest", error.kind)
+        usage = judge.client.usage
+        print(f"summrl: rubrics: {len(pending)} documents' rubrics written into {cache.cache.directory}; judge cost "
+              f"${usage.cost_usd:.4f} in {usage.calls} calls")

@@ -931,9 +931,10 @@ def reward_kinds(reward: Any) -> set[str]:
 
 
 def rubric_rewards(reward: Any) -> dict[str, Any]:
-    """The rubric rewards of a reward config, by their key's path: ``reward``, or ``reward.terms.<name>.reward``."""
+    """The rubric rewards of a reward config, by the path of their settings' keys in an override: ``reward``, or
+    ``reward.terms.<name>`` (a term's settings sit beside its weight there)."""
     if reward.kind == "weighted":
-        return {f"reward.terms.{name}.reward": term.reward for name, term in reward.terms.items()
+        return {f"reward.terms.{name}": term.reward for name, term in reward.terms.items()
                 if term.reward.kind == "rubric"}
     return {"reward": reward} if reward.kind == "rubric" else {}
 
@@ -980,7 +981,9 @@ def config_error(e: BaseException, prefix: str = "") -> ConfigError:
         if schema is not None and not is_dataclass(schema):  # a map (reward.terms), or a group left null (serve's)
             kind = cause.parent_node.get("kind") if isinstance(cause.parent_node, DictConfig) else None
             typed = TERM_SCHEMAS.get(kind) if key.startswith("reward.terms.") else None  # a term, typed later
-            return unknown_key(key, typed) if typed else new_key(key, cause.parent_node, str(e))
+            if typed and key.rsplit(".", 1)[-1] not in {f.name for f in fields(typed)}:
+                return unknown_key(key, typed)
+            return new_key(key, cause.parent_node, str(e))  # not in the node yet (a term's setting its preset omits)
         return unknown_key(key, schema)
     message = str(cause.msg).splitlines()[0]
     if isinstance(cause, MissingMandatoryValue):

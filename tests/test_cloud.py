@@ -378,7 +378,8 @@ def test_questions_written_here_are_asked_for_here_and_travel_with_the_cloud_job
     assert len(cached) == 10
     assert {p.name: p.read_bytes() for p in cached} == {p.name: p.read_bytes() for p in staged.glob("*.json")}
     assert storage_utils.get_excluded_files(str(staged)) == []  # SkyPilot uploads every one of them
-    assert "'dataset.questions.cache_dir=~/.cache/summrl/questions'" in task.run.splitlines()[-1]
+    remote = compose_config(shlex.split(task.run.splitlines()[-1])[3:])  # as the cluster will compose it
+    assert remote.dataset.questions.cache_dir == "~/.cache/summrl/questions"
     assert str(tmp_path / "questions") not in task.run
 
 
@@ -423,8 +424,11 @@ def test_rubrics_written_here_by_prepare_travel_with_the_cloud_job(cloud_env, tm
     cached = sorted(rubrics.glob("*.json"))
     assert len(cached) == 10
     assert {p.name: p.read_bytes() for p in cached} == {p.name: p.read_bytes() for p in staged.glob("*.json")}
-    assert "reward.cache_dir=~/.cache/summrl/rubrics" in task.run.splitlines()[-1]
-    assert str(rubrics) not in task.run
+    remote = compose_config(shlex.split(task.run.splitlines()[-1])[3:])  # as the cluster will compose it
+    assert remote.reward.cache_dir == "~/.cache/summrl/rubrics" and str(rubrics) not in task.run
+    weighted = ["reward=qa_rubric", f"+reward.terms.rubric.cache_dir={rubrics}"]  # a rubric term, pinned alike
+    command = build_task(default_config(*weighted), weighted, "summrl", resources=False).run.splitlines()[-1]
+    assert compose_config(shlex.split(command)[3:]).reward.terms["rubric"].reward.cache_dir == "~/.cache/summrl/rubrics"
     # another judge keys its rubrics apart: none of these would be read, so none go
     other = default_config(*cloud, "judge.model=gpt-4o", f"run.dir={tmp_path / 'other'}")
     assert "~/.cache/summrl/rubrics" not in (build_task(other, cloud, "summrl", resources=False).file_mounts or {})

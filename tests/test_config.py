@@ -111,6 +111,11 @@ def test_bad_values_name_the_key(override, message):
     (["reward=qa_rubric", "reward.terms.qa.include_unanswerabl=true"],
      "reward.terms.qa.include_unanswerabl is not a setting of QARewardConfig. Did you mean "
      "reward.terms.qa.include_unanswerable?"),
+    # a term's own setting that its preset leaves out: Hydra's + adds it (it was "not a setting of
+    # RubricRewardConfig. Did you mean reward.terms.rubric.cache_dir?", the very key given)
+    (["reward=qa_rubric", "reward.terms.rubric.cache_dir=/data/rubrics"],
+     "reward.terms.rubric.cache_dir is not in the config (reward.terms.rubric holds kind, weight), so it can't be "
+     "overridden: add it with +reward.terms.rubric.cache_dir=/data/rubrics"),
 ])
 def test_a_key_a_map_lacks_is_named_with_what_the_map_holds_and_how_to_add_it(overrides, message):
     """reward.terms is a map, typed only after Hydra composes it: a term it lacks needs Hydra's +, a term's unknown

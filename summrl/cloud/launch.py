@@ -223,6 +223,12 @@ def _value(v: Any) -> str:
     return str(v)
 
 
+def _quoted(path: str) -> str:
+    """A path as a quoted string of Hydra's override grammar, where ``~``, a space or a parenthesis would not parse
+    unquoted (the remote job would stop at its first line)."""
+    return "'" + path.replace("'", "\\'") + "'"
+
+
 def remote_command(config: Any, overrides: list[str]) -> str:
     """``python -m summrl.train`` with this job's own overrides, its run name and backend=local_gpu."""
     kept = [o for o in overrides
@@ -238,12 +244,13 @@ def remote_command(config: Any, overrides: list[str]) -> str:
               if f"dataset.{k}" not in keys]
     if config.dataset.kind == "documents":  # the cluster has the project folder (the workdir), at another path
         kept = [o for o in kept if _override_key(o) not in ("dataset.path", "dataset.questions.cache_dir")]
-        pinned.append(f"dataset.path={Path(config.dataset.path).expanduser().resolve().relative_to(ROOT).as_posix()}")
-        pinned.append(f"dataset.questions.cache_dir={REMOTE_QUESTIONS}")
+        relative = Path(config.dataset.path).expanduser().resolve().relative_to(ROOT).as_posix()
+        pinned.append(f"dataset.path={_quoted(relative)}")
+        pinned.append(f"dataset.questions.cache_dir={_quoted(REMOTE_QUESTIONS)}")
     for key, reward in rubric_rewards(config.reward).items():  # where the task puts what rubric_mounts carries
         if reward.cache_dir is not None:
             kept = [o for o in kept if _override_key(o) != f"{key}.cache_dir"]
-            pinned.append(f"{key}.cache_dir={REMOTE_RUBRICS}")
+            pinned.append(f"++{key}.cache_dir={_quoted(REMOTE_RUBRICS)}")  # ++: a term's preset may not list it
     args = [*kept, *pinned, f"run.name={config.run.name}", "backend=local_gpu", *backend]
     return "python -m summrl.train " + " ".join(shlex.quote(a) for a in args)
 

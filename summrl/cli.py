@@ -3,17 +3,15 @@ config error: one line naming the key's full path, with a hint (summrl.config.co
 
 Hydra prints a composition error itself and exits 1. With ``HYDRA_FULL_ERROR=1`` it raises instead, so the entry
 point sets that for Hydra and keeps the user's own choice in ``SUMMRL_FULL_ERROR``: summrl.errors shows
-tracebacks only when the user asked for them.
+tracebacks only when the user asked for them. ``OutputFolder`` does the same for an output folder Hydra can't make.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
-
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from hydra.errors import CompactHydraException, ConfigCompositionException
 from hydra.experimental.callback import Callback

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO, Union
@@ -30,8 +29,6 @@ from summrl.judges.base import Judge, Rubrics
 from summrl.judges.cache import JsonCache, document_hash
 from summrl.judges.client import JudgeError
 from summrl.rewards.base import Missing, Score
-
-log = logging.getLogger(__name__)
 
 
 class RubricCache:

@@ -403,6 +403,10 @@ def test_rubrics_written_here_by_prepare_travel_with_the_cloud_job(cloud_env, tm
                  f"reward.cache_dir={rubrics}"]
         config = default_config(*cloud, f"run.dir={run_dir}")
         assert build_task(config, cloud, "summrl", resources=False).file_mounts is None  # nothing cached yet
+        data(["inspect", "experiment=local", *cloud])  # what prepare would write, calling nothing (a local policy's
+        # tokenizer measures the documents: the cloud default's is not on this machine)
+        assert ("summrl: rubrics (reward, max_rubrics=8): 10 documents to write rubrics for (0 cached in"
+                in capsys.readouterr().out) and server.requests == []
         monkeypatch.setattr("sys.stdin", io.StringIO("y\nn\n"))  # the questions' cost, then the rubrics' declined
         with pytest.raises(SystemExit) as declined:
             data(["prepare", *cloud])

@@ -5,7 +5,7 @@ conf/train.yaml, so ``prepare`` fills exactly the question cache the run will re
 
 - ``inspect``: documents, split sizes, token lengths in the policy's tokens (min / median / max, how many over
   ``dataset.max_document_tokens``), questions per document (given, cached, to write), and what writing the rest
-  would call and cost. Calls nothing.
+  would call and cost; the same for the rubrics of a rubric reward. Calls nothing.
 - ``prepare``: writes and checks the missing questions into the cache (with a progress bar), after the same cost
   guard as training; then, with reward=rubric (or a rubric term) and an LLM judge, the documents' rubrics into the
   reward's cache, after their estimate and a question (y/N). Then a sweep's jobs, and a cloud job (which carries what
@@ -55,11 +55,14 @@ def main(argv: list[str]) -> None:
 async def inspect(config) -> None:
     from summrl import splits  # heavy (litellm, ART through the cost guard): after the config is known to be good
 
+    from summrl.rewards import rubric
+
     dataset = config.dataset
     if dataset.kind == "repliqa":
         val, train = load_splits(dataset)
         print(f"summrl: dataset {dataset.name}: {len(val) + len(train)} documents used ({len(val)} val, "
               f"{len(train)} train), each with its questions")
+        print_rubric_plans(rubric.plans(config, [*val, *train]))
         return
     count = policy_token_counter(config.model)
     loaded = splits.read_documents(config, count)
@@ -79,6 +82,14 @@ async def inspect(config) -> None:
     client = bank.writer.client
     pending, calls = splits.plan(bank, need, client.model if client is not None else None)
     print(splits.describe(calls, len(pending), len(need) - len(pending)))
+    print_rubric_plans(rubric.plans(config, [*val, *train]))
+
+
+def print_rubric_plans(planned) -> None:
+    """What ``prepare`` would write of the rubrics (reward=rubric, or a rubric term, with an LLM judge)."""
+    found, notes = planned
+    for line in [*notes, *(plan.line() for plan in found)]:
+        print(line)
 
 
 async def prepare(config) -> None:

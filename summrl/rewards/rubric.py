@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO, Union
 
@@ -146,46 +147,76 @@ def writer_of(config: Any) -> Optional[str]:
     return build_judge(config.judge).rubric_writer  # no call, and no key read
 
 
-async def prepare(config: Any, documents: Sequence[Document], stdin: Optional[TextIO] = None) -> None:
-    """``summrl.data prepare``: each rubric term's rubrics for ``documents`` (those without the dataset's own),
-    written into its cache now, after the estimate and a question (y/N). Raises RubricsNotConfirmed, JudgeError."""
-    from summrl.cost import Calls, confirmed, first_calls, sized
+@dataclass
+class Plan:
+    """One rubric term's rubrics still to write for a set of documents, and what writing them would call."""
+
+    key: str  # the term's settings' path: reward, or reward.terms.<name>
+    reward: RubricReward
+    documents: int  # the documents asked about
+    given: int  # those that bring the dataset's own rubrics
+    pending: list[Document]  # those whose rubrics are not cached yet
+    calls: Any  # summrl.cost.Calls
+
+    def line(self) -> str:
+        price = self.calls.usd
+        cost = "unknown (not in litellm's cost map)" if price is None else f"${price:.4f}"
+        cached = self.documents - self.given - len(self.pending)
+        return (f"summrl: rubrics ({self.key}, max_rubrics={self.reward.max_rubrics}): {len(self.pending)} documents to "
+                f"write rubrics for ({cached} cached in {self.reward.cache.cache.directory}"
+                + (f", {self.given} bring their own" if self.given else "") + ")"
+                + (f": {self.calls.who}: {self.calls.calls} calls, ~{self.calls.input_tokens:,} input / <= "
+                   f"{self.calls.output_tokens:,} output tokens, {cost}" if self.pending else ": nothing to write"))
+
+
+def plans(config: Any, documents: Sequence[Document]) -> tuple[list[Plan], list[str]]:
+    """What ``summrl.data prepare`` would write for each rubric term (calls nothing), and why a term, or the judge,
+    has nothing to prepare."""
+    from summrl.cost import Calls, first_calls, sized
     from summrl.judges import build_judge
 
     terms = rubric_rewards(config.reward)
     if not terms:
-        return
+        return [], []
     if config.judge.kind != "litellm":
         where = ("offline, in no time" if config.judge.kind in ("lexical", "local")
                  else "by the embedded backend's model, during training")
-        print(f"summrl: rubrics: judge={config.judge.kind} writes them {where}: nothing to prepare")
-        return
+        return [], [f"summrl: rubrics: judge={config.judge.kind} writes them {where}: nothing to prepare"]
     judge = build_judge(config.judge)
     own = [d for d in documents if d.positive_rubrics is None and d.negative_rubrics is None]
+    found, notes = [], []
     for key, term in terms.items():
         if term.cache_dir is None:
-            print(f"summrl: rubrics: {key}.cache_dir=null keeps none, so training would write them again: nothing to "
-                  f"prepare (set {key}.cache_dir to keep them)")
+            notes.append(f"summrl: rubrics: {key}.cache_dir=null keeps none, so training would write them again: "
+                         f"nothing to prepare (set {key}.cache_dir to keep them)")
             continue
         reward = RubricReward(judge, max_rubrics=term.max_rubrics, positive_weight=term.positive_weight,
                               negative_weight=term.negative_weight, cache_dir=term.cache_dir)
-        cache, writer = reward.cache, judge.rubric_writer
-        pending = [d for d in own if cache.read(cache.path(d, writer, term.max_rubrics)) is None]
+        cache = reward.cache
+        pending = [d for d in own if cache.read(cache.path(d, judge.rubric_writer, term.max_rubrics)) is None]
         calls = Calls(f"judge {judge.client.model}", judge.client.model)
         for document in pending:
             first_calls([term], sized(document, config.trainer.max_words)).into(calls)
-        usd = calls.usd
-        price = "unknown (not in litellm's cost map)" if usd is None else f"${usd:.4f}"
-        print(f"summrl: rubrics ({key}, max_rubrics={term.max_rubrics}): {len(pending)} documents to write rubrics "
-              f"for ({len(own) - len(pending)} cached in {cache.cache.directory}"
-              + (f", {len(documents) - len(own)} bring their own" if len(own) < len(documents) else "") + ")"
-              + (f": {calls.who}: {calls.calls} calls, ~{calls.input_tokens:,} input / <= {calls.output_tokens:,} "
-                 f"output tokens, {price}" if pending else ": nothing to write"))
-        if not pending:
+        found.append(Plan(key, reward, len(documents), len(documents) - len(own), pending, calls))
+    return found, notes
+
+
+async def prepare(config: Any, documents: Sequence[Document], stdin: Optional[TextIO] = None) -> None:
+    """``summrl.data prepare``: each rubric term's rubrics for ``documents`` (those without the dataset's own),
+    written into its cache now, after the estimate and a question (y/N). Raises RubricsNotConfirmed, JudgeError."""
+    from summrl.cost import confirmed
+
+    found, notes = plans(config, documents)
+    for note in notes:
+        print(note)
+    for plan in found:
+        print(plan.line())
+        if not plan.pending:
             continue
         if not confirmed(stdin or sys.stdin):
             raise RubricsNotConfirmed("rubrics: the rubric writer's cost was not confirmed; nothing was called")
-        results = await asyncio.gather(*(reward.rubrics_for(d) for d in pending), return_exceptions=True)
+        pending = plan.pending
+        results = await asyncio.gather(*(plan.reward.rubrics_for(d) for d in pending), return_exceptions=True)
         failed = [(d.id, r) for d, r in zip(pending, results) if isinstance(r, BaseException)]
         if failed:
             first_id, error = failed[0]
@@ -194,6 +225,6 @@ async def prepare(config: Any, documents: Sequence[Document], stdin: Optional[Te
             raise JudgeError(f"rubrics could not be written for {len(failed)} of {len(pending)} documents (document "
                              f"{first_id}: {error}); the {len(pending) - len(failed)} written are cached: rerun to write "
                              "the rest", error.kind)
-        usage = judge.client.usage
-        print(f"summrl: rubrics: {len(pending)} documents' rubrics written into {cache.cache.directory}; judge cost "
-              f"${usage.cost_usd:.4f} in {usage.calls} calls")
+        usage = plan.reward.judge.client.usage
+        print(f"summrl: rubrics: {len(pending)} documents' rubrics written into {plan.reward.cache.cache.directory}; "
+              f"judge cost ${usage.cost_usd:.4f} in {usage.calls} calls")

@@ -39,6 +39,17 @@ class Calls:
             return 0.0
         return token_price(self.price_model, self.input_tokens, self.output_tokens)
 
+    def price(self) -> str:
+        if self.local:
+            return "local, $0"
+        usd = self.usd
+        return "unknown (not in litellm's cost map)" if usd is None else f"${usd:.4f}"
+
+    def line(self) -> str:
+        """``who: N calls, ~in input / <= out output tokens, $price``: one way to say it in every estimate."""
+        return (f"{self.who}: {self.calls} calls, ~{self.input_tokens:,} input / <= {self.output_tokens:,} output "
+                f"tokens, {self.price()}")
+
 
 def token_price(model: str, input_tokens: int, output_tokens: int) -> Optional[float]:
     import litellm
@@ -207,9 +218,7 @@ def render(lines: Sequence[Calls], rows_total: int, rows_done: int) -> str:
         if line.calls == 0:
             continue
         usd = line.usd
-        price = "local, $0" if line.local else ("unknown (not in litellm's cost map)" if usd is None else f"${usd:.4f}")
-        out.append(f"  {line.who}: {line.calls} calls, ~{line.input_tokens:,} input / <= {line.output_tokens:,} output "
-                   f"tokens, {price}")
+        out.append(f"  {line.line()}")
         if usd is None:
             unknown.append(line.who)
         else:

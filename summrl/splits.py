@@ -222,10 +222,7 @@ def describe(calls: Calls, pending: int, cached: int) -> str:
     if calls.local:
         return (f"summrl: questions: {pending} documents to write questions for ({cached} cached), offline "
                 f"({calls.who.split(' ', 1)[1]}), $0")
-    usd = calls.usd
-    price = "unknown (not in litellm's cost map)" if usd is None else f"${usd:.4f}"
-    return (f"summrl: questions: {pending} documents to write questions for ({cached} cached): {calls.who}: "
-            f"{calls.calls} calls, ~{calls.input_tokens:,} input / <= {calls.output_tokens:,} output tokens, {price}")
+    return f"summrl: questions: {pending} documents to write questions for ({cached} cached): {calls.line()}"
 
 
 async def fill(bank: QuestionBank, documents: Sequence[Document], settings: Any,
@@ -241,7 +238,7 @@ async def fill(bank: QuestionBank, documents: Sequence[Document], settings: Any,
         if budget is not None and (usd is None or usd > budget):
             raise QuestionsNotConfirmed(
                 f"dataset.questions.max_cost_usd={budget:g}: the estimate is "
-                f"{'unknown (not in litellm cost map)' if usd is None else f'${usd:.4f}'}, over the budget; nothing "
+                f"{calls.price()}, over the budget; nothing "
                 "was called. Raise the budget, or write fewer questions (dataset.questions.per_document, fewer "
                 "documents)")
         if settings.confirm and not confirmed(sys.stdin):

@@ -159,14 +159,11 @@ class Plan:
     calls: Any  # summrl.cost.Calls
 
     def line(self) -> str:
-        price = self.calls.usd
-        cost = "unknown (not in litellm's cost map)" if price is None else f"${price:.4f}"
         cached = self.documents - self.given - len(self.pending)
         return (f"summrl: rubrics ({self.key}, max_rubrics={self.reward.max_rubrics}): {len(self.pending)} documents to "
                 f"write rubrics for ({cached} cached in {self.reward.cache.cache.directory}"
                 + (f", {self.given} bring their own" if self.given else "") + ")"
-                + (f": {self.calls.who}: {self.calls.calls} calls, ~{self.calls.input_tokens:,} input / <= "
-                   f"{self.calls.output_tokens:,} output tokens, {cost}" if self.pending else ": nothing to write"))
+                + (f": {self.calls.line()}" if self.pending else ": nothing to write"))
 
 
 def plans(config: Any, documents: Sequence[Document]) -> tuple[list[Plan], list[str]]:

@@ -303,6 +303,7 @@ class Engine:
         # the frozen products on oneDNN where it runs (a CPU); elsewhere PyTorch's own
         self.linears = Linears(self.model) if onednn_usable(self.device, self.dtype) else None
         self.model.eval()
+        self._settle_mkl()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0
         )
@@ -315,6 +316,24 @@ class Engine:
         self.chat_template_kwargs = chat_template_kwargs or {}  # model.chat_template_kwargs
         # (batch rows, median ms per decode step) of the latest generate calls: summrl.perf step reads it
         self.decode_ms: deque[tuple[int, float]] = deque(maxlen=256)
+
+    def _settle_mkl(self) -> None:
+        """Run MKL's first product of the process here, on the compute thread, before anything is sampled.
+
+        With MKL told that an AMD processor is Intel's (``summrl/mkl_isa.py``), the first call of a process now and then
+        (about 1 in 10 processes, on a Zen 4) gave another rotary table than every later call: the first prompt's
+        prefill then differed from layer 0's keys on, and so did that prompt's summaries for a seed (step 0's val of
+        ``experiment=local`` in about 1 run of 10). Running the rotary embedding once first: the usual prefill in 85
+        of 85 processes, where 4 of 35 without it differed (the same first prompt, 8 seeds, fresh processes).
+        """
+        from summrl import mkl_isa
+
+        rotary = getattr(getattr(self.model.get_base_model(), "model", None), "rotary_emb", None)
+        if not (mkl_isa.ACTIVE and self.device.type == "cpu" and rotary is not None):
+            return
+        with torch.no_grad():
+            hidden = self.model.get_base_model().config.hidden_size
+            rotary(torch.zeros(1, 4, hidden, dtype=self.dtype), torch.arange(512)[None])
 
     def grammar(self, response_format: str) -> Any:
         """A compiled xgrammar grammar for an OpenAI response_format, so JSON replies are valid by construction."""

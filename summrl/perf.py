@@ -1,6 +1,10 @@
 """Benchmarks that print JSON. `python -m summrl.perf step [--steps N]`, `python -m summrl.perf judge`,
 `python -m summrl.perf faults [--rate 0.3]`, `python -m summrl.perf sft`,
-`python -m summrl.perf serve --run-dir runs/<name>`.
+`python -m summrl.perf serve --run-dir runs/<name>`, `python -m summrl.perf first-sample [--processes N] [--unsettled]`.
+
+first-sample: ``experiment=local``'s engine loaded in N fresh processes, one after another, each sampling the first val
+prompt with 8 seeds (24 tokens): how many processes drew other tokens than the most common outcome. Since the
+engine's MKL warm-up (``Engine._settle_mkl``) the answer should be none; ``--unsettled`` skips the warm-up.
 
 serve: ``python -m summrl.serve`` on a run, one server per ``--best-of-n``: one /v1/summarize request alone, then
 16 at once (p50/p95 latency, wall time, documents/s, and the wall time over one request's: the batching figure).
@@ -31,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from summrl import mkl_isa
@@ -395,6 +400,67 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
     return out
 
 
+# ---------------------------------------------------------------- the first sample of a fresh process
+
+
+async def first_sample(unsettled: bool) -> dict:
+    """In this process: load ``experiment=local``'s engine as a run does and sample the first val prompt (by id) with
+    8 seeds, 24 tokens: a digest of each row's tokens. ``unsettled`` skips the engine's MKL warm-up."""
+    import hashlib
+
+    from summrl.backends.embedded.compute import compute
+    from summrl.backends.embedded.engine import Engine, SamplingParams
+    from summrl.data import load_splits
+    from summrl.loop import open_session, seed_everything
+    from summrl.prompt import summary_messages
+
+    if unsettled:
+        Engine._settle_mkl = lambda self: None
+    with tempfile.TemporaryDirectory(prefix="summrl-perf-") as run_dir:
+        config = compose_local(run_dir, ["experiment=local"])
+        seed_everything(config.seed)
+        val, _ = load_splits(config.dataset)
+        session = await open_session(config)
+        try:
+            engine = await compute(lambda: session.backend.engine)
+            document = min(val, key=lambda d: d.id)
+            prompt = engine.encode_chat(summary_messages(document, config.trainer.max_words))
+            params = SamplingParams(max_tokens=24, temperature=config.trainer.val_temperature or 1.0)
+            rows = await compute(engine.generate, [prompt] * 8, params, seeds=list(range(8)))
+        finally:
+            await session.backend.close()
+    return {"document": document.id, "rows": [hashlib.sha256(str(r.token_ids).encode()).hexdigest()[:12] for r in rows],
+            "mkl_isa": mkl_isa.ACTIVE}
+
+
+def bench_first_sample(processes: int, unsettled: bool) -> dict:
+    """``processes`` fresh processes (``python -m summrl.perf first-sample --child``), one after another: how many
+    sampled other tokens for the same seeds than the most common outcome."""
+    import hashlib
+
+    outcomes, seconds = [], []
+    for _ in range(processes):
+        start = time.perf_counter()
+        child = subprocess.run([sys.executable, "-m", "summrl.perf", "first-sample", "--child",
+                                *(["--unsettled"] if unsettled else [])],
+                               cwd=ROOT, capture_output=True, text=True, check=True)
+        seconds.append(time.perf_counter() - start)
+        outcomes.append(json.loads(child.stdout))
+    kinds = Counter(json.dumps(o["rows"]) for o in outcomes)
+    usual, count = kinds.most_common(1)[0]
+    return {
+        "processes": processes,
+        "unsettled": unsettled,
+        "document": outcomes[0]["document"],
+        "differing_processes": processes - count,  # sampled other tokens than the most common outcome
+        "outcomes": len(kinds),
+        "usual_outcome": hashlib.sha256(usual.encode()).hexdigest()[:12],  # the same with and without --unsettled
+        "rows_differing": [sum(a != b for a, b in zip(json.loads(k), json.loads(usual))) for k in kinds if k != usual],
+        "process_median_s": round(statistics.median(seconds), 1),
+        "mkl_isa": outcomes[0]["mkl_isa"],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m summrl.perf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -422,6 +488,10 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--selector", default="length", help="length needs no judge; ruler measures the judge too")
     serve.add_argument("overrides", nargs="*", help="more summrl.serve overrides, e.g. backend=embedded "
                                                     "backend.dtype=bfloat16")
+    first = sub.add_parser("first-sample", help="how often a fresh process samples other tokens for the same seeds")
+    first.add_argument("--processes", type=int, default=20, help="fresh processes, one after another")
+    first.add_argument("--unsettled", action="store_true", help="skip the engine's MKL warm-up at load (to compare)")
+    first.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one process's sample, as JSON
     args = parser.parse_args(argv)
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -443,6 +513,14 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(failure.exit_code)
         result = bench_serve(args.run_dir, args.concurrency, tuple(args.best_of_n), args.selector, args.step,
                              tuple(args.overrides))
+        result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+        print(json.dumps(result, indent=2))
+        return
+    if args.benchmark == "first-sample":
+        if args.child:
+            print(json.dumps(asyncio.run(first_sample(args.unsettled))))
+            return
+        result = bench_first_sample(args.processes, args.unsettled)
         result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
         print(json.dumps(result, indent=2))
         return

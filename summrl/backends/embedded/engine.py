@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from summrl import mkl_isa
 from summrl.backends.embedded import activations
 from summrl.backends.embedded.attention import ATTENTION, PackedRuns, SharedPrefix, register_attention
 from summrl.backends.embedded.linear import Linears, onednn_usable
@@ -321,19 +322,20 @@ class Engine:
         """Run MKL's first product of the process here, on the compute thread, before anything is sampled.
 
         With MKL told that an AMD processor is Intel's (``summrl/mkl_isa.py``), the first call of a process now and then
-        (about 1 in 10 processes, on a Zen 4) gave another rotary table than every later call: the first prompt's
+        (5 of 65 fresh processes, on a Zen 4) gave another rotary table than every later call: the first prompt's
         prefill then differed from layer 0's keys on, and so did that prompt's summaries for a seed (step 0's val of
-        ``experiment=local`` in about 1 run of 10). Running the rotary embedding once first: the usual prefill in 85
-        of 85 processes, where 4 of 35 without it differed (the same first prompt, 8 seeds, fresh processes).
+        ``experiment=local`` now and then). With the rotary embedding run once first: 0 of 115.
+        ``python -m summrl.perf first-sample [--unsettled]`` counts it.
         """
-        from summrl import mkl_isa
-
         rotary = getattr(getattr(self.model.get_base_model(), "model", None), "rotary_emb", None)
         if not (mkl_isa.ACTIVE and self.device.type == "cpu" and rotary is not None):
             return
-        with torch.no_grad():
-            hidden = self.model.get_base_model().config.hidden_size
-            rotary(torch.zeros(1, 4, hidden, dtype=self.dtype), torch.arange(512)[None])
+        hidden = self.model.get_base_model().config.hidden_size
+        try:
+            with torch.no_grad():
+                rotary(torch.zeros(1, 4, hidden, dtype=self.dtype), torch.arange(512)[None])
+        except (TypeError, RuntimeError):  # a rotary module that takes other arguments: load without the warm-up
+            pass
 
     def grammar(self, response_format: str) -> Any:
         """A compiled xgrammar grammar for an OpenAI response_format, so JSON replies are valid by construction."""

@@ -443,7 +443,10 @@ def bench_first_sample(processes: int, unsettled: bool) -> dict:
         start = time.perf_counter()
         child = subprocess.run([sys.executable, "-m", "summrl.perf", "first-sample", "--child",
                                 *(["--unsettled"] if unsettled else [])],
-                               cwd=ROOT, capture_output=True, text=True, check=True)
+                               cwd=ROOT, capture_output=True, text=True)
+        if child.returncode != 0:
+            sys.exit(f"summrl.perf first-sample: a process ended with exit code {child.returncode}:\n"
+                     f"{child.stderr[-3000:]}")
         seconds.append(time.perf_counter() - start)
         outcomes.append(json.loads(child.stdout))
     kinds = Counter(json.dumps(o["rows"]) for o in outcomes)

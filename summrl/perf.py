@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import platform
@@ -406,8 +407,6 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
 async def first_sample(unsettled: bool) -> dict:
     """In this process: load ``experiment=local``'s engine as a run does and sample the first val prompt (by id) with
     8 seeds, 24 tokens: a digest of each row's tokens. ``unsettled`` skips the engine's MKL warm-up."""
-    import hashlib
-
     from summrl.backends.embedded.compute import compute
     from summrl.backends.embedded.engine import Engine, SamplingParams
     from summrl.data import load_splits
@@ -436,8 +435,6 @@ async def first_sample(unsettled: bool) -> dict:
 def bench_first_sample(processes: int, unsettled: bool) -> dict:
     """``processes`` fresh processes (``python -m summrl.perf first-sample --child``), one after another: how many
     sampled other tokens for the same seeds than the most common outcome."""
-    import hashlib
-
     outcomes, seconds = [], []
     for _ in range(processes):
         start = time.perf_counter()

@@ -327,13 +327,13 @@ class Engine:
         ``experiment=local`` now and then). With the rotary embedding run once first: 0 of 115.
         ``python -m summrl.perf first-sample [--unsettled]`` counts it.
         """
-        rotary = getattr(getattr(self.model.get_base_model(), "model", None), "rotary_emb", None)
+        base = self.model.get_base_model()
+        rotary = getattr(getattr(base, "model", None), "rotary_emb", None)
         if not (mkl_isa.ACTIVE and self.device.type == "cpu" and rotary is not None):
             return
-        hidden = self.model.get_base_model().config.hidden_size
         try:
             with torch.no_grad():
-                rotary(torch.zeros(1, 4, hidden, dtype=self.dtype), torch.arange(512)[None])
+                rotary(torch.zeros(1, 4, base.config.hidden_size, dtype=self.dtype), torch.arange(512)[None])
         except (TypeError, RuntimeError):  # a rotary module that takes other arguments: load without the warm-up
             pass
 

@@ -140,7 +140,7 @@ def export(config: ExportConfig, command: str) -> Path:
     import torch
     from peft import PeftConfig, PeftModel
 
-    from summrl.backends.embedded.engine import load_causal_lm
+    from summrl.backends.embedded.engine import load_causal_lm, sorted_sets
 
     run, model = config.run, config.train.model
     checkpoint = run.checkpoint(config.step)
@@ -167,7 +167,7 @@ def export(config: ExportConfig, command: str) -> Path:
         # is what a user of the adapter can load it onto.
         adapter_config.base_model_name_or_path = model.base_model
         adapter_config.inference_mode = True
-        adapter_config.save_pretrained(str(adapter))
+        sorted_sets(adapter_config).save_pretrained(str(adapter))
         tokenizer.save_pretrained(adapter)
         log.info(f"summrl: export: adapter (PEFT LoRA r={adapter_config.r}, tokenizer) -> {config.dir / 'adapter'}")
 

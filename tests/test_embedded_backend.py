@@ -313,7 +313,11 @@ def test_train_updates_lora_skips_flat_groups_and_checkpoints(loop, session):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     checkpoint = Path(model.base_path) / "summrl-tests" / "models" / model.name / "checkpoints" / f"{result.step:04d}"
     assert (checkpoint / "adapter_model.safetensors").exists() and (checkpoint / "optimizer.pt").exists()
-    assert json.loads((checkpoint / "adapter_config.json").read_text())["r"] == 16
+    adapter_config = json.loads((checkpoint / "adapter_config.json").read_text())
+    assert adapter_config["r"] == 16
+    # sorted, not in the hash order of peft's set: the same adapter writes the same file in every process
+    assert adapter_config["target_modules"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj",
+                                                "v_proj"]
     # the endpoint now serves the new step, sampled from the trained weights (not the packed copies of the old ones)
     assert model.get_inference_name() == f"{model.name}@{result.step}"
     assert_training_forward_reproduces_sampling(loop, backend, model, docs[3])

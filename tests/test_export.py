@@ -95,6 +95,7 @@ def test_export_writes_the_adapter_the_merged_model_and_a_record(trained, export
     assert not (adapter / "optimizer.pt").exists()
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == BASE_MODEL and config["r"] == 16 and config["lora_alpha"] == 32
+    assert config["target_modules"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
     assert (adapter / "tokenizer.json").is_file() and (folder / "merged" / "tokenizer.json").is_file()
     assert (folder / "merged" / "model.safetensors").is_file() and not list(folder.rglob("*.bin"))
     assert json.loads((folder / "merged" / "config.json").read_text())["dtype"] == "float32"  # the run's backend.dtype

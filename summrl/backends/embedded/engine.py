@@ -99,6 +99,15 @@ def _save_dequantized(tokenizer: Any, model: Any, target: Path) -> None:
             shutil.rmtree(partial, ignore_errors=True)
 
 
+def sorted_sets(config: Any) -> Any:
+    """A peft config whose set fields (``target_modules``) are sorted lists. peft writes a set in Python's hash order,
+    which changes from process to process, so the same adapter's ``adapter_config.json`` would differ run to run."""
+    for name, value in list(vars(config).items()):
+        if isinstance(value, set):
+            setattr(config, name, sorted(value))
+    return config
+
+
 def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, device: torch.device):
     """Load tokenizer and model from ``weights`` (folder, .gguf file, ``pkg:`` path) or the hub id.
     A .gguf file is de-quantized once and read from :func:`dequantized_cache` after that."""
@@ -300,6 +309,7 @@ class Engine:
             LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
         )
+        sorted_sets(self.model.peft_config["default"])  # after the layers are matched: the checkpoints' config
         activations.install(self.model)
         # the frozen products on oneDNN where it runs (a CPU); elsewhere PyTorch's own
         self.linears = Linears(self.model) if onednn_usable(self.device, self.dtype) else None

@@ -364,3 +364,41 @@ def run_cli_module(module: str, args: list[str], env: dict, timeout: float = 300
 
     return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
+
+
+# An entry point's main under summrl.cli.run: a non-daemon thread still writing, a thread pool, an atexit handler,
+# a buffered print, then the exit the argument asks for.
+ENDING = """
+import atexit, concurrent.futures, sys, threading, time
+from pathlib import Path
+from summrl import cli
+
+folder, code = Path(sys.argv[1]), sys.argv[2]
+
+def main():
+    def late():
+        time.sleep(0.5)
+        (folder / "thread").write_text("joined")
+    threading.Thread(target=late).start()
+    concurrent.futures.ThreadPoolExecutor(1).submit(lambda: None).result()  # an idle worker, as asyncio leaves
+    atexit.register(lambda: (folder / "atexit").write_text("ran"))
+    print("the last line", end="")
+    if code != "none":
+        sys.exit(int(code) if code.isdigit() else code)
+
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("code, status", [("none", 0), ("0", 0), ("2", 2), ("a message", 1)])
+def test_an_entry_point_ends_as_python_would_joining_threads_and_running_atexit(tmp_path, code, status):
+    """cli.run ends the process without the interpreter's module teardown (2 s after ART is loaded); what Python's own
+    exit does for a user still happens: threads joined, atexit handlers run, output flushed, the exit status kept."""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", ENDING, str(tmp_path), code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == status, result.stderr[-2000:]
+    assert result.stdout == "the last line"
+    assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"
+    assert result.stderr == ("a message\n" if code == "a message" else "")

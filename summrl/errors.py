@@ -33,6 +33,7 @@ KINDS = {
     "skypilot": (8, "SkyPilot error"),
     "sft": (2, "SFT error"),
     "not_confirmed": (3, "not confirmed"),
+    "interrupted": (130, "interrupted"),  # Ctrl-C (SIGINT): 128 + 2, as a shell reports it
 }
 
 

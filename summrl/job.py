@@ -155,6 +155,14 @@ class RunRecord:
                                     "untrained_steps": self.untrained_steps, "wall_s": wall_s})
         self.saved = True
 
+    def interruption(self) -> str:
+        """What a run stopped by Ctrl-C says: the last step whose checkpoint it wrote, and how to go on."""
+        step = self.attempts[-1]["end_step"] if self.attempts else 0
+        if step:
+            return (f"stopped after step {step} (Ctrl-C or SIGINT); its checkpoint is kept: run the same command "
+                    "to resume from it")
+        return "stopped before the first checkpoint (Ctrl-C or SIGINT); run the same command to start again"
+
     def fail(self, kind: str, line: str, exit_code: int) -> None:
         """Record why the job failed. A record this invocation wrote gains the failure's kind. One that failed
         before writing (a config error, a W&B key refused at the start) gets a complete record that keeps what
@@ -166,6 +174,7 @@ class RunRecord:
                 return
             self.fields = {**{k: v for k, v in self.earlier.items()
                               if k not in ("traceback", "val_history", "attempts", "untrained_steps", "wall_s")},
-                           **self.fields, "status": "failed", "error": line, **self.job.record()}
+                           **self.fields, "status": "interrupted" if kind == "interrupted" else "failed",
+                           "error": line, **self.job.record()}
         self.update(error_kind=kind, exit_code=exit_code)
         self.save(timed=timed)

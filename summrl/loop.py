@@ -442,6 +442,9 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             final_val_hallucination_rate=history[-1].get("val_hallucination_rate"),
         )
         return history[-1]["val_reward"]
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C: asyncio.run cancels this task, then raises
+        record.update(status="interrupted", error="interrupted (Ctrl-C or SIGINT)")
+        raise
     except BaseException as e:
         record.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),
                       traceback=redact_text(traceback.format_exc()))

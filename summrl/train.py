@@ -6,6 +6,7 @@ value fails in about a second. Returns the final validation score for Hydra swee
 An expected failure (summrl.errors) ends the run with one line and its exit code; tracebacks only
 with HYDRA_FULL_ERROR=1. Every failed job, even one that never started, records why in its ``result.json``.
 In a multirun a failing job raises an ordinary exception: Hydra runs the sweep's other jobs, then exits non-zero.
+Ctrl-C ends it with one line and exit code 130, its checkpoints kept and its record saying ``interrupted``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -25,7 +27,7 @@ from omegaconf import DictConfig
 from summrl import cli
 from summrl.cloud.launch import run_from_hydra
 from summrl.config import Config, validate
-from summrl.errors import KINDS, ConfigError, classify, exit_on, full_errors
+from summrl.errors import KINDS, ConfigError, Failure, classify, exit_on, full_errors
 from summrl.job import JobInfo, RunRecord
 from summrl.preflight import check
 
@@ -63,6 +65,11 @@ def main(cfg: DictConfig) -> float | None:
         from summrl.loop import train  # heavy (torch, ART, litellm): loaded only once the config is known to be good
 
         return asyncio.run(train(config, record))
+    except KeyboardInterrupt:  # Ctrl-C: the loop has saved its record and closed the backend; a sweep stops too
+        failure = Failure("interrupted", record.interruption())
+        record.fail(failure.kind, failure.line, failure.exit_code)
+        log.error(failure.line)
+        sys.exit(failure.exit_code)
     except Exception as e:
         failure = classify(e)
         if failure is None:

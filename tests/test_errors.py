@@ -402,3 +402,33 @@ def test_an_entry_point_ends_as_python_would_joining_threads_and_running_atexit(
     assert result.stdout == "the last line"
     assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"
     assert result.stderr == ("a message\n" if code == "a message" else "")
+
+
+def test_ctrl_c_stops_training_with_one_line_exit_130_and_the_checkpoints_kept(tmp_path, tiny_weights):
+    """SIGINT during `python -m summrl.train`: one line naming the last step and how to resume, no traceback,
+    exit code 130, result.json status interrupted; the checkpoints written are there to resume from."""
+    import re
+    import signal
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "summrl.train", "experiment=local", tiny_weights, "trainer.max_steps=50",
+         "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
+         "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", "run.name=interrupted", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in process.stdout:
+        if line.startswith("summrl: step 1 | train"):
+            process.send_signal(signal.SIGINT)
+            break
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == KINDS["interrupted"][0] == 130, err[-3000:]
+    assert "Traceback" not in out + err
+    (said,) = re.findall(r"^summrl: interrupted: .*$", err, re.M)
+    step = int(re.fullmatch(r"summrl: interrupted: stopped after step (\d+) \(Ctrl-C or SIGINT\); its checkpoint is "
+                            r"kept: run the same command to resume from it", said).group(1))
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["status"], result["error_kind"], result["exit_code"]) == ("interrupted", "interrupted", 130)
+    assert 1 <= step == result["attempts"][-1]["end_step"] < 50
+    assert (run_dir / "art" / "summrl" / "models" / "interrupted" / "checkpoints" / f"{step:04d}").is_dir()

@@ -4,12 +4,14 @@ sample's val split; the rows, the table and its confidence intervals, resume, th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import logging
 import math
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -414,3 +416,39 @@ def test_the_benchmark_scores_your_own_documents_on_the_questions_written_for_th
     assert len(rows) == 2 and all(doc.endswith(".md") for doc in rows.document_id)
     assert all(len(json.loads(c)) >= 4 for c in rows.correct)  # graded on the written questions
     assert len(list((tmp_path / "questions").glob("*.json"))) == 2
+
+
+def test_ctrl_c_stops_the_benchmark_with_one_line_exit_130_and_a_rerun_does_only_the_rest(tmp_path):
+    """SIGINT once the first rows are in rows.csv: one line, no traceback, exit 130; the same command then asks the
+    model only for the summaries that are not on disk."""
+    import signal
+
+    out = tmp_path / "out"
+    docs = val_documents(3)
+    with FakeLLM() as fake:  # one document at a time, a second a summary: the signal lands mid-way
+        fake.script = [dataclasses.replace(reply, delay_s=1.0) for reply in scripted_summaries(docs, 6)]
+        args = ["experiment=local", "judge=lexical", "dataset.val_size=3", "benchmark.rollouts_per_doc=2",
+                "benchmark.max_concurrency=1", f"benchmark.models=[{fake_model(fake)}]", "benchmark.confirm=false",
+                "benchmark.name=stopped", f"hydra.run.dir={out}"]
+        process = subprocess.Popen([sys.executable, "-m", "summrl.benchmark", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        rows_file = out / "rows.csv"
+        deadline = time.monotonic() + 120
+        while not (rows_file.exists() and len(read_rows(rows_file)) >= 1) and time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 130, err[-3000:]
+        assert "Traceback" not in err
+        assert ("summrl: interrupted: benchmark stopped stopped (Ctrl-C or SIGINT); the rows scored so far are kept: "
+                "run the same command to resume") in err
+        kept = len(read_rows(rows_file))
+        assert 1 <= kept < 6 and len(fake.requests) <= kept + 2  # at most the document in flight (2 summaries)
+
+        asked = len(fake.requests)
+        fake.script = scripted_summaries(docs, 6 - kept)
+        rerun = run_benchmark_cli(args, timeout=120)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert f"{6 - kept} of 6 summaries to do ({kept} already in rows.csv)" in rerun.stdout
+        assert len(fake.requests) - asked == 6 - kept and len(read_rows(rows_file)) == 6

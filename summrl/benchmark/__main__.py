@@ -2,7 +2,7 @@
 then run the benchmark (heavy imports only after validation, so a bad value fails in about a second).
 
 It ends like training (summrl.errors): an expected failure is one line and its kind's exit code, with no
-traceback unless HYDRA_FULL_ERROR=1."""
+traceback unless HYDRA_FULL_ERROR=1; Ctrl-C is one line and exit code 130, the rows scored so far kept."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from dotenv import load_dotenv
 
 from summrl import cli
 from summrl.benchmark.config import check_keys, validate_benchmark
-from summrl.errors import exit_on
+from summrl.errors import Failure, exit_on
+
+log = logging.getLogger("summrl.benchmark")  # not __main__ under python -m: summrl's console handlers
 
 
 @hydra.main(config_path="../../conf", config_name="benchmark", version_base="1.3")
@@ -34,6 +36,11 @@ def main(cfg: DictConfig) -> None:
         from summrl.benchmark.runner import run  # heavy (torch, ART, litellm): only once the config is good
 
         status = asyncio.run(run(config))
+    except KeyboardInterrupt:  # Ctrl-C: every row scored so far is in rows.csv, and a rerun skips it
+        failure = Failure("interrupted", f"benchmark {cfg.benchmark.name} stopped (Ctrl-C or SIGINT); the rows scored so "
+                                         "far are kept: run the same command to resume")
+        log.error(failure.line)
+        sys.exit(failure.exit_code)
     except Exception as e:
         exit_on(e)
     sys.exit(status)

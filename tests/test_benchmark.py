@@ -425,8 +425,8 @@ def test_ctrl_c_stops_the_benchmark_with_one_line_exit_130_and_a_rerun_does_only
 
     out = tmp_path / "out"
     docs = val_documents(3)
-    with FakeLLM() as fake:  # one document at a time, a second a summary: the signal lands mid-way
-        fake.script = [dataclasses.replace(reply, delay_s=1.0) for reply in scripted_summaries(docs, 6)]
+    with FakeLLM() as fake:  # one document at a time, 2 s a summary: the signal lands mid-way, even on a busy machine
+        fake.script = [dataclasses.replace(reply, delay_s=2.0) for reply in scripted_summaries(docs, 6)]
         args = ["experiment=local", "judge=lexical", "dataset.val_size=3", "benchmark.rollouts_per_doc=2",
                 "benchmark.max_concurrency=1", f"benchmark.models=[{fake_model(fake)}]", "benchmark.confirm=false",
                 "benchmark.name=stopped", f"hydra.run.dir={out}"]

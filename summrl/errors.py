@@ -185,5 +185,10 @@ def exit_on(e: BaseException) -> NoReturn:
     failure = classify(e)
     if failure is None or full_errors():
         raise e
+    end(failure)
+
+
+def end(failure: Failure) -> NoReturn:
+    """End a CLI with ``failure``'s one line and its exit code."""
     log.error(failure.line)  # stderr, and the run folder's log file (summrl.logs)
     sys.exit(failure.exit_code)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 from pathlib import Path
 
 import hydra
@@ -27,7 +26,7 @@ from omegaconf import DictConfig
 from summrl import cli
 from summrl.cloud.launch import run_from_hydra
 from summrl.config import Config, validate
-from summrl.errors import KINDS, ConfigError, Failure, classify, exit_on, full_errors
+from summrl.errors import KINDS, ConfigError, Failure, classify, end, exit_on, full_errors
 from summrl.job import JobInfo, RunRecord
 from summrl.preflight import check
 
@@ -68,8 +67,7 @@ def main(cfg: DictConfig) -> float | None:
     except KeyboardInterrupt:  # Ctrl-C: the loop has saved its record and closed the backend; a sweep stops too
         failure = Failure("interrupted", record.interruption())
         record.fail(failure.kind, failure.line, failure.exit_code)
-        log.error(failure.line)
-        sys.exit(failure.exit_code)
+        end(failure)
     except Exception as e:
         failure = classify(e)
         if failure is None:

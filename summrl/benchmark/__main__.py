@@ -19,9 +19,7 @@ from dotenv import load_dotenv
 
 from summrl import cli
 from summrl.benchmark.config import check_keys, validate_benchmark
-from summrl.errors import Failure, exit_on
-
-log = logging.getLogger("summrl.benchmark")  # not __main__ under python -m: summrl's console handlers
+from summrl.errors import Failure, end, exit_on
 
 
 @hydra.main(config_path="../../conf", config_name="benchmark", version_base="1.3")
@@ -37,10 +35,8 @@ def main(cfg: DictConfig) -> None:
 
         status = asyncio.run(run(config))
     except KeyboardInterrupt:  # Ctrl-C: every row scored so far is in rows.csv, and a rerun skips it
-        failure = Failure("interrupted", f"benchmark {cfg.benchmark.name} stopped (Ctrl-C or SIGINT); the rows scored so "
-                                         "far are kept: run the same command to resume")
-        log.error(failure.line)
-        sys.exit(failure.exit_code)
+        end(Failure("interrupted", f"benchmark {cfg.benchmark.name} stopped (Ctrl-C or SIGINT); the rows scored so far "
+                                   "are kept: run the same command to resume"))
     except Exception as e:
         exit_on(e)
     sys.exit(status)

@@ -35,9 +35,7 @@ def run(main: Callable[[], object]) -> NoReturn:
         except (ConfigCompositionException, OmegaConfBaseException) as e:
             if full_errors():
                 raise
-            failure = Failure("config", str(config_error(e)))
-            print(failure.line, file=sys.stderr, flush=True)
-            sys.exit(failure.exit_code)
+            _config_failure(config_error(e))
         except CompactHydraException as e:  # a sweep's failed jobs (train.JobFailed), Hydra's own usage errors
             if full_errors():
                 raise
@@ -97,14 +95,17 @@ def _check_folder(config: DictConfig, key: str) -> None:
     for folder in (path, *path.parents):
         if folder.exists() and not folder.is_dir():
             where = "it" if folder == path else f"{folder} (in its path)"
-            _end(f"{key}={value}: {where} is a file, not a folder: name another folder, or move the file")
+            _config_failure(ConfigError(
+                f"{key}={value}: {where} is a file, not a folder: name another folder, or move the file"))
         if folder.is_dir():
             if not os.access(folder, os.W_OK | os.X_OK):
-                _end(f"{key}={value}: {folder} is not writable here: name a folder you can write to")
+                _config_failure(ConfigError(
+                    f"{key}={value}: {folder} is not writable here: name a folder you can write to"))
             return
 
 
-def _end(message: str) -> NoReturn:
-    failure = Failure("config", str(ConfigError(message)))
+def _config_failure(error: ConfigError) -> NoReturn:
+    """A config error's one line on stderr (printed: logging is not set up before Hydra composes), and exit code 2."""
+    failure = Failure("config", str(error))
     print(failure.line, file=sys.stderr, flush=True)
     sys.exit(failure.exit_code)

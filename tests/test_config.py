@@ -291,3 +291,49 @@ def test_an_output_folder_where_a_file_stands_is_one_config_error_not_mkdirs_tra
     assert result.stderr.splitlines() == [f"summrl: config error: {key}={tmp_path / path}: {where} is a file, not a "
                                           "folder: name another folder, or move the file"]
     assert (tmp_path / "file").read_text() == "a file the user keeps\n"
+
+
+def readme_train_commands() -> list[str]:
+    """Every `python -m summrl.train ...` the README shows a user to run: in its code blocks and inline. Lines shown
+    failing on purpose (``$ `` examples under "Bad input") and forms with a placeholder for overrides are left out."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    lines = [line for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.S | re.M) for line in block.splitlines()]
+    lines += re.findall(r"`(python -m summrl\.train[^`]*)`", text)
+    commands = []
+    for line in lines:
+        found = re.search(r"python -m summrl\.train(?=\s|$)(.*)", line)
+        if not found or line.lstrip().startswith("$") or "..." in line or "<your overrides>" in line:
+            continue
+        command = found.group(1).split("#")[0].strip()
+        if not command.startswith("--"):  # --cfg job, --help: Hydra's own flags
+            commands.append(command)
+    return sorted(set(commands))
+
+
+def one_job_per_value(overrides: list[str]) -> list[list[str]]:
+    """A ``-m`` command's jobs: the product of its comma-separated values (no brackets among the sweeps here)."""
+    import itertools
+
+    values = [[f"{o.split('=', 1)[0]}={v}" for v in o.split("=", 1)[1].split(",")] if "," in o and "[" not in o
+              else [o] for o in overrides]
+    return [list(job) for job in itertools.product(*values)]
+
+
+@pytest.mark.parametrize("command", readme_train_commands())
+def test_every_training_command_the_readme_shows_composes_and_validates(command, tmp_path):
+    import shlex
+
+    args = [a.replace("<name>", "x").replace("<user>", "me") for a in shlex.split(command)]
+    jobs = one_job_per_value([a for a in args if a != "-m"]) if "-m" in args else [args]
+    for job in jobs:
+        if any(a.startswith("dataset.path=") for a in job):
+            job = [a for a in job if not a.startswith("dataset.path=")] + ["dataset.path=tests/fixtures/documents"]
+        assert compose_config([*job, f"run.dir={tmp_path}"]) is not None
+
+
+def test_the_readme_shows_training_commands_for_every_kind_of_run():
+    commands = readme_train_commands()
+    assert len(commands) >= 15
+    assert any(c.startswith("-m") for c in commands) and any("sft=distill" in c for c in commands)

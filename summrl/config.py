@@ -18,9 +18,10 @@ import copy
 import difflib
 import math
 import re
+import shlex
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -561,8 +562,8 @@ class WeightedRewardConfig:
         if self.terms and all(isinstance(t, WeightedTerm) for t in self.terms.values()):
             return  # already typed (as_weighted)
         _require(len(self.terms) > 0, "reward.terms",
-                 "must name at least one term, e.g. reward.terms={qa: {kind: qa, weight: 1.0}, "
-                 "rubric: {kind: rubric, weight: 0.2}}")
+                 "must name at least one term, e.g. '+reward.terms={qa: {kind: qa, weight: 1.0}, "
+                 "rubric: {kind: rubric, weight: 0.2}}'")
         self.terms = {str(name): _typed_term(f"reward.terms.{name}", term) for name, term in self.terms.items()}
         factors = [name for name, term in self.terms.items() if _is_factor(term.reward)]
         if len(factors) == len(self.terms):
@@ -634,16 +635,24 @@ class LocalGPUBackendConfig:
     max_seq_length: int = 32768  # Unsloth's training context
     # Any other vLLM engine argument (art.dev.EngineArgs), e.g. {max_num_seqs: 64}.
     engine_args: dict[str, Any] = field(default_factory=dict)
+    at: ClassVar[str] = "backend"  # where its settings are written (errors name them there)
 
     def __post_init__(self) -> None:
-        _require(0.0 < self.gpu_memory_utilization <= 1.0, "backend.gpu_memory_utilization",
+        at = self.at
+        _require(0.0 < self.gpu_memory_utilization <= 1.0, f"{at}.gpu_memory_utilization",
                  f"must be in (0, 1], got {self.gpu_memory_utilization} (e.g. 0.6 on a 24 GB GPU)")
-        _require(self.max_model_len is None or self.max_model_len > 0, "backend.max_model_len",
+        _require(self.max_model_len is None or self.max_model_len > 0, f"{at}.max_model_len",
                  f"must be > 0 or null, got {self.max_model_len}")
-        _require(self.max_seq_length > 0, "backend.max_seq_length", f"must be > 0, got {self.max_seq_length}")
+        _require(self.max_seq_length > 0, f"{at}.max_seq_length", f"must be > 0, got {self.max_seq_length}")
         for key in ("gpu_memory_utilization", "max_model_len", "enforce_eager"):
-            _require(key not in self.engine_args, f"backend.engine_args.{key}",
-                     f"has its own setting: use backend.{key}")
+            _require(key not in self.engine_args, f"{at}.engine_args.{key}", f"has its own setting: use {at}.{key}")
+
+
+@dataclass
+class RemoteLocalGPUConfig(LocalGPUBackendConfig):
+    """backend=skypilot's settings for the backend=local_gpu it runs on the cloud GPU: backend.local_gpu.<key>."""
+
+    at: ClassVar[str] = "backend.local_gpu"
 
 
 # Memory of one GPU (GB) by SkyPilot's accelerator name (`sky show-gpus`): what a model preset's
@@ -708,7 +717,7 @@ class SkyPilotBackendConfig:
     extras: str = "gpu"  # the project's extras installed on the cluster
     setup: Optional[str] = None  # extra shell run after the install, e.g. "pip install flash-attn"
     # The remote backend=local_gpu's settings, e.g. backend.local_gpu.gpu_memory_utilization=0.7
-    local_gpu: LocalGPUBackendConfig = field(default_factory=LocalGPUBackendConfig)
+    local_gpu: RemoteLocalGPUConfig = field(default_factory=RemoteLocalGPUConfig)
     # A managed job (sky.jobs.launch): SkyPilot's jobs controller provisions it, recovers it after a preemption and
     # takes its machine down at the end; the job resumes from the S3 backup (storage.enabled=true). Submits and returns.
     managed: bool = False
@@ -735,7 +744,8 @@ class SkyPilotBackendConfig:
         _require(not spot or self.managed, "backend.use_spot",
                  "a spot pod is interrupted without notice and only a managed job comes back: add backend.managed=true")
         _require(not self.spot_fallback or spot, "backend.spot_fallback",
-                 "falls back from spot to on-demand, and no GPU asks for spot: add backend.use_spot=true")
+                 "falls back from spot to on-demand, and no GPU asks for spot: add backend.use_spot=true "
+                 "backend.managed=true (spot runs as a managed job)")
         _require(self.max_cost_usd is None or self.max_cost_usd >= 0, "backend.max_cost_usd",
                  f"must be >= 0 or null (no limit), got {self.max_cost_usd}")
         _require(self.setup_minutes >= 0, "backend.setup_minutes", f"must be >= 0, got {self.setup_minutes}")
@@ -1008,9 +1018,9 @@ def new_key(key: str, parent: Any, hydra_message: str) -> ConfigError:
     held = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
     where = key.rsplit(".", 1)[0] if "." in key else "the config"
     what = f"{where} holds {', '.join(held)}" if held else f"{where} is empty here"
-    added = re.search(r"use (\+\S+)", hydra_message)
+    added = re.search(r"use (\+.+)$", hydra_message, re.M)  # the whole override: a map's value has spaces
     return ConfigError(f"{key} is not in the config ({what}), so it can't be overridden: add it with "
-                       f"{added.group(1) if added else f'+{key}=<value>'}")
+                       f"{shlex.quote(added.group(1)) if added else f'+{key}=<value>'}")
 
 
 def compose(config_name: str, overrides: list[str], *, return_hydra_config: bool = False) -> DictConfig:

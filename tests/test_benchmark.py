@@ -116,6 +116,21 @@ def test_missing_key_stops_the_cli_before_anything_loads(tmp_path):
     assert not (tmp_path / "out" / "rows.csv").exists()
 
 
+def test_a_missing_model_key_names_api_key_env_as_a_fix_only_where_the_entry_has_not_set_it(tmp_path, monkeypatch):
+    from summrl.benchmark.config import check_keys
+
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    monkeypatch.delenv("SUMMRL_NO_SUCH_KEY", raising=False)
+    plain = compose_benchmark(["experiment=local", "benchmark.models=[openrouter/openai/gpt-4o]"], tmp_path)
+    with pytest.raises(ConfigError, match=r"needs OPENROUTER_API_KEY: export it or put it in \.env \(or name another "
+                                          r"with the entry's api_key_env\)$"):
+        check_keys(plain)
+    named = compose_benchmark(["experiment=local", "benchmark.models=[{model: openrouter/openai/gpt-4o, "
+                                                   "api_key_env: SUMMRL_NO_SUCH_KEY}]"], tmp_path)
+    with pytest.raises(ConfigError, match=r"needs SUMMRL_NO_SUCH_KEY: export it or put it in \.env$"):
+        check_keys(named)
+
+
 # ----------------------------------------------------------------------------------------- a fake frontier model
 
 

@@ -125,6 +125,37 @@ def test_a_key_a_map_lacks_is_named_with_what_the_map_holds_and_how_to_add_it(ov
     assert str(raised.value).startswith(message)
 
 
+@pytest.mark.parametrize("overrides,fix,keep", [
+    # a map's new entry: Hydra's own suggestion, whole and quoted for the shell (it was cut at the first space)
+    ([*LOCAL, "reward=weighted", "reward.terms={length: {kind: length, shape: hard}}"],
+     ["+reward.terms={length: {kind: length, shape: hard}}"], False),
+    ([*LOCAL, "reward=weighted", "~reward.terms.qa"],
+     ["+reward.terms={qa: {kind: qa, weight: 1.0}, rubric: {kind: rubric, weight: 0.2}}"], True),
+    # spot needs a managed job as well: the fix names both (it named use_spot alone, which failed next on managed)
+    (["backend.spot_fallback=true"], ["backend.use_spot=true", "backend.managed=true"], True),
+])
+def test_the_fix_an_error_names_is_written_as_a_shell_takes_it_and_composes(overrides, fix, keep):
+    """The message holds the fix as it is to be typed (``shlex.join``); typed, the config composes."""
+    import shlex
+
+    with pytest.raises(ConfigError) as raised:
+        compose_config(overrides)
+    assert shlex.join(fix) in str(raised.value)
+    assert compose_config([*(overrides if keep else overrides[:-1]), *fix]) is not None
+
+
+def test_backend_skypilots_remote_local_gpu_settings_are_named_where_they_are_written():
+    """backend=skypilot's backend.local_gpu.* are checked as backend=local_gpu's backend.* are, and named as written."""
+    with pytest.raises(ConfigError, match=r"^backend\.local_gpu\.gpu_memory_utilization: must be in \(0, 1\]"):
+        compose_config(["backend.local_gpu.gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match=r"^backend\.local_gpu\.engine_args\.max_model_len: has its own setting: use "
+                                          r"backend\.local_gpu\.max_model_len$"):
+        compose_config(["+backend.local_gpu.engine_args.max_model_len=4096"])
+    assert compose_config(["backend.local_gpu.max_model_len=4096"]).backend.local_gpu.max_model_len == 4096
+    with pytest.raises(ConfigError, match=r"^backend\.gpu_memory_utilization: must be in \(0, 1\]"):
+        compose_config(["backend=local_gpu", "judge=lexical", "backend.gpu_memory_utilization=1.5"])
+
+
 def test_validation_needs_no_heavy_imports():
     """Errors come before torch, ART or litellm load: the validation path does not import them."""
     code = (

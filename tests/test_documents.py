@@ -247,6 +247,14 @@ def test_split_sizes_the_data_cannot_meet_or_bad_values_are_refused():
         split_counts(10, 8, 5, "src")
     with pytest.raises(DataError, match=r"train_size \+ val_size = 0.9 \+ 3 = 9 \+ 3 documents, but only 10"):
         split_counts(10, 0.9, 3, "src")
+    # only dataset=repliqa's sizes come from $TRAIN_SIZE / $VAL_SIZE: the fix names them there alone
+    from types import SimpleNamespace
+
+    for name, env_named in (("repliqa", True), ("repliqa_sample", False)):
+        dataset = SimpleNamespace(kind="repliqa", name=name, train_size=8, val_size=5, seed=0)
+        with pytest.raises(DataError, match="Lower dataset.train_size / dataset.val_size") as refused:
+            split(list(range(10)), dataset, "src")
+        assert ("TRAIN_SIZE / VAL_SIZE" in str(refused.value)) is env_named
     with pytest.raises(ConfigError, match="dataset.val_size: must be a count"):
         compose_config(["experiment=local", "dataset.val_size=most"])
     with pytest.raises(ConfigError, match="can't both be all"):
@@ -367,3 +375,18 @@ def test_on_a_cloud_gpu_the_documents_travel_in_the_project_folder(tmp_path):
     assert not [p for p in preflight(config) if "dataset.path" in p]
     outside = compose_config([*cloud, f"dataset.path={tmp_path}"])
     assert any(p.startswith(f"dataset.path={tmp_path} is outside the project folder") for p in preflight(outside))
+
+
+def test_a_tokenizer_that_cannot_be_read_names_the_fix_the_caller_can_make(tmp_path):
+    """Training and summrl.data can change model.weights or the token limit; summrl.serve serves a run's own model and
+    passes its own fix (the run's config), since neither key is one of its settings."""
+    from types import SimpleNamespace
+
+    from summrl.data.tokenizer import load_tokenizer
+
+    model = SimpleNamespace(base_model="no-such-org/no-such-model", weights=str(tmp_path))  # a folder with no tokenizer
+    with pytest.raises(DataError, match=r"can't load the policy's tokenizer.*dataset\.max_document_tokens=null$"):
+        load_tokenizer(model)
+    with pytest.raises(DataError, match=r"with no network, the run's model\.weights .* must be readable here$") as e:
+        load_tokenizer(model, "the run's model.weights (runs/x/.hydra/config.yaml) must be readable here")
+    assert "max_document_tokens" not in str(e.value)

@@ -196,11 +196,11 @@ def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(mo
             return Endpoint()
 
         monkeypatch.setattr(serving, "start_server", start_server)
-        monkeypatch.setattr(app, "load_tokenizer", lambda model: lambda text, **kw: {"input_ids": text.split()})
+        monkeypatch.setattr(app, "load_tokenizer", lambda model, fix: lambda text, **kw: {"input_ids": text.split()})
 
         def tags(overrides: list[str], arrivals: list[float], chat: bool = False) -> list:
             """The summrl_burst each best-of-2 request carried to the backend, for requests arriving at these times."""
-            service = app.Service(ServeConfig(run=SimpleNamespace(name="r"), step=1, follow="fixed",
+            service = app.Service(ServeConfig(run=SimpleNamespace(name="r", run_dir=Path("runs/r")), step=1, follow="fixed",
                                               train=compose_config(overrides),
                                               serve=ServeSection(best_of_n=2, selector="length")))
 

@@ -309,5 +309,6 @@ def check_keys(config: BenchmarkConfig) -> None:
             continue
         missing = missing_model_keys(model)
         if missing:
-            raise ConfigError(f"benchmark.models: {entry.label} needs {' or '.join(missing)}: export it or put it in .env "
-                              "(or set the entry's api_key_env)")
+            other = "" if model.api_key_env else " (or name another with the entry's api_key_env)"
+            raise ConfigError(f"benchmark.models: {entry.label} needs {' or '.join(missing)}: export it or put it in "
+                              f".env{other}")

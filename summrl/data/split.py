@@ -22,8 +22,9 @@ class DataError(ExpectedFailure, ValueError):
 
 
 def split_counts(n: int, train_size: Union[int, float, str], val_size: Union[int, float, str],
-                 source: str) -> tuple[int, int]:
-    """(val, train) document counts for ``n`` documents. Raises DataError when the data can't meet them."""
+                 source: str, env_sizes: bool = False) -> tuple[int, int]:
+    """(val, train) document counts for ``n`` documents. Raises DataError when the data can't meet them (naming the
+    TRAIN_SIZE / VAL_SIZE variables where ``env_sizes``: the sizes' defaults come from them)."""
 
     def count(size: Union[int, float, str], key: str) -> int:
         if isinstance(size, float):
@@ -39,14 +40,17 @@ def split_counts(n: int, train_size: Union[int, float, str], val_size: Union[int
         given, counted = f"{train_size} + {val_size}", f"{max(train, 0)} + {max(val, 0)}"
         raise DataError(  # the counts are shown where they differ from the sizes given (a fraction, "all")
             f"{source}: train_size + val_size = {given}{'' if counted == given else f' = {counted}'} documents, "
-            f"but only {n} documents are available. Lower dataset.train_size / dataset.val_size "
-            "(or the TRAIN_SIZE / VAL_SIZE environment variables); each split needs at least one document.")
+            f"but only {n} documents are available. Lower dataset.train_size / dataset.val_size"
+            f"{' (or the TRAIN_SIZE / VAL_SIZE environment variables)' if env_sizes else ''}; each split needs at "
+            "least one document.")
     return val, train
 
 
 def split(documents: Sequence[T], dataset: Any, source: str) -> tuple[list[T], list[T]]:
     """(val, train): a seeded shuffle of ``documents``, val first. Growing train keeps val fixed."""
-    val_n, train_n = split_counts(len(documents), dataset.train_size, dataset.val_size, source)
+    # dataset=repliqa's sizes default to $TRAIN_SIZE / $VAL_SIZE (conf/dataset/repliqa.yaml); no other dataset's do
+    env_sizes = getattr(dataset, "kind", None) == "repliqa" and getattr(dataset, "name", None) == "repliqa"
+    val_n, train_n = split_counts(len(documents), dataset.train_size, dataset.val_size, source, env_sizes)
     shuffled = list(documents)
     random.Random(dataset.seed).shuffle(shuffled)
     return shuffled[:val_n], shuffled[val_n: val_n + train_n]

@@ -18,18 +18,23 @@ from summrl.data.document import resolve_path
 from summrl.data.split import DataError
 
 
-def load_tokenizer(model: Any) -> Any:
-    """The tokenizer of ``model`` (a ModelConfig). Raises DataError naming the fix when it can't be had.
+# What a training run (or summrl.data) can change when the tokenizer can't be had
+TRAIN_FIX = ("set model.weights to a local folder or .gguf file, or turn the limit off with "
+             "dataset.max_document_tokens=null")
+
+
+def load_tokenizer(model: Any, fix: str = TRAIN_FIX) -> Any:
+    """The tokenizer of ``model`` (a ModelConfig). Raises DataError naming ``fix`` when it can't be had.
 
     Loaded on the compute thread: reading a GGUF runs torch's OpenMP, and a second thread that has (asyncio's worker
     in summrl.serve) keeps a second team of OpenMP workers, which slowed every later 16-row decode step by 10%
     (``summrl.backends.embedded.compute`` says why)."""
     from summrl.backends.embedded.compute import on_compute_thread
 
-    return on_compute_thread(_load_tokenizer, model)
+    return on_compute_thread(_load_tokenizer, model, fix)
 
 
-def _load_tokenizer(model: Any) -> Any:
+def _load_tokenizer(model: Any, fix: str) -> Any:
     from transformers import AutoTokenizer
 
     source, kwargs = model.base_model, {}
@@ -46,7 +51,7 @@ def _load_tokenizer(model: Any) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:
-        raise DataError(f"can't load the policy's tokenizer from {source!r} to measure the documents ({e}); with no "
-                        "network, set model.weights to a local folder or .gguf file, or turn the limit off with "
-                        "dataset.max_document_tokens=null") from None
+        raise DataError(f"can't load the policy's tokenizer from {source!r} to measure the documents "
+                        f"({' '.join(str(e).split())}); with no "
+                        f"network, {fix}") from None
     return tokenizer

@@ -74,7 +74,10 @@ class Service:
 
         try:
             train = self.config.train
-            self.tokenizer = await asyncio.to_thread(load_tokenizer, train.model)
+            # the run's model is the run's: its config says where, and only that can be changed
+            fix = (f"the run's model.weights or model.base_model ({self.config.run.run_dir / '.hydra' / 'config.yaml'}) "
+                   "must be readable on this machine")
+            self.tokenizer = await asyncio.to_thread(load_tokenizer, train.model, fix)
             self.server = await start_server(train, self.config.run)
             self.inner = await self.server.serve(self.step)
             self.client = openai.AsyncOpenAI(base_url=self.server.base_url, api_key=self.server.api_key or "none",

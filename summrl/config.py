@@ -550,7 +550,7 @@ class WeightedTerm:
 
 @dataclass
 class WeightedRewardConfig:
-    """A weighted sum of rewards: ``terms`` maps a term's name (logged as reward/<name>) to a reward config plus
+    """A weighted sum of rewards: ``terms`` maps a term's name (logged as <split>/reward_<name>) to a reward config plus
     its ``weight``, e.g. {qa: {kind: qa, weight: 1.0}, rubric: {kind: rubric, weight: 0.2}}. Each term's kind picks
     its schema (TERM_SCHEMAS), which Hydra can't express in a dict, so the terms are typed here: after
     construction each is a :class:`WeightedTerm`."""
@@ -796,7 +796,7 @@ class NoLoggerConfig:
 
 @dataclass
 class WandbLoggerConfig:
-    """One W&B run per job: group = the sweep, name = the job's overrides, tags = reward/judge/model/backend."""
+    """One W&B run per job: group = the sweep, name = the job's overrides, tags = reward/judge/model/backend/algorithm/sft."""
 
     kind: str = "wandb"
     project: str = "summrl"

@@ -183,6 +183,16 @@ def test_a_bad_dataset_exits_2_with_its_line_before_anything_loads(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_the_data_tools_answer_help_and_refuse_an_unknown_command_with_their_usage():
+    for args in (["--help"], ["inspect", "--help"]):  # --help after the command was a Hydra override, and an error
+        shown = subprocess.run([sys.executable, "-m", "summrl.data", *args], cwd=ROOT, capture_output=True, text=True,
+                               timeout=60)
+        assert shown.returncode == 0 and "{inspect,prepare}" in shown.stdout and "inspect``: documents" in shown.stdout
+    refused = subprocess.run([sys.executable, "-m", "summrl.data", "fetch"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and "invalid choice: 'fetch'" in refused.stderr
+
+
 def test_the_data_tools_refuse_an_inbox_with_one_line_naming_what_reads_it(caplog):
     from summrl.data.__main__ import main
 

@@ -16,6 +16,7 @@ A bad config or dataset ends with one line and exit code 2, as in training (summ
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import sys
@@ -29,15 +30,16 @@ from summrl.data import load_splits
 from summrl.data.documents import policy_token_counter
 from summrl.errors import ConfigError, exit_on
 
-USAGE = "usage: python -m summrl.data inspect|prepare [training's overrides, e.g. dataset=documents dataset.path=docs/]"
 log = logging.getLogger("summrl.data")
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in ("inspect", "prepare"):
-        print(USAGE, file=sys.stderr)
-        sys.exit(2)
-    command, overrides = argv[0], argv[1:]
+    parser = argparse.ArgumentParser(prog="python -m summrl.data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("inspect", "prepare"))
+    parser.add_argument("overrides", nargs="*", help="training's overrides, e.g. dataset=documents dataset.path=docs/")
+    args = parser.parse_args(argv)  # a missing or unknown command: its usage and exit code 2
+    command, overrides = args.command, args.overrides
     logs.console()
     try:
         # no run folder: nothing is trained (run.dir would name Hydra's, which only a run has)

@@ -11,6 +11,7 @@ The process then ends as Python's exit would, less the teardown of the loaded mo
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 import sys
 import threading
@@ -22,7 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from summrl.config import config_error
+from summrl.config import config_error, refuse_secrets
 from summrl.errors import ConfigError, Failure, full_errors
 
 
@@ -77,13 +78,26 @@ class OutputFolder(Callback):
     """Hydra makes the output folder (hydra.run.dir, or hydra.sweep.dir for a multirun) before the job starts, and
     where a file stands in the way it ends in mkdir's traceback. Checked first (``hydra.callbacks`` in the entry
     points' configs that write one), it is a config error like any other: its one line and exit code 2. (Hydra turns
-    a callback's exception into a warning and goes on, so the callback exits itself.)"""
+    a callback's exception into a warning and goes on, so the callback exits itself.) A secret in the config is
+    refused here too, before Hydra saves the config into that folder."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_folder(config, "hydra.run.dir")
+        _refuse_secrets(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_folder(config, "hydra.sweep.dir")
+        _refuse_secrets(config)
+
+
+def _refuse_secrets(config: DictConfig) -> None:
+    """A secret in the config, refused before Hydra saves the config into the run folder (config.refuse_secrets).
+    Checked on a copy: resolving ${now:...} caches its value in the config, and a multirun's jobs are copies of
+    this one, so each job's default run.name would be this moment's rather than its own."""
+    try:
+        refuse_secrets(copy.deepcopy(config), list(OmegaConf.select(config, "hydra.overrides.task", default=None) or []))
+    except ConfigError as e:
+        _config_failure(e)
 
 
 def _check_folder(config: DictConfig, key: str) -> None:

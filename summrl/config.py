@@ -21,16 +21,17 @@ import re
 import shlex
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, ClassVar, Optional, Sequence, Union
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
-from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from summrl.errors import ConfigError
+from summrl.secrets import name_secret_variables, url_secret
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the config tree Hydra composes
 
@@ -1043,6 +1044,7 @@ def typed_config(cfg: DictConfig, schema: type) -> Any:
         cfg = copy.deepcopy(cfg)
         with open_dict(cfg):
             cfg.pop("hydra")
+    refuse_secrets(cfg)
     _refuse_added_keys(cfg, "")
     try:
         config = OmegaConf.to_object(cfg)
@@ -1063,11 +1065,65 @@ def typed_config(cfg: DictConfig, schema: type) -> Any:
     return config
 
 
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+    """No secret in the config: Hydra saves it with the run as typed, and it is logged and sent to W&B. A URL that
+    carries a credential (user:password@, ?key=) is refused, and so is a ``*_env`` setting that holds something
+    other than a variable's name (the key itself, typed in the wrong place); the error names the key, never the
+    value. The variables the ``*_env`` settings name are masked from then on (secrets.name_secret_variables).
+    ``overrides``: a multirun's, whose swept values are not composed yet when its folder is made."""
+    named: list[str] = []
+
+    def fix(path: str) -> str:
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        if path.startswith("storage."):
+            return "S3's keys belong in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (the environment or .env)"
+        holder = f"{parent}.api_key_env" if parent else "api_key_env"
+        return f"put the key in an environment variable (or .env) and name it with {holder}"
+
+    def check(path: str, raw: Any, value: Any) -> None:
+        if path.endswith("_env") and isinstance(raw, str) and not raw.startswith("${"):
+            if not VARIABLE_NAME.fullmatch(raw):
+                raise ConfigError(f"{path}: must name the environment variable that holds the key (letters, digits "
+                                  f"and _), not hold the key itself: export MY_KEY=<the key> and set {path}=MY_KEY")
+            named.append(raw)
+        for text in {t for t in (raw, value) if isinstance(t, str)}:
+            reason = url_secret(text)
+            if reason:
+                raise ConfigError(f"{path}: the URL carries {reason}, and the config is saved with the run, logged and "
+                                  f"sent to W&B: remove it; {fix(path)}")
+
+    def walk(node: Any, path: str) -> None:
+        keys = range(len(node)) if isinstance(node, ListConfig) else [k for k in node.keys() if path or k != "hydra"]
+        for key in keys:
+            where = f"{path}.{key}" if path else str(key)
+            child = node._get_node(key)
+            if isinstance(child, (DictConfig, ListConfig)) and not child._is_interpolation():
+                if not child._is_none() and not child._is_missing():
+                    walk(child, where)
+                continue
+            try:
+                value = node[key]  # resolved: ${oc.env:...} included
+            except Exception:  # resolved only inside the job (${hydra:...}): its text is still checked
+                value = None
+            check(where, child._value(), value)
+
+    walk(cfg, "")
+    for override in overrides:
+        key, _, values = override.lstrip("~+").partition("=")
+        for value in values.split(","):
+            check(key, value, None)
+    name_secret_variables(named)
+
+
 def typed_entry(cfg: DictConfig, schema: type) -> Any:
     """An entry point's own composed config (conf/serve.yaml, conf/export.yaml) as its schema's dataclass, Hydra's node
     left out. Raises ConfigError (one line) for a wrong type or a missing value."""
     if "hydra" in cfg:
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])  # type: ignore[arg-type]
+    refuse_secrets(cfg)
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
     except OmegaConfBaseException as e:

@@ -35,7 +35,7 @@ from summrl import __version__, cli
 from summrl.checkpoints import TrainedRun, resolve_step, run_config, trained_run
 from summrl.config import _require, typed_entry
 from summrl.errors import ConfigError, ExpectedFailure, exit_on
-from summrl.secrets import redact_text, secret_values
+from summrl.secrets import redact, redact_text
 
 log = logging.getLogger("summrl.export")  # not __main__ under python -m: summrl's console handlers
 
@@ -186,7 +186,7 @@ def export(config: ExportConfig, command: str) -> Path:
             "dtype": config.dtype, "files": files, "command": command,
             "push_to_hub": config.push_to_hub, "summrl": __version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        (work / "export.json").write_text(json.dumps(masked(record), indent=2) + "\n")
+        (work / "export.json").write_text(json.dumps(redact(record), indent=2) + "\n")
         if config.dir.exists():  # an earlier export (validate_export refused anything else)
             shutil.rmtree(config.dir)
         os.replace(work, config.dir)
@@ -237,17 +237,6 @@ def val_reward(run: TrainedRun, step: int) -> Any:
 # --------------------------------------------------------------------------- the model card
 
 
-def masked(obj: Any, values: Optional[list[str]] = None) -> Any:
-    """A JSON-like copy with the values of secret variables masked. The config holds no key, only the names of the
-    variables that do (``*_env``); secrets.redact would also mask keys that merely look secret (max_summary_tokens)."""
-    values = secret_values() if values is None else values
-    if isinstance(obj, dict):
-        return {k: masked(v, values) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [masked(v, values) for v in obj]
-    return redact_text(obj, values) if isinstance(obj, str) else obj
-
-
 def _fmt(value: Any) -> str:
     return "" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
@@ -274,7 +263,7 @@ def model_card(config: ExportConfig, command: str) -> str:
     settings = {name: dataclasses.asdict(getattr(train, name))
                 for name in ("model", "dataset", "algorithm", "reward", "judge", "backend", "trainer")}
     settings["seed"] = train.seed
-    settings_yaml = OmegaConf.to_yaml(OmegaConf.create(masked(settings)))
+    settings_yaml = OmegaConf.to_yaml(OmegaConf.create(redact(settings)))
     sentinel = "\x00DOCUMENT\x00"  # the training prompt, from summrl.prompt, with the document left as a variable
     messages = summary_messages(Document(id="doc", topic="", text=sentinel, questions=()), trainer.max_words)
     head, tail = messages[1]["content"].split(sentinel)

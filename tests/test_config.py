@@ -368,3 +368,55 @@ def test_the_readme_shows_training_commands_for_every_kind_of_run():
     commands = readme_train_commands()
     assert len(commands) >= 15
     assert any(c.startswith("-m") for c in commands) and any("sft=distill" in c for c in commands)
+
+
+# ----------------------------------------------------------------------------- no secret in a config
+
+PLANTED = "QSECRET-9f3a"  # a credential no message, log or file may show
+
+
+@pytest.mark.parametrize("override,key,fix", [
+    (f"judge.api_base='https://llm.example.com/v1?key={PLANTED}'", "judge.api_base", "judge.api_key_env"),
+    (f"judge.api_base='https://user:{PLANTED}@llm.example.com/v1'", "judge.api_base", "judge.api_key_env"),
+    ("judge.api_base='https://llm.example.com/v1?key=${oc.env:SUMMRL_PLANTED}'", "judge.api_base", "judge.api_key_env"),
+    (f"storage.endpoint_url='http://ak:{PLANTED}@localhost:9000'", "storage.endpoint_url", "AWS_SECRET_ACCESS_KEY"),
+    (f"judge.api_key_env={PLANTED}", "judge.api_key_env", "export MY_KEY=<the key> and set judge.api_key_env=MY_KEY"),
+])
+def test_a_secret_in_the_config_is_refused_naming_the_key_and_where_a_key_goes_never_the_secret(override, key, fix,
+                                                                                             monkeypatch):
+    """Hydra saves the config into the run folder as typed, and it is logged and sent to W&B: a credential in a URL,
+    or a key typed into an ``*_env`` setting (which holds a variable's name), is refused."""
+    monkeypatch.setenv("SUMMRL_PLANTED", PLANTED)
+    with pytest.raises(ConfigError) as refused:
+        compose_config([*LOCAL, "judge=openai_compatible", override])
+    assert str(refused.value).startswith(f"{key}: ") and fix in str(refused.value)
+    assert PLANTED not in str(refused.value)
+
+
+def test_urls_without_credentials_and_variable_names_pass_and_the_named_variables_are_masked(monkeypatch):
+    from summrl.secrets import redact_text
+
+    monkeypatch.setenv("JUDGE_KEY", PLANTED)  # a name the usual pattern (API_KEY, TOKEN, ...) does not catch
+    config = compose_config([*LOCAL, "judge=openai_compatible", "judge.api_base='http://127.0.0.1:8000/v1?model=x'",
+                             "judge.api_key_env=JUDGE_KEY", "storage.endpoint_url=http://localhost:9000"])
+    assert config.judge.api_key_env == "JUDGE_KEY"
+    assert redact_text(f"the judge said {PLANTED}") == "the judge said ***"  # named by judge.api_key_env: masked
+    # a credential that reaches a message another way (a library's error) is masked too
+    assert redact_text(f"at https://u:{PLANTED}@h/v1 and https://h/v1?a=1&key={PLANTED}", []) == (
+        "at https://***@h/v1 and https://h/v1?a=1&key=***")
+
+
+def test_the_cli_refuses_a_secret_before_hydra_writes_the_run_or_sweep_folder(tmp_path):
+    run, sweep = tmp_path / "run", tmp_path / "sweep"
+    single = run_cli([*LOCAL, "judge=openai_compatible", f"judge.api_base='https://llm.example.com/v1?key={PLANTED}'",
+                      f"hydra.run.dir={run}"], cwd=ROOT, timeout=120)
+    # a multirun's swept values are composed per job, after Hydra has made the sweep folder: its overrides are read
+    swept = run_cli(["-m", *LOCAL, "judge=openai_compatible",
+                     f"judge.api_base=http://127.0.0.1:1/v1,'https://u:{PLANTED}@llm.example.com/v1'",
+                     f"hydra.sweep.dir={sweep}"], cwd=ROOT, timeout=120)
+    for result in (single, swept):
+        assert result.returncode == 2, result.stderr[-2000:]
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("summrl: config error: judge.api_base: the URL carries")
+        assert PLANTED not in result.stdout + result.stderr
+    assert not run.exists() and not sweep.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
 import os
 from typing import Any, Optional, Union
@@ -30,6 +31,7 @@ from summrl.data.tokenizer import load_tokenizer
 from summrl.inbox import Recorder
 from summrl.prompt import chat_token_ids, summary_messages, word_count
 from summrl.rewards.base import Missing
+from summrl.secrets import redact_text
 from summrl.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,7 @@ class Service:
                      f"{' | recording to the inbox' if self.recorder else ''}"
                      f"{f' | reload: follows {self.config.follow}' if s.reload == 'auto' else ''}")
         except Exception as e:
-            self.failed = f"{type(e).__name__}: {e}"
+            self.failed = redact_text(f"{type(e).__name__}: {e}")  # /health shows it, and asks no key
             log.error(f"summrl: the model could not be loaded: {self.failed}")
             raise
 
@@ -281,7 +283,9 @@ def build_app(service: Service) -> FastAPI:
         return error_response(error.status_code, str(error.detail), error.headers)
 
     def authorize(authorization: Optional[str]) -> None:
-        if service.api_key and authorization != f"Bearer {service.api_key}":
+        # compared in constant time: how long a wrong key takes to refuse says nothing about the right one
+        if service.api_key and not hmac.compare_digest((authorization or "").encode(),
+                                                       f"Bearer {service.api_key}".encode()):
             raise HTTPException(401, detail=f"missing or wrong bearer key (the server's {service.config.serve.api_key_env})",
                                 headers={"WWW-Authenticate": "Bearer"})
 

@@ -1083,6 +1083,12 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
         holder = f"{parent}.api_key_env" if parent else "api_key_env"
         return f"put the key in an environment variable (or .env) and name it with {holder}"
 
+    def refuse_url(path: str, text: str) -> None:
+        reason = url_secret(text)
+        if reason:
+            raise ConfigError(f"{path}: the URL carries {reason}, and the config is saved with the run, logged and "
+                              f"sent to W&B: remove it; {fix(path)}")
+
     def check(path: str, raw: Any, value: Any) -> None:
         if path.endswith("_env") and isinstance(raw, str) and not raw.startswith("${"):
             if not VARIABLE_NAME.fullmatch(raw):
@@ -1090,10 +1096,7 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
                                   f"and _), not hold the key itself: export MY_KEY=<the key> and set {path}=MY_KEY")
             named.append(raw)
         for text in {t for t in (raw, value) if isinstance(t, str)}:
-            reason = url_secret(text)
-            if reason:
-                raise ConfigError(f"{path}: the URL carries {reason}, and the config is saved with the run, logged and "
-                                  f"sent to W&B: remove it; {fix(path)}")
+            refuse_url(path, text)
 
     def walk(node: Any, path: str) -> None:
         keys = range(len(node)) if isinstance(node, ListConfig) else [k for k in node.keys() if path or k != "hydra"]
@@ -1111,10 +1114,9 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
             check(where, child._value(), value)
 
     walk(cfg, "")
-    for override in overrides:
+    for override in overrides:  # the swept values' URLs (an *_env value is checked once composed, in its job)
         key, _, values = override.lstrip("~+").partition("=")
-        for value in values.split(","):
-            check(key, value, None)
+        refuse_url(key, values)
     name_secret_variables(named)
 
 

@@ -406,6 +406,18 @@ def test_urls_without_credentials_and_variable_names_pass_and_the_named_variable
         "at https://***@h/v1 and https://h/v1?a=1&key=***")
 
 
+def test_a_sweeps_overrides_are_read_for_credentials_in_urls_only():
+    """A multirun's overrides, read before its jobs compose them: deletions, quoted names and plain URLs pass."""
+    from omegaconf import OmegaConf
+
+    from summrl.config import refuse_secrets
+
+    refuse_secrets(OmegaConf.create({}), ["~judge.api_key_env", "judge.api_key_env='MY_KEY'", "sft.teacher.api_key_env=",
+                                          "judge.api_base=http://a:8000/v1,'https://b/v1?model=x'"])
+    with pytest.raises(ConfigError, match=r"^sft\.teacher\.api_base: the URL carries a credential in its query \(sig=\)"):
+        refuse_secrets(OmegaConf.create({}), [f"sft.teacher.api_base=http://a/v1,'https://b/v1?sig={PLANTED}'"])
+
+
 def test_the_cli_refuses_a_secret_before_hydra_writes_the_run_or_sweep_folder(tmp_path):
     run, sweep = tmp_path / "run", tmp_path / "sweep"
     single = run_cli([*LOCAL, "judge=openai_compatible", f"judge.api_base='https://llm.example.com/v1?key={PLANTED}'",

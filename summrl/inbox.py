@@ -2,9 +2,9 @@
 has trained on (``dataset=inbox``).
 
 ``<run_dir>/inbox/documents.jsonl`` gets one JSON line per summarized document: its id, text, time and the step that
-served it (never a request's headers or keys). Each line is one ``write`` to a file opened with ``O_APPEND``, so
-concurrent writers never interleave and a crash mid-write loses at most that line; the reader skips a last line cut
-short.
+served it (never a request's headers or keys), appended and flushed to disk (``job.append_jsonl``): a crash
+mid-write loses at most that line, which stays a line of its own that the reader skips, and the lines recorded after
+it are kept.
 
 ``<run_dir>/inbox/watermark.json`` maps a checkpoint step to how many inbox lines the run had consumed when it reached
 that step. An online step writes its entry *before* it trains: a crash before its checkpoint is saved resumes at the
@@ -16,12 +16,12 @@ for online learning (fixed as the inbox grows) and are never trained on.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from summrl.job import append_jsonl, write_json
 
 INBOX = "inbox"
 DOCUMENTS = "documents.jsonl"
@@ -40,18 +40,14 @@ class Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def record(self, document_id: str, text: str, step: int) -> None:
-        line = json.dumps({"id": document_id, "text": text, "time": time.time(), "step": step}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())  # one write: the line lands whole, or (a crash) cut at its end
-        finally:
-            os.close(fd)
+        # a line a crash cut short stays a line of its own, which read() skips; the documents after it are kept
+        append_jsonl(self.path, [{"id": document_id, "text": text, "time": time.time(), "step": step}])
 
 
 @dataclass
 class InboxRead:
     rows: list[dict]  # in recording order; each has its line number as "line"
-    cut_short: int  # a last line a crash cut short (0 or 1): skipped
+    cut_short: int  # lines a crash cut short: skipped
 
 
 def read(run_dir: Any) -> InboxRead:
@@ -65,12 +61,9 @@ def read(run_dir: Any) -> InboxRead:
             continue
         try:
             row = json.loads(raw)
-        except ValueError:
-            if number == len(lines) - 1:  # the last line, with no newline: a write cut short
-                cut = 1
-                continue
-            raise ValueError(f"{path}, line {number + 1}: not JSON: the inbox is written only by summrl.serve; "
-                             "remove the line") from None
+        except ValueError:  # a write a crash cut short (at the end, or followed by the lines recorded after it)
+            cut += 1
+            continue
         if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not row["text"].strip():
             raise ValueError(f"{path}, line {number + 1}: not an inbox record (id, text, time, step)")
         rows.append({**row, "line": number})
@@ -97,12 +90,7 @@ def mark(run_dir: Any, step: int, consumed: int) -> None:
     crashed attempt, are dropped."""
     marks = {s: c for s, c in watermark(run_dir).items() if s < step}
     marks[step] = consumed
-    folder = inbox_dir(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".watermark.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"consumed": {str(s): c for s, c in sorted(marks.items())}}, f)
-    os.replace(tmp, folder / WATERMARK)
+    write_json(inbox_dir(run_dir) / WATERMARK, {"consumed": {str(s): c for s, c in sorted(marks.items())}})
 
 
 @dataclass

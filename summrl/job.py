@@ -8,10 +8,11 @@ train.py records a job that fails before anything loads, and summrl.report reads
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 RESULT_FILE = "result.json"
 # Left out of a job's display name, so that the seeds of one configuration share it (W&B, reports).
@@ -74,10 +75,45 @@ def peak_rss_gb() -> float:
 
 def write_json(path: Path, record: dict) -> None:
     """Write a JSON record atomically: a reader never sees half a record."""
+    write_atomic(path, (json.dumps(record, indent=2) + "\n").encode())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a file whole or not at all: a temporary file, flushed to disk, then renamed over ``path`` (a crash or a
+    power cut leaves the old file or the new one, never a cut or empty one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(path)
+
+
+def jsonl_rows(text: str) -> list[dict]:
+    """The rows of a JSONL text; a line a crash cut short (or a blank one) is skipped."""
+    rows = []
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def append_jsonl(path: Path, rows: Sequence[dict]) -> None:
+    """Append rows to a JSONL file, each on its own line, flushed to disk. A line a crash cut short stays a line of
+    its own (a fresh line starts after it), which readers skip; the rows after it are kept."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab") as f:
+        if f.tell():  # "ab" starts at the end: look at the last byte only
+            with path.open("rb") as last:
+                last.seek(-1, os.SEEK_END)
+                if last.read(1) != b"\n":  # the last write was cut off by a crash: start a fresh line
+                    f.write(b"\n")
+        f.write("".join(json.dumps(row) + "\n" for row in rows).encode())
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_result(run_dir: str | Path, result: dict) -> None:
@@ -85,8 +121,12 @@ def write_result(run_dir: str | Path, result: dict) -> None:
 
 
 def read_result(run_dir: str | Path) -> Optional[dict]:
+    """The run's result.json, or None: none yet, or one a crash left unreadable (written before write_atomic)."""
     path = Path(run_dir) / RESULT_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 class RunRecord:

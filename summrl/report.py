@@ -17,7 +17,6 @@ when every job has it, so that different rewards are compared on one axis; other
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from dataclasses import fields
@@ -28,7 +27,7 @@ import pandas as pd
 
 from summrl.compare import Interval, advice, mean_ci, paired, per_doc
 from summrl.config import AlgorithmConfig
-from summrl.job import RESULT_FILE, JobInfo, read_result
+from summrl.job import RESULT_FILE, JobInfo, jsonl_rows, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
            "final_val_qa_accuracy", "final_val_hallucination_rate", "algorithm", "sft", "val_qa_before_sft",
@@ -52,8 +51,7 @@ def val_curves(job_dir: Path, result: dict) -> dict[str, list[tuple[int, float]]
     """Val reward and QA accuracy per step, from ART's history (complete even for a failed or resumed job)."""
     curves: dict[str, dict[int, float]] = {metric: {} for metric in METRICS}
     for history in sorted(job_dir.glob("art/*/models/*/history.jsonl")):
-        for line in history.read_text().splitlines():
-            record = json.loads(line)
+        for record in jsonl_rows(history.read_text()):  # a line a crash cut short is skipped
             for metric in METRICS:
                 if f"val/{metric}" in record:
                     curves[metric][int(record["training_step"])] = float(record[f"val/{metric}"])

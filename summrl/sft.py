@@ -33,7 +33,7 @@ from summrl.config import FREE_JUDGES, Config, reward_kinds
 from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render
 from summrl.data import Document
 from summrl.errors import ExpectedFailure
-from summrl.job import write_json
+from summrl.job import append_jsonl, jsonl_rows, write_json
 from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.preflight import model_key_names
 from summrl.rewards import Missing
@@ -73,25 +73,7 @@ def saved_record(config: Config) -> dict:
 def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut off by a crash: what it held is asked for again
-            continue
-    return rows
-
-
-def append_jsonl(path: Path, rows: Sequence[dict]) -> None:
-    with path.open("ab") as f:
-        if f.tell():  # "ab" starts at the end: look at the last byte only
-            with path.open("rb") as last:
-                last.seek(-1, os.SEEK_END)
-                if last.read(1) != b"\n":  # the last write was cut off by a crash: start a fresh line
-                    f.write(b"\n")
-        f.write("".join(json.dumps(row) + "\n" for row in rows).encode())
-        f.flush()
-        os.fsync(f.fileno())
+    return jsonl_rows(path.read_text())  # a line cut off by a crash is skipped: what it held is asked for again
 
 
 def keep(rewards: Sequence[Optional[float]], min_reward: Optional[float], top_k: Optional[int]) -> list[int]:

@@ -27,7 +27,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
 from summrl.errors import ExpectedFailure
+from summrl.job import read_result, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +174,11 @@ class CheckpointBackup:
             if path.stat().st_size != meta["size"] or _md5(path) != meta["md5"]:
                 raise StorageError(f"{self.url}/checkpoints/{step:04d}/{rel} does not match its manifest "
                                    "(size or md5): delete that step's marker to fall back to the previous one")
+        history = self._get("history.jsonl", missing_ok=True)  # before the checkpoint: restore ends once it is there
+        if history is not None and not (self.local / "history.jsonl").exists():
+            write_atomic(self.local / "history.jsonl", history)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial.rename(target)  # the backend sees the folder only once it is whole
-        history = self._get("history.jsonl", missing_ok=True)
-        if history is not None and not (self.local / "history.jsonl").exists():
-            (self.local / "history.jsonl").write_bytes(history)
         self.uploaded.add(step)
         log.info(f"summrl: restored step {step} from {self.url}")
         return step
@@ -184,13 +186,12 @@ class CheckpointBackup:
     def restore_result(self, run_dir: str) -> Optional[dict]:
         """With no local result.json, the backed-up one: a fresh machine keeps the val scores (and wall time) its
         earlier invocations recorded, as a local rerun does. Returns the record, or None."""
-        if not self.restore_enabled or (Path(run_dir) / "result.json").exists():
+        if not self.restore_enabled or read_result(run_dir) is not None:
             return None
         data = self._get("result.json", missing_ok=True)
         if data is None:
             return None
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / "result.json").write_bytes(data)
+        write_atomic(Path(run_dir) / "result.json", data)
         return json.loads(data)
 
     def _restore_sft(self) -> None:
@@ -201,16 +202,21 @@ class CheckpointBackup:
                  for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
                  for obj in page.get("Contents", [])]
         restored = []
+        # into a folder of its own, renamed into place once every file is there: a crash part-way left some files,
+        # which stopped the next restore, and the upload after it put the partial files over the whole ones
+        partial = self.sft_local.with_name(f".restoring-{self.sft_local.name}")
+        shutil.rmtree(partial, ignore_errors=True)
         for name in names:
             if "/" in name:
                 continue
             body = self._get(f"sft/{name}")
             if name == SFT_RECORD and json.loads(body).get("step") not in self.complete_steps():
                 continue  # SFT trained, but its checkpoint never finished uploading: it trains again
-            self.sft_local.mkdir(parents=True, exist_ok=True)
-            (self.sft_local / name).write_bytes(body)
+            write_atomic(partial / name, body)
             restored.append(name)
         if restored:
+            shutil.rmtree(self.sft_local, ignore_errors=True)  # empty (no sft_files), or not there
+            partial.rename(self.sft_local)
             log.info(f"summrl: restored sft/ ({', '.join(sorted(restored))}) from {self.url}")
 
     # ------------------------------------------------------------------ backup

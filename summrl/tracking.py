@@ -7,13 +7,12 @@ run stays off (``report_metrics=[]``): one run per job, not two.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from summrl.config import Config
-from summrl.job import JobInfo
+from summrl.job import JobInfo, jsonl_rows
 from summrl.secrets import redact
 
 TAG_GROUPS = ("reward", "judge", "model", "backend", "algorithm", "sft")
@@ -79,12 +78,12 @@ class WandbTracker(Tracker):
         """Send the lines ART appended to history.jsonl since the last call."""
         if not self.history_path.is_file():
             return
-        with self.history_path.open() as f:
+        with self.history_path.open("rb") as f:
             f.seek(self.offset)
-            lines = f.readlines()
-            self.offset = f.tell()
-        for line in lines:
-            record = json.loads(line)
+            data = f.read()
+        whole = data[: data.rfind(b"\n") + 1]  # complete lines only: a line still being written is read next time
+        self.offset += len(whole)
+        for record in jsonl_rows(whole.decode(errors="replace")):  # a line a crash cut short is skipped
             record.pop("recorded_at", None)
             record.pop("step", None)  # ART's copy of training_step; W&B's own step stays monotonic
             # Per-document val scores (val/doc/<id>/*, two panels per val document) stay in history.jsonl and

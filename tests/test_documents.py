@@ -400,3 +400,17 @@ def test_a_tokenizer_that_cannot_be_read_names_the_fix_the_caller_can_make(tmp_p
     with pytest.raises(DataError, match=r"with no network, the run's model\.weights .* must be readable here$") as e:
         load_tokenizer(model, "the run's model.weights (runs/x/.hydra/config.yaml) must be readable here")
     assert "max_document_tokens" not in str(e.value)
+
+
+def test_an_inbox_line_a_crash_cut_short_is_skipped_and_the_documents_recorded_after_it_are_kept(tmp_path):
+    """A crash mid-record left a line cut short, and the next record was written onto it: the merged line stopped
+    every dataset=inbox run (not JSON), and removing it lost the whole document after it."""
+    from summrl import inbox
+
+    recorder = inbox.Recorder(tmp_path)
+    recorder.record("a", "first document", 1)
+    with recorder.path.open("ab") as f:
+        f.write(b'{"id": "b", "text": "a document cut sho')  # the crash
+    recorder.record("c", "third document", 1)
+    got = inbox.read(tmp_path)
+    assert [(r["id"], r["line"]) for r in got.rows] == [("a", 0), ("c", 2)] and got.cut_short == 1

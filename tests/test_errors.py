@@ -432,3 +432,23 @@ def test_ctrl_c_stops_training_with_one_line_exit_130_and_the_checkpoints_kept(t
     assert (result["status"], result["error_kind"], result["exit_code"]) == ("interrupted", "interrupted", 130)
     assert 1 <= step == result["attempts"][-1]["end_step"] < 50
     assert (run_dir / "art" / "summrl" / "models" / "interrupted" / "checkpoints" / f"{step:04d}").is_dir()
+
+
+def test_the_w_and_b_mirror_sends_whole_history_lines_only_and_skips_one_a_crash_cut_short(tmp_path):
+    """ART appends history.jsonl while the run goes on: a line read half-written was a JSON error that ended the run
+    (and its offset skipped the rest of it); one a crash cut short, then followed by later lines, did the same."""
+    from types import SimpleNamespace
+
+    from summrl.tracking import WandbTracker
+
+    history = tmp_path / "history.jsonl"
+    tracker = WandbTracker.__new__(WandbTracker)  # its mirroring alone: no W&B run
+    sent: list[dict] = []
+    tracker.history_path, tracker.offset, tracker.run = history, 0, SimpleNamespace(log=sent.append)
+    history.write_bytes(b'{"training_step": 1, "train/reward": 0.5}\n{"training_step": 2, "tra')
+    tracker.log_history()
+    assert sent == [{"training_step": 1, "train/reward": 0.5}]
+    with history.open("ab") as f:  # the line is finished; then a crash cuts one short and the resumed run goes on
+        f.write(b'in/reward": 0.6}\n{"training_st\n{"training_step": 3, "train/reward": 0.7}\n')
+    tracker.log_history()
+    assert [r["training_step"] for r in sent] == [1, 2, 3]

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from summrl.storage import COMPLETE, CheckpointBackup, StorageError
+from summrl.storage import COMPLETE, CheckpointBackup, StorageError, sft_files
 from tests.conftest import compose_config, keys, s3, said
 
 def storage_config(tmp_path, endpoint, bucket, *extra):
@@ -120,3 +120,35 @@ def test_restore_brings_back_the_run_record_only_into_an_empty_run_folder(tmp_pa
     (run_dir / "result.json").unlink()
     assert backup.restore_result(str(run_dir)) == {"status": "completed", "steps": 2, "val_history": []}
     assert json.loads((run_dir / "result.json").read_text())["steps"] == 2
+    # one a crash cut short counts as none: the backed-up one replaces it (it stopped every later run, unreadable)
+    (run_dir / "result.json").write_text('{"status": "runn')
+    assert backup.restore_result(str(run_dir))["steps"] == 2
+    assert [p.name for p in run_dir.iterdir()] == ["result.json"]  # written whole, through a renamed temporary file
+
+
+def test_sft_files_are_restored_whole_or_not_at_all(tmp_path, s3_endpoint, aws_env, monkeypatch):
+    """A crash part-way through restoring sft/ left some files, which stopped every later restore; the next upload
+    then put those partial files over the whole ones (the teacher's paid summaries lost)."""
+    config = storage_config(tmp_path, s3_endpoint, "sftrestore", "sft=best_of_n")
+    backup = CheckpointBackup.open(config)
+    backup.sft_local.mkdir(parents=True)
+    for name in ("collected.jsonl", "samples.jsonl", "summaries.jsonl"):
+        (backup.sft_local / name).write_text(f'{{"file": "{name}"}}\n')
+    backup._upload_sft(sft_files(backup.sft_local))
+    shutil.rmtree(tmp_path / "run")
+    fresh = CheckpointBackup.open(config)
+    real_get, calls = fresh._get, []
+
+    def dies_on_the_third(key, **kwargs):
+        calls.append(key)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the machine goes away mid-restore
+        return real_get(key, **kwargs)
+
+    monkeypatch.setattr(fresh, "_get", dies_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        fresh._restore_sft()
+    assert not fresh.sft_local.exists()  # nothing half-restored where the next run looks
+    monkeypatch.setattr(fresh, "_get", real_get)
+    fresh._restore_sft()
+    assert sorted(p.name for p in fresh.sft_local.iterdir()) == ["collected.jsonl", "samples.jsonl", "summaries.jsonl"]

@@ -27,6 +27,7 @@ from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, re
 from summrl.data import Document, Question
 from summrl.errors import ConfigError
 from summrl.facts import hallucinates
+from summrl.job import write_json
 from summrl.judges import build_judge
 from summrl.rewards import Missing, build_reward
 from summrl.rewards.ruler import RulerReward
@@ -228,8 +229,7 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> None:
                     f"{out_dir} holds rows scored with another {section} ({json.dumps(saved.get(section))}); "
                     f"rerun with that config to resume, or pick a new benchmark.name")
     else:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(mine, indent=2) + "\n")
+        write_json(path, mine)  # whole or not at all: a cut one would stop every resume
 
 
 def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -> Optional[Any]:

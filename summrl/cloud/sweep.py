@@ -17,7 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from summrl.job import read_result, write_result
+from summrl.job import jsonl_rows, read_result, write_result
 from summrl.storage import fetch_file
 
 COLUMNS = ("job", "run", "managed job", "state", "step", "last val", "recoveries", "$ so far")
@@ -49,7 +49,7 @@ def backup_config(managed: dict) -> Any:
 
 
 def history_rows(data: Optional[bytes]) -> list[dict]:
-    return [json.loads(line) for line in (data or b"").decode().splitlines() if line.strip()]
+    return jsonl_rows((data or b"").decode(errors="replace"))  # a line a crash cut short is skipped
 
 
 def progress(rows: list[dict]) -> tuple[Optional[int], Optional[float]]:

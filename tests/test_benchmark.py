@@ -197,6 +197,30 @@ def test_fake_frontier_rows_table_confidence_intervals_resume_and_charts(tmp_pat
         assert set(again.summary) <= written  # no summary was kept cut short
 
 
+def test_a_rows_file_cut_inside_a_character_or_inside_its_header_resumes_keeping_every_whole_row(tmp_path):
+    """A cut inside a summary's multi-byte character was a UnicodeDecodeError, and a cut inside the header (the
+    first write) was "not a rows file of this version": either stopped every rerun, with the paid rows behind it."""
+    from summrl.benchmark.rows import FIELDS, Row, RowStore
+
+    def row(doc: str, summary: str) -> Row:
+        return Row(**{**{f: 0 for f in FIELDS}, "model": "m", "step": None, "document_id": doc, "rollout": 0,
+                      "summary": summary, "correct": "[1]", "model_cost_usd": 0.0, "judge_cost_usd": 0.0})
+
+    path = tmp_path / "rows.csv"
+    RowStore(path).append([row("d1", "un résumé entier")])
+    RowStore(path).append([row("d2", "un résumé coupé")])
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rindex("é".encode()) + 1])  # cut between the two bytes of the last é
+    store = RowStore(path)
+    assert {key[2] for key in store.done} == {"d1"} and read_rows(path).summary.tolist() == ["un résumé entier"]
+    header = ",".join(FIELDS).encode()
+    for cut in (5, len(header) - 3):
+        path.write_bytes(header[:cut])
+        assert RowStore(path).done == set()
+        RowStore(path).append([row("d3", "again")])
+        assert read_rows(path).document_id.tolist() == ["d3"]
+
+
 def test_a_failed_model_call_leaves_its_row_undone_for_the_rerun_and_never_shows_the_key(tmp_path, monkeypatch, capsys,
                                                                                         caplog):
     caplog.set_level(logging.INFO, logger="summrl")

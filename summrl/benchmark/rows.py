@@ -54,6 +54,12 @@ def correctness(verdicts: list[bool]) -> str:
     return json.dumps([int(v) for v in verdicts])
 
 
+def _header_cut_short(record: list[str]) -> bool:
+    """Whether ``record`` is the start of the header, cut inside or after one of its names."""
+    n = len(record)
+    return 0 < n <= len(FIELDS) and record[:-1] == FIELDS[: n - 1] and FIELDS[n - 1].startswith(record[-1])
+
+
 class RowStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -65,9 +71,9 @@ class RowStore:
 
     def _complete_records(self) -> list[dict]:
         """The rows that were written whole. Rows are appended in order, so only the last one can be cut short
-        by a crash (summaries hold newlines, so a line is not a row): it is dropped and redone on this run."""
-        with open(self.path, newline="") as f:
-            data = f.read()
+        by a crash (summaries hold newlines, so a line is not a row): it is dropped and redone on this run. Read as
+        bytes: a cut inside a character (a summary's é) is replaced there, in the row that is dropped anyway."""
+        data = self.path.read_bytes().decode("utf-8", errors="replace")
         records: list[list[str]] = []
         cut = False
         try:
@@ -75,6 +81,8 @@ class RowStore:
                 records.append(record)
         except csv.Error:  # a quoted summary cut before its closing quote: that record was not yielded
             cut = True
+        if len(records) == 1 and records[0] != FIELDS and _header_cut_short(records[0]):
+            records, cut = [FIELDS], True  # the first write, cut inside the header: no row was written
         if records and records[0] != FIELDS:
             raise ConfigError(f"{self.path}: not a rows file of this version (columns {records[0][:4]}...); "
                              "pick a new benchmark.name")

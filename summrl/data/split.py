@@ -49,8 +49,8 @@ def split_counts(n: int, train_size: Union[int, float, str], val_size: Union[int
 def split(documents: Sequence[T], dataset: Any, source: str) -> tuple[list[T], list[T]]:
     """(val, train): a seeded shuffle of ``documents``, val first. Growing train keeps val fixed."""
     # dataset=repliqa's sizes default to $TRAIN_SIZE / $VAL_SIZE (conf/dataset/repliqa.yaml); no other dataset's do
-    env_sizes = getattr(dataset, "kind", None) == "repliqa" and getattr(dataset, "name", None) == "repliqa"
-    val_n, train_n = split_counts(len(documents), dataset.train_size, dataset.val_size, source, env_sizes)
+    val_n, train_n = split_counts(len(documents), dataset.train_size, dataset.val_size, source,
+                                  env_sizes=getattr(dataset, "name", None) == "repliqa")
     shuffled = list(documents)
     random.Random(dataset.seed).shuffle(shuffled)
     return shuffled[:val_n], shuffled[val_n: val_n + train_n]

@@ -51,7 +51,7 @@ def _load_tokenizer(model: Any, fix: str) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:
-        raise DataError(f"can't load the policy's tokenizer from {source!r} to measure the documents "
-                        f"({' '.join(str(e).split())}); with no "
+        why = " ".join(str(e).split())  # transformers' message spans lines: the error is one
+        raise DataError(f"can't load the policy's tokenizer from {source!r} to measure the documents ({why}); with no "
                         f"network, {fix}") from None
     return tokenizer

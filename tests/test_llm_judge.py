@@ -72,6 +72,13 @@ def test_answers_then_grades_only_what_does_not_already_match(fake, secret_env):
     assert fake.headers[0]["authorization"] == f"Bearer {SECRET}"
 
 
+def test_a_reply_with_a_raw_newline_inside_a_string_is_read_without_a_retry(fake, secret_env):
+    """Greedy (temperature 0) retries get the same reply: one a strict parser refuses failed every attempt."""
+    fake.script = [Reply('{"answers": ["Ruth Okafor", "March 14,\t2024", "UNANSWERABLE\n"]}')]
+    assert grade(LLMJudge(client(fake))) == [True, True, True]
+    assert len(fake.requests) == 1  # no retry
+
+
 def test_all_matching_answers_need_one_call(fake, secret_env):
     fake.script = [Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "unanswerable"]}))]
     assert grade(LLMJudge(client(fake))) == [True, True, True]

@@ -240,7 +240,9 @@ class JudgeClient:
                 pass
 
         def parse(text: str) -> Any:
-            parsed = json.loads(_strip_fences(text))
+            # strict=False: a raw tab or newline inside a string (models write them) is read, not retried; at
+            # temperature 0 each retry gets the same reply, so it failed every time (a benchmark row left undone)
+            parsed = json.loads(_strip_fences(text), strict=False)
             value = check(parsed)
             if self._cache is not None:
                 self._cache[key] = json.dumps(parsed)

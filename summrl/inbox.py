@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from summrl.data.split import DataError
 from summrl.job import append_jsonl, write_json
 
 INBOX = "inbox"
@@ -65,17 +66,28 @@ def read(run_dir: Any) -> InboxRead:
             cut += 1
             continue
         if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not row["text"].strip():
-            raise ValueError(f"{path}, line {number + 1}: not an inbox record (id, text, time, step)")
+            raise DataError(f"{path}, line {number + 1}: not an inbox record (id, text, time, step): "
+                            "empty the line but keep it (the watermark counts lines)")
         rows.append({**row, "line": number})
     return InboxRead(rows, cut)
 
 
 def watermark(run_dir: Any) -> dict[int, int]:
+    """Each checkpoint step's consumed inbox lines; empty before the first online step. An unreadable watermark stops
+    the run: read as empty, it would train every recorded document again."""
     path = inbox_dir(run_dir) / WATERMARK
     try:
-        return {int(k): int(v) for k, v in json.loads(path.read_text())["consumed"].items()}
-    except (OSError, ValueError, KeyError, TypeError):
+        raw = path.read_bytes()
+    except FileNotFoundError:
         return {}
+    try:
+        return {int(k): int(v) for k, v in json.loads(raw)["consumed"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DataError(
+            f"{path} is unreadable ({type(e).__name__}): it records which inbox documents this run has trained on. "
+            "Restore it from a backup, or delete it to train on the whole inbox again, documents already trained on "
+            "included"
+        ) from None
 
 
 def consumed_at(run_dir: Any, step: int) -> int:

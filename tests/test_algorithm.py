@@ -480,3 +480,22 @@ def test_multirun_over_presets_records_each_choice(shared_sweep):
         assert record["algorithm"]["scale_rewards"] is (preset == "grpo")
         history = [json.loads(line) for line in next(job.glob("art/*/models/*/history.jsonl")).open()]
         assert any(h.get("loss/learning_rate") == 5e-4 for h in history)
+
+
+@slow
+def test_a_checkpoints_files_are_on_disk_before_the_rename_makes_it_the_checkpoint(bench, tmp_path, monkeypatch):
+    """A power cut after the rename must not leave a checkpoint folder of empty files that resume then trusts."""
+    import os
+
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda src, dst: (events.append(("replace", str(src))), replace(src, dst))[1])
+    bench.engine.save_checkpoint(tmp_path / "0001")
+    renamed = [i for i, (kind, _) in enumerate(events) if kind == "replace"]
+    assert len(renamed) == 1
+    tmp = events[renamed[0]][1]
+    synced = {Path(path).name for kind, path in events[:renamed[0]] if kind == "fsync" and path.startswith(tmp + "/")}
+    saved = {p.name for p in (tmp_path / "0001").iterdir()}
+    assert {"adapter_model.safetensors", "optimizer.pt"} <= saved and synced == saved

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -414,3 +415,22 @@ def test_an_inbox_line_a_crash_cut_short_is_skipped_and_the_documents_recorded_a
     recorder.record("c", "third document", 1)
     got = inbox.read(tmp_path)
     assert [(r["id"], r["line"]) for r in got.rows] == [("a", 0), ("c", 2)] and got.cut_short == 1
+
+
+def test_an_unreadable_inbox_watermark_stops_the_run_instead_of_training_every_document_again(tmp_path):
+    """Read as empty (as it was), a damaged watermark sent every recorded document back into training."""
+    from summrl import inbox
+    from summrl.data import DataError
+
+    assert inbox.watermark(tmp_path) == {}  # no online step yet
+    inbox.mark(tmp_path, 1, 8)
+    assert inbox.consumed_at(tmp_path, 1) == 8
+    path = tmp_path / "inbox" / "watermark.json"
+    for damaged in (b'{"consumed": {"1": 8', b"\xff\xfe", b"[]", b'{"consumed": {"1": "eight"}}'):
+        path.write_bytes(damaged)
+        with pytest.raises(DataError, match=r"^" + re.escape(f"{path} is unreadable (") + r".*trained on\. Restore it "
+                           r"from a backup, or delete it to train on the whole inbox again"):
+            inbox.consumed_at(tmp_path, 1)
+        with pytest.raises(DataError):
+            inbox.mark(tmp_path, 2, 16)  # not written over with a watermark that forgets step 1
+        assert path.read_bytes() == damaged

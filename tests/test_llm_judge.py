@@ -183,6 +183,23 @@ def test_replies_are_cached_on_disk_across_clients(fake, secret_env, tmp_path):
     assert second.client.usage.cached_calls == calls and second.client.usage.calls == 0
 
 
+def test_a_paid_reply_is_on_disk_before_the_rename_makes_it_the_cached_one(tmp_path, monkeypatch):
+    """A power cut after the rename must not leave an empty cache file in place of a reply that was paid for."""
+    import os
+
+    from summrl.judges.cache import JsonCache
+
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda src, dst: (events.append(("replace", str(src))), replace(src, dst))[1])
+    cache = JsonCache(str(tmp_path))
+    path = cache.path("model", "prompt")
+    cache.write(path, {"reply": "paid"})
+    assert [kind for kind, _ in events] == ["fsync", "replace"] and events[0][1] == events[1][1]
+    assert cache.read(path) == {"reply": "paid"}
+
 def test_tokens_and_cost_come_from_litellm(fake, secret_env):
     judge = LLMJudge(client(fake))
     grade(judge)

@@ -39,6 +39,8 @@ class JsonCache:
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(value, f)
+                f.flush()
+                os.fsync(f.fileno())  # a paid reply: on disk before the rename makes it the cache's
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

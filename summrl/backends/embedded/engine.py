@@ -726,6 +726,9 @@ class Engine:
         with self.lock:
             self.model.save_pretrained(str(tmp))
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        for path in (p for p in tmp.rglob("*") if p.is_file()):  # on disk before the rename: a power cut leaves the old checkpoint or the new one
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(tmp, directory)

@@ -162,8 +162,21 @@ class RepliqaDatasetConfig(SplitConfig):
     hf_path: str = "ServiceNow/repliqa"
     hf_split: str = "repliqa_0"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.files is None or len(self.files) > 0, "dataset.files",
+                 "is an empty list, which would read the hub instead: list the files, or dataset.files=null for "
+                 f"{self.hf_path}")
+
 
 LONG_DOCUMENTS = ("split", "skip", "error")
+
+
+def _check_long_documents(dataset: Any) -> None:
+    _require(dataset.long_documents in LONG_DOCUMENTS, "dataset.long_documents",
+             f"must be one of {', '.join(LONG_DOCUMENTS)}, got {dataset.long_documents!r}")
+    _require(dataset.max_document_tokens is None or dataset.max_document_tokens > 0, "dataset.max_document_tokens",
+             f"must be > 0 or null (no limit), got {dataset.max_document_tokens}")
 
 
 @dataclass
@@ -212,10 +225,7 @@ class DocumentsDatasetConfig(SplitConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _require(bool(str(self.path).strip()), "dataset.path", "must name a folder or a .jsonl/.parquet/.csv file")
-        _require(self.long_documents in LONG_DOCUMENTS, "dataset.long_documents",
-                 f"must be one of {', '.join(LONG_DOCUMENTS)}, got {self.long_documents!r}")
-        _require(self.max_document_tokens is None or self.max_document_tokens > 0, "dataset.max_document_tokens",
-                 f"must be > 0 or null (no limit), got {self.max_document_tokens}")
+        _check_long_documents(self)
         _require(bool(self.text_field), "dataset.text_field", "must name the text column")
 
 
@@ -236,8 +246,7 @@ class InboxDatasetConfig:
 
     def __post_init__(self) -> None:
         _require(self.val_size > 0, "dataset.val_size", f"must be > 0 (the first recorded documents), got {self.val_size}")
-        _require(self.long_documents in LONG_DOCUMENTS, "dataset.long_documents",
-                 f"must be one of {', '.join(LONG_DOCUMENTS)}, got {self.long_documents!r}")
+        _check_long_documents(self)
 
 
 # --------------------------------------------------------------------------- trainer
@@ -283,6 +292,8 @@ class TrainerConfig:
                  f"trainer.val_rollouts_per_doc=1, got {self.val_rollouts_per_doc}")
         _require(0.0 <= self.max_missing_reward_rate <= 1.0, "trainer.max_missing_reward_rate",
                  f"must be in [0, 1], got {self.max_missing_reward_rate}")
+        _require(self.wait_for_documents_s >= 0, "trainer.wait_for_documents_s",
+                 f"must be >= 0 (0: no wait), got {self.wait_for_documents_s}")
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -390,6 +401,16 @@ FREE_JUDGES = ("lexical", "embedded", "local")
 EMBEDDED_JUDGES = ("embedded", "local")
 
 
+def _check_calls(client: Any, at: str) -> None:
+    """The call settings every LLM client has (judge, teacher): a semaphore of 0 would wait forever, a negative
+    backoff would retry at once."""
+    _require(client.max_concurrency > 0, f"{at}.max_concurrency", f"must be > 0, got {client.max_concurrency}")
+    _require(client.timeout_s > 0, f"{at}.timeout_s", f"must be > 0, got {client.timeout_s}")
+    _require(client.max_retries >= 0, f"{at}.max_retries", f"must be >= 0, got {client.max_retries}")
+    for key in ("retry_base_s", "retry_max_s"):
+        _require(getattr(client, key) >= 0, f"{at}.{key}", f"must be >= 0, got {getattr(client, key)}")
+
+
 @dataclass
 class LexicalJudgeConfig:
     """Offline, deterministic judge: checks the gold answer's content words against the summary."""
@@ -420,9 +441,7 @@ class LLMJudgeConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "judge.model", "must name a litellm model id, e.g. gemini/gemini-2.5-flash")
-        _require(self.max_concurrency > 0, "judge.max_concurrency", f"must be > 0, got {self.max_concurrency}")
-        _require(self.timeout_s > 0, "judge.timeout_s", f"must be > 0, got {self.timeout_s}")
-        _require(self.max_retries >= 0, "judge.max_retries", f"must be >= 0, got {self.max_retries}")
+        _check_calls(self, "judge")
 
 
 @dataclass
@@ -438,6 +457,9 @@ class EmbeddedJudgeConfig:
     retry_max_s: float = 30.0
     cache_dir: Optional[str] = "~/.cache/summrl/judge"
 
+    def __post_init__(self) -> None:
+        _check_calls(self, "judge")
+
 
 @dataclass
 class LocalJudgeConfig(EmbeddedJudgeConfig):
@@ -448,6 +470,7 @@ class LocalJudgeConfig(EmbeddedJudgeConfig):
     min_recall: float = 0.6  # the lexical judge's threshold (see LexicalJudgeConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _require(0.0 < self.min_recall <= 1.0, "judge.min_recall", f"must be in (0, 1], got {self.min_recall}")
 
 
@@ -539,8 +562,11 @@ class LengthPenalizedRewardConfig:
 
     def as_weighted(self) -> "WeightedRewardConfig":
         base = KIND_SCHEMAS["reward"][self.base]()
-        return WeightedRewardConfig(terms={self.base: WeightedTerm(1.0, base),
-                                           "length": WeightedTerm(self.strength, LengthRewardConfig(shape=self.shape))})
+        weighted = WeightedRewardConfig(terms={self.base: WeightedTerm(1.0, base), "length": WeightedTerm(
+            self.strength, LengthRewardConfig(shape=self.shape))})
+        # the keys the user set and sweeps (reward.strength=...), for the W&B config and result.json beside the terms
+        weighted.as_given = {"base": self.base, "shape": self.shape, "strength": self.strength}
+        return weighted
 
 
 @dataclass
@@ -618,8 +644,13 @@ class EmbeddedBackendConfig:
                  f"must be > 0 or null (torch's default), got {self.num_threads}")
         _require(self.max_batch_size > 0, "backend.max_batch_size", f"must be > 0, got {self.max_batch_size}")
         _require(self.batch_window_ms >= 0, "backend.batch_window_ms", f"must be >= 0, got {self.batch_window_ms}")
-        _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "backend.device",
+        _require(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None, "backend.device",
                  f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+        _require(self.packed_sequence_length is None or self.packed_sequence_length > 0,
+                 "backend.packed_sequence_length", f"must be > 0 or null (the longest packed group, rounded up to "
+                 f"128), got {self.packed_sequence_length}")
+        _require(self.json_max_string_chars > 0, "backend.json_max_string_chars",
+                 f"must be > 0, got {self.json_max_string_chars}")
 
 
 @dataclass
@@ -828,9 +859,7 @@ class TeacherConfig:
     retry_max_s: float = 30.0
 
     def __post_init__(self) -> None:
-        _require(self.max_concurrency > 0, "sft.teacher.max_concurrency", f"must be > 0, got {self.max_concurrency}")
-        _require(self.timeout_s > 0, "sft.teacher.timeout_s", f"must be > 0, got {self.timeout_s}")
-        _require(self.max_retries >= 0, "sft.teacher.max_retries", f"must be >= 0, got {self.max_retries}")
+        _check_calls(self, "sft.teacher")
 
 
 @dataclass
@@ -875,6 +904,15 @@ class RunConfig:
     name: str = MISSING  # ART model name (and W&B run id): one per run; rerunning with it resumes
     dir: str = MISSING  # the run folder: resolved config, overrides, history, checkpoints
 
+    def __post_init__(self) -> None:
+        _check_folder_name(self.name, "run.name")
+
+
+def _check_folder_name(value: str, key: str) -> None:
+    """A name that becomes one folder of the run's path (art/<project>/models/<run.name>)."""
+    _require(bool(value.strip()) and "/" not in value and value not in (".", ".."), key,
+             f"must be a non-empty name without '/', got {value!r}")
+
 
 # Groups whose options differ in shape: each option's YAML starts from its kind's schema, registered in Hydra's
 # ConfigStore as <group>/base_<kind> (conf/judge/gemini_flash.yaml: defaults: [base_litellm, _self_]).
@@ -917,6 +955,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _require(0 <= self.seed < 2**32, "seed", f"must be in [0, 2**32 - 1] (numpy's seed range), got {self.seed}")
+        _check_folder_name(self.project, "project")
 
 
 def register_configs() -> None:
@@ -1194,6 +1233,20 @@ def check(config: Config) -> None:
              f"must be < trainer.max_steps ({config.trainer.max_steps}) so that the learning rate reaches model.lr "
              f"(at step warmup_steps), got {config.algorithm.warmup_steps}")
     check_backend_support(config.algorithm, config.backend.kind)
+    a = config.algorithm  # a setting that changes nothing would still label a swept arm as different
+    _require(a.lr_schedule != "constant" or a.min_lr_ratio == 0.0, "algorithm.min_lr_ratio",
+             f"is {a.min_lr_ratio}, but algorithm.lr_schedule=constant never decays: set algorithm.lr_schedule=linear "
+             "or cosine, or leave min_lr_ratio at 0")
+    _require(config.trainer.temperature > 0, "trainer.temperature",
+             "is 0 (greedy): every summary of a group would be the same, and GRPO learns from their differences; "
+             "set it > 0 (greedy val is trainer.val_temperature=0)")
+    last = config.trainer.max_steps + (config.sft.kind != "none")  # the SFT checkpoint is step 1
+    reference = config.algorithm.kl_penalty_reference_step
+    # (dataset=inbox continues a run past its own max_steps: any checkpoint it has may be the reference)
+    _require(reference is None or reference <= last or config.dataset.kind == "inbox",
+             "algorithm.kl_penalty_reference_step",
+             f"is {reference}, but this run's last checkpoint is {last} (trainer.max_steps"
+             f"{' + the SFT step' if config.sft.kind != 'none' else ''}): name an earlier step, or null for the base model")
     if config.sft.kind != "none" and config.sft.min_reward is not None:
         low, high = reward_range(config.reward)
         _require(config.sft.min_reward <= high, "sft.min_reward",

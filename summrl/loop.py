@@ -38,7 +38,7 @@ from summrl.secrets import redact_text
 from summrl.splits import Splits
 from summrl.splits import load as load_documents
 from summrl.storage import CheckpointBackup, model_dir
-from summrl.tracking import Tracker, open_tracker
+from summrl.tracking import Tracker, flat_config, open_tracker
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +287,17 @@ def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial
     return iterate_dataset(docs, trainer.groups_per_step, trainer.num_epochs, initial_step=initial_step, use_tqdm=False)
 
 
+def warn_short_run(config: Config, n_train: int) -> None:
+    """trainer.num_epochs passes over the train split end a run before trainer.max_steps when they have fewer batches;
+    the run still says "completed", and a learning-rate schedule (spread over max_steps) never finishes its decay."""
+    t = config.trainer
+    steps = math.ceil(n_train / t.groups_per_step) * t.num_epochs
+    if config.dataset.kind != "inbox" and 0 < steps < t.max_steps:
+        log.warning(f"summrl: {n_train} train documents at trainer.groups_per_step={t.groups_per_step} for "
+                    f"trainer.num_epochs={t.num_epochs} make {steps} steps: the run ends there, before "
+                    f"trainer.max_steps={t.max_steps} (raise trainer.num_epochs or the train size)")
+
+
 async def sft_stage(session: Session, val: Sequence[Document], train_docs: Sequence[Document], history: list[dict],
                     step: int, backup: CheckpointBackup, save_progress) -> tuple[int, dict]:
     """The SFT warm start, recorded like val passes: val before, SFT (its checkpoint is the next step), val after.
@@ -349,8 +360,9 @@ def scored_at(history: list[dict], step: int) -> bool:
 async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[float]:
     """Run (or resume) one training job, keeping its ``result.json`` in ``record``. Returns the final val score."""
     record = record or RunRecord(config.run.dir)
+    # config: every resolved setting (as the W&B config has it), so a preset changed later can't blur what ran
     record.update(status="running", run_name=config.run.name, run_dir=config.run.dir, seed=config.seed,
-                  algorithm=asdict(config.algorithm), **record.job.record())
+                  algorithm=asdict(config.algorithm), config=flat_config(config, record.job), **record.job.record())
     session: Optional[Session] = None
     tracker = open_tracker(config, record.job, history_path(config))  # first: any failure shows on the W&B run
     backup: Optional[CheckpointBackup] = None
@@ -365,6 +377,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         val, train_docs = splits.val, splits.train
         record.update(dataset=splits.record)
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
+        warn_short_run(config, len(train_docs))
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
         splits, online = await online_documents(config, splits)  # dataset=inbox: the new documents, before loading
         if online is not None:

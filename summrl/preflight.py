@@ -24,6 +24,10 @@ class PreflightError(ConfigError):
 def problems(config: Any) -> list[str]:
     found = [f"judge.api_key_env={name}: the judge's key is not set: export {name} or put it in .env"
              for name in missing_keys(config.judge)]
+    if config.judge.kind == "litellm":
+        found += unknown_provider(config.judge, "judge")
+    if config.sft.kind == "distill":
+        found += unknown_provider(config.sft.teacher, "sft.teacher")
     found += teacher_key_problems(config)
     if config.backend.kind == "local_gpu":
         try:
@@ -49,6 +53,21 @@ def model_key_names(model: str) -> tuple[str, ...]:
 
     with mock.patch.dict(os.environ, clear=True):  # validate_environment names a key only when it is missing
         return tuple(litellm.validate_environment(model=model).get("missing_keys") or ())
+
+
+def unknown_provider(entry: Any, at: str) -> list[str]:
+    """A litellm model id (``model``, ``api_base``) whose provider litellm can't tell, e.g. a misspelled or
+    unprefixed name: offline, from litellm's own table, so that it fails here and not at the first call."""
+    import litellm
+
+    litellm.suppress_debug_info = True  # its "Provider List" banner on every failed lookup
+    try:
+        litellm.get_llm_provider(model=entry.model, api_base=entry.api_base)
+    except Exception:  # litellm.BadRequestError: "LLM Provider NOT provided"
+        return [f"{at}.model={entry.model}: litellm can't tell which provider serves it: check the spelling, or "
+                f"prefix the provider (gemini/gemini-2.5-flash, openrouter/..., or openai/<name> with {at}.api_base "
+                "for an OpenAI-compatible server)"]
+    return []
 
 
 def missing_model_keys(entry: Any) -> list[str]:

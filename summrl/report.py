@@ -109,7 +109,8 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
             "val_qa_before_sft": (sft.get("val_before") or {}).get("val_qa_accuracy"),
             "val_qa_after_sft": (sft.get("val_after") or {}).get("val_qa_accuracy"),
             "sft_samples_kept": sft.get("samples_kept"),
-            "steps": result.get("steps"),
+            # GRPO steps: ART counts an SFT stage as a step of its own (sft.step), which arms without one lack
+            "steps": result["steps"] - sft.get("step", 0) if result.get("steps") is not None else None,
             # steps at which no group was trained (every summary of each group scored alike): an arm that learned
             # nothing shows here rather than as a val curve that merely stayed flat
             "steps_untrained": len(result["untrained_steps"]) if "untrained_steps" in result else None,
@@ -253,7 +254,8 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
         docs = sorted(set.intersection(*every)) if every else []
         dropped = len(set.union(*every)) - len(docs) if every else 0
         if dropped:
-            note.append(f"{dropped} document(s) not scored in every job (missing rewards?)")
+            note.append(f"{dropped} document(s) not scored in every job (missing rewards, or val sets that differ: "
+                        "dataset.seed, dataset.val_size)")
         result = paired(np.array([[arm[s][d] - base[s][d] for d in docs] for s in seeds]).reshape(len(seeds), len(docs)))
         if len(seeds) == 1:
             note.append("one seed: a comparison of these two trained checkpoints, not of the arms' training")

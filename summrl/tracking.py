@@ -42,6 +42,7 @@ def flat_config(config: Config, job: JobInfo) -> dict[str, Any]:
             flat[prefix] = value
 
     walk("", asdict(config))
+    walk("reward", getattr(config.reward, "as_given", {}))  # reward=length_penalized: its own keys too
     flat.update({group: choice for group, choice in job.choices.items() if choice is not None})
     flat["overrides"] = " ".join(job.overrides)
     return redact(flat)

@@ -22,8 +22,19 @@ NEEDS[("dataset", "documents")] = ["dataset.path=tests/fixtures/documents"]  # y
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
 def test_every_group_option_composes_against_its_schema(group, option):
+    from omegaconf import OmegaConf
+
+    from summrl.config import KIND_SCHEMAS, WeightedRewardConfig
+
+    raw = OmegaConf.load(CONF / group / f"{option}.yaml")  # the option's own file: the kind or name it sets
     config = compose_config([*LOCAL, *NEEDS.get((group, option), []), f"{group}={option}"])
-    assert getattr(config, group) is not None
+    section = getattr(config, group)
+    if group in KIND_SCHEMAS:
+        kind = raw.get("kind") or next(d for d in raw.defaults if str(d).startswith("base_"))[len("base_"):]
+        schema = WeightedRewardConfig if kind == "length_penalized" else KIND_SCHEMAS[group][kind]  # made weighted
+        assert type(section) is schema
+    else:
+        assert section.name == raw.get("name", option)
 
 
 def test_ruler_needs_an_llm_judge():
@@ -42,9 +53,23 @@ def test_embedded_judges_need_the_embedded_backend():
 
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))
-def test_every_experiment_composes(experiment):
-    config = compose_config([f"experiment={experiment}"])
-    assert config.trainer.max_steps > 0
+def test_every_job_of_every_experiment_composes_with_its_swept_values(experiment):
+    """A sweep's jobs are what users run: each one of its grid composes, validates and has the value it sweeps."""
+    import itertools
+
+    from omegaconf import OmegaConf
+
+    from summrl.config import validate
+
+    cfg, _ = compose_raw([f"experiment={experiment}"])
+    params = dict(OmegaConf.select(cfg, "hydra.sweeper.params") or {})
+    assert bool(params) == (str(cfg.hydra.mode) == "RunMode.MULTIRUN")
+    for job in itertools.product(*[[(key, value) for value in str(values).split(",")] for key, values in params.items()]):
+        cfg, choices = compose_raw([f"experiment={experiment}", *(f"{key}={value}" for key, value in job)])
+        validate(cfg)
+        for key, value in job:
+            got = choices[key] if key in choices else OmegaConf.select(cfg, key)
+            assert got == type(got)(value), (experiment, key, value, got)
 
 
 def test_sweeps_as_config_set_multirun_and_their_grid():
@@ -102,6 +127,40 @@ def test_cli_overrides_reach_typed_config():
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
         compose_config([*LOCAL, override])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    # each passed validation, then trained nothing, hung, or ran something other than what the config said
+    (["trainer.temperature=0"], r"trainer.temperature: is 0 \(greedy\): every summary of a group would be the same"),
+    (["judge=embedded", "judge.max_concurrency=0"], r"judge.max_concurrency: must be > 0, got 0"),  # waited forever
+    (["judge.retry_base_s=-1"], r"judge.retry_base_s: must be >= 0"),
+    (["sft=best_of_n", "sft.teacher.retry_max_s=-2"], r"sft.teacher.retry_max_s: must be >= 0"),
+    (["algorithm.min_lr_ratio=0.1"], r"algorithm.min_lr_ratio: is 0.1, but algorithm.lr_schedule=constant never "
+                                     r"decays"),
+    (["algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=17"],
+     r"algorithm.kl_penalty_reference_step: is 17, but this run's last checkpoint is 16 \(trainer.max_steps\)"),
+    (["algorithm=grpo_kl", "sft=best_of_n", "algorithm.kl_penalty_reference_step=18"],
+     r"last checkpoint is 17 \(trainer.max_steps \+ the SFT step\)"),
+    (["dataset=inbox", "reward=ruler", "dataset.max_document_tokens=0"], r"dataset.max_document_tokens: must be > 0"),
+    (["backend.packed_sequence_length=0"], r"backend.packed_sequence_length: must be > 0 or null"),
+    (["backend.json_max_string_chars=0"], r"backend.json_max_string_chars: must be > 0"),
+    (["backend.device=cuda:abc"], r"backend.device: must be auto, cpu, cuda, cuda:N or mps"),
+    (["dataset.files=[]"], r"dataset.files: is an empty list, which would read the hub instead"),
+    (["project=a/b"], r"project: must be a non-empty name without '/', got 'a/b'"),
+    (["run.name="], r"run.name: must be a non-empty name without '/', got ''"),
+    (["trainer.wait_for_documents_s=-1"], r"trainer.wait_for_documents_s: must be >= 0"),
+])
+def test_values_that_would_waste_or_hang_a_run_are_refused_as_it_composes(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_config([*LOCAL, *overrides])
+
+
+def test_the_limits_of_those_rules_still_compose():
+    assert compose_config([*LOCAL, "algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=16"])
+    assert compose_config([*LOCAL, "algorithm=grpo_kl", "sft=best_of_n", "algorithm.kl_penalty_reference_step=17"])
+    assert compose_config([*LOCAL, "algorithm.lr_schedule=linear", "algorithm.min_lr_ratio=0.1"])
+    assert compose_config([*LOCAL, "trainer.val_temperature=0", "trainer.val_rollouts_per_doc=1"])
+    assert compose_config([*LOCAL, "backend.device=cuda:1"]).backend.device == "cuda:1"
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -432,3 +491,29 @@ def test_the_cli_refuses_a_secret_before_hydra_writes_the_run_or_sweep_folder(tm
         assert len(lines) == 1 and lines[0].startswith("summrl: config error: judge.api_base: the URL carries")
         assert PLANTED not in result.stdout + result.stderr
     assert not run.exists() and not sweep.exists()
+
+
+def test_a_length_penalized_rewards_own_keys_reach_the_w_and_b_config_beside_its_terms():
+    """Validation turns reward=length_penalized into a weighted sum; a sweep over reward.strength is still found
+    under reward.strength."""
+    from summrl.job import JobInfo
+    from summrl.tracking import flat_config
+
+    config = compose_config([*LOCAL, "reward=length_penalized", "reward.strength=0.5", "reward.shape=quadratic"])
+    flat = flat_config(config, JobInfo(overrides=["reward=length_penalized", "reward.strength=0.5"]))
+    assert (flat["reward.base"], flat["reward.shape"], flat["reward.strength"]) == ("qa", "quadratic", 0.5)
+    assert flat["reward.kind"] == "weighted" and flat["reward.terms.length.weight"] == 0.5
+
+
+def test_a_judge_or_teacher_model_litellm_cant_route_is_refused_before_anything_loads(monkeypatch):
+    from summrl.preflight import problems
+
+    monkeypatch.setenv("GEMINI_API_KEY", "x")
+    config = compose_config(["experiment=local", "judge=gemini_flash", "judge.model=gemini-2.5-flsh",
+                             "sft=distill", "sft.teacher.model=gemini-2.5-pr", "storage.enabled=false"])
+    found = problems(config)
+    assert [p.split(":")[0] for p in found if "can't tell which provider" in p] == [
+        "judge.model=gemini-2.5-flsh", "sft.teacher.model=gemini-2.5-pr"]
+    spelled = compose_config(["experiment=local", "judge=gemini_flash", "sft=distill", "storage.enabled=false",
+                              "sft.teacher.model=openai/teacher", "sft.teacher.api_base=http://127.0.0.1:9/v1"])
+    assert not [p for p in problems(spelled) if "provider" in p]

@@ -157,3 +157,21 @@ def test_a_run_that_trained_nothing_says_why_and_what_to_change():
     qa = nothing_learned(compose_config(["experiment=local"]), [1])
     assert qa.startswith("summrl: step 1 trained nothing") and "reward=qa gave every summary" in qa
     assert "RULER" not in qa
+
+
+def test_a_run_whose_epochs_end_before_max_steps_says_so_when_it_starts(caplog):
+    """ART's iterate_dataset stops after trainer.num_epochs passes: the run ended early, "completed", silently."""
+    import logging
+
+    from summrl.loop import warn_short_run
+    from tests.conftest import compose_config, said
+
+    config = compose_config(["experiment=local", "trainer.num_epochs=1", "trainer.max_steps=40"])
+    with caplog.at_level(logging.INFO, logger="summrl"):
+        warn_short_run(config, 32)
+        assert said(caplog, logging.WARNING) == (
+            "summrl: 32 train documents at trainer.groups_per_step=2 for trainer.num_epochs=1 make 16 steps: the run "
+            "ends there, before trainer.max_steps=40 (raise trainer.num_epochs or the train size)")
+        caplog.clear()
+        warn_short_run(compose_config(["experiment=local", "trainer.num_epochs=1", "trainer.max_steps=16"]), 32)
+        assert said(caplog, logging.WARNING) == ""

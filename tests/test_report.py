@@ -112,10 +112,11 @@ def test_report_shows_both_stages_of_an_sft_run(tmp_path):
     write_job(sweep / "1", ["sft=best_of_n"], "80", [0.2, 0.35, 0.4])
     result = json.loads((sweep / "1" / "result.json").read_text())
     result["sft"] = {"kind": "best_of_n", "samples_kept": 12, "val_before": {"step": 0, "val_qa_accuracy": 0.2},
-                     "val_after": {"step": 1, "val_qa_accuracy": 0.35}}
+                     "val_after": {"step": 1, "val_qa_accuracy": 0.35}, "step": 1}
     write_result(sweep / "1", result)
     table = write_report(sweep, tmp_path / "out")
     assert table.sft.tolist() == ["none", "best_of_n"]
+    assert table.steps.tolist() == [1, 1]  # GRPO steps: ART's step count less the SFT stage's (it had 2)
     assert table.loc[1, "val_qa_before_sft"] == 0.2 and table.loc[1, "val_qa_after_sft"] == 0.35
     assert pd.isna(table.loc[0, "val_qa_after_sft"]) and table.loc[1, "sft_samples_kept"] == 12
     assert "val_qa_after_sft" in (tmp_path / "out" / "report.md").read_text()

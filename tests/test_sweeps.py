@@ -23,7 +23,8 @@ def test_wandb_sweep_isolates_a_failing_job_and_reports(shared_sweep, tmp_path):
     run started."""
     from tests.conftest import SWEEP_ARGS, SWEEP_PLANTED
 
-    assert shared_sweep.process.returncode != 0  # the sweep reports its failed jobs...
+    # the sweep reports its failed jobs (cli.run: a sweep's JobFailed ends it with 1, not a traceback)...
+    assert shared_sweep.process.returncode == 1 and "Traceback" not in shared_sweep.process.stderr
     jobs = shared_sweep.jobs()
     ok, failed = (json.loads((jobs[("grpo", size)] / "result.json").read_text()) for size in (2, 999))
     assert ok["status"] == "completed" and ok["steps"] == 1  # ...after running the rest
@@ -53,6 +54,9 @@ def test_wandb_sweep_isolates_a_failing_job_and_reports(shared_sweep, tmp_path):
     config = good["config"]
     assert config["reward"] == "qa" and config["judge"] == "local" and config["model.lr"] == 5e-4
     assert config["trainer.max_steps"] == 1 and config["seed"] == 5
+    # result.json keeps every resolved setting too, as W&B has it: an experiment preset's values are not lost
+    assert ok["config"]["trainer.rollouts_per_group"] == 2 and ok["config"]["dataset.val_size"] == 2
+    assert all(config[key] == value for key, value in ok["config"].items() if not isinstance(value, list))
     steps = [row for row in good["history"] if "training_step" in row]
     assert {row["training_step"] for row in steps} == {0, 1}
     assert any("val/reward" in row and "val/qa_accuracy" in row for row in steps)

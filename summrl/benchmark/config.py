@@ -19,7 +19,7 @@ from summrl.backends import BackendUnavailable, check_local_gpu
 from summrl.config import EMBEDDED_JUDGES, ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
-from summrl.preflight import missing_model_keys
+from summrl.preflight import missing_model_keys, unknown_provider
 from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, sft_step
 
 
@@ -303,10 +303,12 @@ def check_keys(config: BenchmarkConfig) -> None:
     """Every key a paid model or judge needs, before anything is loaded or called."""
     for name in missing_keys(config.judge):
         raise ConfigError(f"judge={config.choices.get('judge') or config.judge.kind} needs {name}: export it or put it in .env")
-    for entry in config.benchmark.models:
+    for i, entry in enumerate(config.benchmark.models):
         model = entry.model if isinstance(entry, BestOfNEntry) else entry
         if model is None:
             continue
+        for problem in unknown_provider(model, f"benchmark.models.{i}"):
+            raise ConfigError(problem)
         missing = missing_model_keys(model)
         if missing:
             other = "" if model.api_key_env else " (or name another with the entry's api_key_env)"

@@ -280,6 +280,7 @@ def test_the_offline_writer_writes_extractive_cloze_questions_deterministically(
     document = read(dataset(FIXTURE)).documents[0]
     first = asyncio.run(writer.write(document, 4, 1))
     assert first == asyncio.run(writer.write(document, 4, 1))
+    assert len(first) == 5 and [answer == "UNANSWERABLE" for _, answer in first] == [False] * 4 + [True]
     for question, answer in first[:-1]:
         assert question.startswith('Fill in the blank: "') and "____" in question
         assert question.replace("____", answer).removeprefix('Fill in the blank: "').rstrip('"') in document.text
@@ -364,9 +365,13 @@ def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, c
     caplog.set_level(logging.INFO, logger="summrl")
     args = ["experiment=local", "dataset=documents", f"dataset.path={FIXTURE}",
             f"dataset.questions.cache_dir={tmp_path / 'q'}", "dataset.max_document_tokens=null"]
+    main(["inspect", *args])
+    assert "summrl: questions: 10 documents to write questions for (0 cached), offline" in capsys.readouterr().out
     main(["prepare", *args])
     out = capsys.readouterr().out
     assert "prepared 10 documents" in out and "10 written now, 0 from the cache" in out
+    main(["inspect", *args])  # reads what prepare wrote
+    assert "summrl: questions: all 10 documents' questions are cached; nothing to write" in capsys.readouterr().out
     caplog.clear()
     main(["prepare", *args])
     assert "0 written now, 10 from the cache" in capsys.readouterr().out

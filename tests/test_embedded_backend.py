@@ -81,14 +81,21 @@ def test_a_summary_budget_past_the_context_is_refused_before_generating_as_the_s
         loop.run_until_complete(rollout(model, longest, max_words=350, max_tokens=room + 1, temperature=1.0))
 
 
-def test_concurrent_requests_are_batched_and_share_a_prompt(loop, session):
+def test_concurrent_requests_are_batched_and_share_a_prompt(loop, session, monkeypatch):
     backend, model, docs, _ = session
+    engine = backend.engine
+    prefills = []  # (rows, distinct prompts) of each prefill
+    prefill = engine._prefill
+    monkeypatch.setattr(engine, "_prefill", lambda unique, row_of, *a, **kw: (
+        prefills.append((len(row_of), len(unique))), prefill(unique, row_of, *a, **kw))[1])
     before = len(backend._batcher.batch_sizes)
     group = loop.run_until_complete(art.gather_trajectory_groups(
         [art.TrajectoryGroup(rollout(model, d, max_words=350, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(4))
          for d in docs[:2]], pbar_desc=None))
     assert sum(len(g.trajectories) for g in group) == 8
     assert max(backend._batcher.batch_sizes[before:]) > 1  # arrived together, generated together
+    # rows with the same prompt share its prefill: fewer prompts prefilled than rows generated
+    assert sum(rows for rows, _ in prefills) == 8 and sum(distinct for _, distinct in prefills) < 8
 
 
 def test_sampling_parameters_are_honoured(loop, session):
@@ -401,6 +408,7 @@ def test_json_schema_replies_are_grammar_constrained(loop, session):
     ))
     parsed = json.loads(reply.choices[0].message.content)
     assert list(parsed) == ["answers"] and len(parsed["answers"]) == 3
+    assert all(isinstance(a, str) and len(a) <= 20 for a in parsed["answers"])  # the schema's string bound
 
 
 def test_embedded_judge_grades_a_group(loop, session):

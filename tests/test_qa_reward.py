@@ -115,6 +115,10 @@ def test_length_penalized_on_ruler_and_bad_original_keys_name_the_key():
 
 
 def test_percent_full_is_logged_beside_the_reward():
-    scores = score(reward(), ["Ruth Okafor opened it."])
-    assert "percent_full" in scores[0].metrics  # the lexical judge on the document text itself
-    assert scores[0].metrics["percent_diff"] == pytest.approx(scores[0].metrics["qa_accuracy"] - scores[0].metrics["percent_full"])
+    """Summary-RL's baseline: the same questions answered from the whole document (here one that answers them all)."""
+    from dataclasses import replace
+
+    scores = asyncio.run(reward().score_group(replace(DOC, text=FULL), ["Ruth Okafor opened it."]))
+    metrics = scores[0].metrics
+    assert metrics["percent_full"] == 1.0 and metrics["qa_accuracy"] == pytest.approx(0.4)  # Okafor + unanswerable
+    assert metrics["percent_diff"] == pytest.approx(-0.6) and scores[0].reward == pytest.approx(0.4)

@@ -293,14 +293,26 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
             assert "reloaded: serving step 4 (was 3)" in served.log.read_text()
             assert client.models.list().data[0].id == "shared@4"
             checkpoints = run_copy / "art" / "summrl" / "models" / "shared" / "checkpoints"
-            broken = checkpoints / ".0005.tmp"  # a step 5 whose weights can't be read, written whole as training does
+            greedy = lambda: client.chat.completions.create(  # noqa: E731
+                model="shared@4", messages=[{"role": "user", "content": "Say something."}], max_tokens=8,
+                temperature=0).choices[0].message.content
+            before = greedy()
+            # a step 5 that is not this adapter (half its tensors, changed), written whole as training does: peft
+            # copied what fit, so the server answered with weights of no step while it said step 4
+            from safetensors.torch import load_file, save_file
+
+            broken = checkpoints / ".0005.tmp"
             shutil.copytree(checkpoints / "0004", broken)
-            (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
+            tensors = load_file(broken / "adapter_model.safetensors")
+            save_file({k: v + 1.0 for k, v in list(tensors.items())[:len(tensors) // 2]},
+                      broken / "adapter_model.safetensors")
             broken.rename(checkpoints / "0005")
             time.sleep(0.5)  # the server looks every 0.2 s
             assert client.models.list().data[0].id == "shared@4"  # the failed reload keeps serving step 4
+            assert greedy() == before  # with step 4's weights, untouched
             assert summarize(served.url, "Still answering.", id="still").json()["step"] == 4
-            assert served.log.read_text().count("reload of step 5 failed, still serving step 4") == 1
+            assert served.log.read_text().count("reload of step 5 failed, still serving step 4: ValueError: ") == 1
+            assert "is not this model's adapter (" in served.log.read_text()
             shutil.rmtree(checkpoints / "0005")
             (run_copy / "inbox" / "documents.jsonl").write_text(  # what step 4 consumed; the probe above was new
                 "".join(line + "\n" for line in (run_copy / "inbox" / "documents.jsonl").read_text().splitlines()[:8]))
@@ -312,3 +324,63 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
                           )[-1] == "0004"
     finally:
         served.stop()
+
+
+def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch, tmp_path):
+    """Found by an audit against a running server: a 216 MB body was read whole (killed at 24 GB); stop, tools and
+    logit_bias were dropped silently; a lowercase 'bearer' was refused; the router's 404/405 and a recording failure
+    (a full disk) were not in OpenAI's error shape, the latter losing the summary. In front of the loopback fake."""
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    import summrl.backends.serving as serving
+    import summrl.serve.app as app
+    from summrl.serve.config import ServeConfig, ServeSection
+    from tests.conftest import compose_config
+
+    monkeypatch.setenv("SERVE_TEST_KEY", "k-123")
+    with FakeLLM() as fake:
+        class Endpoint:
+            base_url, api_key = fake.base_url, "none"
+
+            async def serve(self, step: int) -> str:
+                return "fake-policy"
+
+        async def start_server(train, run):
+            return Endpoint()
+
+        monkeypatch.setattr(serving, "start_server", start_server)
+        monkeypatch.setattr(app, "load_tokenizer", lambda model, fix: lambda text, **kw: {"input_ids": text.split()})
+        section = ServeSection(api_key_env="SERVE_TEST_KEY", record=True, max_document_tokens=100)
+        service = app.Service(ServeConfig(run=SimpleNamespace(name="r", run_dir=tmp_path), step=1, follow="fixed",
+                                          train=compose_config(["experiment=local", "backend=local_gpu",
+                                                                "judge=lexical"]), serve=section))
+        with TestClient(app.build_app(service)) as client:
+            client.portal.call(service.start)
+            key = {"Authorization": "bearer k-123"}  # the scheme is case-insensitive (RFC 7235)
+
+            def error(response, status: int) -> str:
+                assert response.status_code == status, response.text
+                return response.json()["error"]["message"]
+
+            limit = app.max_body_bytes(section)
+            assert limit == 1 << 20
+            assert error(client.post("/v1/summarize", headers=key, content=b"x" * (limit + 1)), 413).startswith(
+                f"request body over {limit} bytes")
+            chat = {"model": "r@1", "messages": [{"role": "user", "content": "hi"}]}
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stop": ["x"], "tools": [
+                {"type": "function", "function": {"name": "f"}}]}), 400).startswith(
+                "bad request: stop, tools: not supported by this server")
+            assert error(client.post("/v1/chat/completions", headers=key, json={"messages": chat["messages"]}),
+                         400) == "bad request: model: required, the served model's id (r@1)"
+            assert client.post("/v1/chat/completions", headers=key, json={**chat, "temperature": 0}).status_code == 200
+            assert error(client.get("/v1/nothing"), 404) == "Not Found"
+            assert error(client.get("/v1/summarize", headers=key), 405) == "Method Not Allowed"
+            card = client.get("/v1/models/r@1", headers=key).json()
+            assert card["id"] == "r@1" and isinstance(card["created"], int) and card == client.get(
+                "/v1/models", headers=key).json()["data"][0]
+            assert error(client.get("/v1/models/other", headers=key), 404).startswith("model 'other' is not served")
+            (tmp_path / "inbox" / "documents.jsonl").mkdir(parents=True)  # the inbox can't be written
+            reply = client.post("/v1/summarize", headers=key, json={"document": "A short document."})
+            assert reply.status_code == 200 and reply.json()["summary"] and reply.json()["recorded"] is False

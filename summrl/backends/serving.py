@@ -70,7 +70,7 @@ class EmbeddedServer:
             return self.config.model.base_model
         assert self.run is not None
         if step != self.step:  # the caller awaits every request of the previous step first
-            await compute(self._engine.load_checkpoint, self.run.checkpoint(step))
+            await compute(self._engine.load_checkpoint, self.run.checkpoint(step), optimizer=False)
             self.step = step
         return f"{self.run.name}@{step}"
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import logging
 import os
+import time
 from typing import Any, Optional, Union
 
 import openai
@@ -21,6 +23,7 @@ from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from summrl.backends import takes_burst_tags
 from summrl.backends.seed import Seed
@@ -55,6 +58,7 @@ class Service:
         self.ready = False
         self.failed: Optional[str] = None  # why loading failed
         self.in_flight = 0
+        self.waiting = 0  # requests waiting behind a reload: they count against serve.max_queue too
         self.gate = asyncio.Lock()  # held by a reload: new requests wait; it waits for those in flight
         self.failed_reloads: set[int] = set()
         self.selector: Any = None
@@ -134,11 +138,15 @@ class Service:
         if not self.ready:
             raise HTTPException(503, detail="the model is loading; GET /health says when it is ready",
                                 headers={"Retry-After": "5"})
-        if self.in_flight >= self.config.serve.max_queue:
-            raise HTTPException(429, detail=f"{self.in_flight} requests in flight (serve.max_queue="
+        if self.in_flight + self.waiting >= self.config.serve.max_queue:
+            raise HTTPException(429, detail=f"{self.in_flight + self.waiting} requests in flight (serve.max_queue="
                                             f"{self.config.serve.max_queue}): retry shortly", headers={"Retry-After": "1"})
-        async with self.gate:
-            self.in_flight += 1
+        self.waiting += 1
+        try:
+            async with self.gate:
+                self.in_flight += 1
+        finally:
+            self.waiting -= 1
 
     def leave(self) -> None:
         self.in_flight -= 1
@@ -177,7 +185,7 @@ class Service:
             except Exception as e:
                 self.failed_reloads.add(target)
                 log.error(f"summrl: reload of step {target} failed, still serving step {self.step}: "
-                          f"{type(e).__name__}: {str(e)[:200]}")
+                          f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
                 return
             log.info(f"summrl: reloaded: serving step {target} (was {self.step})")
             self.step = target
@@ -196,7 +204,8 @@ class Service:
         text = request.document.strip()
         if not text:
             raise HTTPException(400, detail="document: empty; send {\"document\": \"<the text>\"}")
-        tokens = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        # off the event loop: a long document would hold every other request (and /health) until it is counted
+        tokens = len((await asyncio.to_thread(self.tokenizer, text, add_special_tokens=False))["input_ids"])
         if tokens > s.max_document_tokens:
             raise HTTPException(413, detail=f"document: {tokens} tokens, over serve.max_document_tokens="
                                             f"{s.max_document_tokens}; split it, or raise the limit")
@@ -206,7 +215,7 @@ class Service:
         context = getattr(self.server, "context_length", None)
         if context is not None:  # the server would refuse it (and a burst would wait for it): checked first
             template = self.config.train.model.chat_template_kwargs
-            prompt_tokens = len(chat_token_ids(self.tokenizer, messages, **template))
+            prompt_tokens = len(await asyncio.to_thread(chat_token_ids, self.tokenizer, messages, **template))
             if prompt_tokens + t.max_summary_tokens > context:
                 raise HTTPException(413, detail=f"document: {tokens} tokens; with the instructions ({prompt_tokens} in "
                                                 f"all) and trainer.max_summary_tokens={t.max_summary_tokens} it needs "
@@ -217,11 +226,17 @@ class Service:
                                        max_tokens=t.max_summary_tokens, temperature=temperature, seed=request.seed)
         samples = [c.message.content or "" for c in response.choices]
         chosen, score, fallback, cost = await self.select(document, samples)
+        recorded = None
         if self.recorder is not None:
-            self.recorder.record(document.id, text, step)
+            try:
+                self.recorder.record(document.id, text, step)
+                recorded = True
+            except OSError as e:  # a full disk: the summary is still the client's; online learning misses it
+                recorded = False
+                log.error(f"summrl: serve.record: document {document.id} not recorded: {type(e).__name__}: {e}")
         return {"summary": samples[chosen], "words": word_count(samples[chosen]), "step": step, "model": self.name,
                 "best_of_n": s.best_of_n, "selector": s.selector if s.best_of_n > 1 else None, "chosen": chosen,
-                "rank_score": score, "judge_cost_usd": cost, "fallback": fallback}
+                "rank_score": score, "judge_cost_usd": cost, "fallback": fallback, "recorded": recorded}
 
     async def select(self, document: Document, samples: list[str]) -> tuple[int, Optional[float], Optional[str], float]:
         """(index of the best sample, its score, why the first was returned instead (None), the judge's $)."""
@@ -262,6 +277,17 @@ def _refused_parameter(e: Any) -> Exception:
 ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 503: "server_error"}
 
 
+# OpenAI chat parameters this server does not implement: refused by name (top_logprobs: its alternatives are not kept)
+UNSUPPORTED_CHAT = ("stop", "tools", "tool_choice", "functions", "function_call", "logit_bias", "frequency_penalty",
+                    "presence_penalty", "best_of", "top_logprobs", "parallel_tool_calls")
+
+
+def max_body_bytes(serve: Any) -> int:
+    """A request body's bound: 64 bytes per token of serve.max_document_tokens (a token is a few characters, each
+    at most 6 bytes as a JSON escape), and at least 1 MiB for chat requests' messages."""
+    return max(64 * serve.max_document_tokens, 1 << 20)
+
+
 def error_response(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
     """Every error in one shape, OpenAI's: {"error": {"message", "type", "code"}}."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
@@ -278,16 +304,41 @@ def build_app(service: Service) -> FastAPI:
                              for e in error.errors())
         return error_response(400, f"bad request: {problems}")
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+    @app.exception_handler(StarletteHTTPException)  # FastAPI's own and the router's (404, 405) alike
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         return error_response(error.status_code, str(error.detail), error.headers)
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        # the server goes on; the client gets the error in OpenAI's shape, the log one line
+        line = redact_text(" ".join(f"{type(error).__name__}: {error}".split()))[:300]
+        log.error(f"summrl: {request.method} {request.url.path} failed: {line}")
+        return error_response(500, f"internal error: {line}")
+
     def authorize(authorization: Optional[str]) -> None:
+        scheme, _, key = (authorization or "").strip().partition(" ")
         # compared in constant time: how long a wrong key takes to refuse says nothing about the right one
-        if service.api_key and not hmac.compare_digest((authorization or "").encode(),
-                                                       f"Bearer {service.api_key}".encode()):
+        if service.api_key and not (scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(),
+                                                                                       service.api_key.encode())):
             raise HTTPException(401, detail=f"missing or wrong bearer key (the server's {service.config.serve.api_key_env})",
                                 headers={"WWW-Authenticate": "Bearer"})
+
+    async def read_body(request: Request) -> bytes:
+        """The body, refused (413) past what any document within serve.max_document_tokens needs: read whole, a huge
+        one took the server's memory (216 MB: killed at 24 GB)."""
+        limit = max_body_bytes(service.config.serve)
+        declared = request.headers.get("content-length", "")
+        too_big = HTTPException(413, detail=f"request body over {limit} bytes (serve.max_document_tokens="
+                                            f"{service.config.serve.max_document_tokens} needs far fewer): split the "
+                                            "document")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_big
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_big
+        return bytes(body)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -296,11 +347,22 @@ def build_app(service: Service) -> FastAPI:
         return JSONResponse({"status": "failed" if service.failed else "loading", "error": service.failed},
                             status_code=503)
 
+    started = int(time.time())
+
+    def model_card() -> dict:
+        return {"id": service.name, "object": "model", "created": started, "owned_by": "summrl", "step": service.step}
+
     @app.get("/v1/models")
     async def models(authorization: Optional[str] = Header(default=None)) -> dict:
         authorize(authorization)
-        return {"object": "list", "data": [{"id": service.name, "object": "model", "owned_by": "summrl",
-                                            "step": service.step}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, authorization: Optional[str] = Header(default=None)) -> dict:
+        authorize(authorization)
+        if model_id not in (service.name, "summrl", service.config.run.name):
+            raise HTTPException(404, detail=f"model {model_id!r} is not served here; served: {service.name}")
+        return model_card()
 
     @app.post("/v1/summarize")
     async def summarize(request: Request, authorization: Optional[str] = Header(default=None)) -> dict:
@@ -308,7 +370,7 @@ def build_app(service: Service) -> FastAPI:
         # JSON whatever the Content-Type says: `curl -d '{"document": ...}'`, as the README shows it, sends
         # application/x-www-form-urlencoded
         try:
-            parsed = SummarizeRequest.model_validate_json(await request.body())
+            parsed = SummarizeRequest.model_validate_json(await read_body(request))
         except ValidationError as e:
             raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in e.errors()]) from None
         await service.enter()
@@ -321,13 +383,21 @@ def build_app(service: Service) -> FastAPI:
     async def chat(request: Request, authorization: Optional[str] = Header(default=None)) -> dict:
         authorize(authorization)
         try:
-            body = await request.json()
+            body = json.loads(await read_body(request))
         except ValueError:
             raise HTTPException(400, detail="bad request: the body is not JSON") from None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             raise HTTPException(400, detail="bad request: messages: a non-empty list of chat messages is required")
-        if body.get("stream"):
+        if body.get("stream") not in (None, False):
             raise HTTPException(400, detail="bad request: stream=true is not supported")
+        # said, not silently dropped: a client relying on them would get text they did not ask for
+        unsupported = [k for k in UNSUPPORTED_CHAT if body.get(k) not in (None, [], {}, False, 0)]
+        if unsupported:
+            raise HTTPException(400, detail=f"bad request: {', '.join(unsupported)}: not supported by this server "
+                                            "(it samples the summarizer's text: max_tokens, temperature, top_p, seed, n, "
+                                            "logprobs, response_format)")
+        if not isinstance(body.get("model"), str):
+            raise HTTPException(400, detail=f"bad request: model: required, the served model's id ({service.name})")
         n, max_n = 1 if body.get("n") is None else body["n"], service.config.serve.max_n
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_n:
             raise HTTPException(400, detail=f"bad request: n: must be an integer in 1..{max_n} (serve.max_n), "

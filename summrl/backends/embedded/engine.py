@@ -726,7 +726,8 @@ class Engine:
         with self.lock:
             self.model.save_pretrained(str(tmp))
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        for path in (p for p in tmp.rglob("*") if p.is_file()):  # on disk before the rename: a power cut leaves the old checkpoint or the new one
+        # on disk before the rename: a power cut leaves the old checkpoint or the new one
+        for path in (p for p in tmp.rglob("*") if p.is_file()):
             with path.open("rb") as f:
                 os.fsync(f.fileno())
         if directory.exists():
@@ -734,20 +735,40 @@ class Engine:
         os.replace(tmp, directory)
 
     def _load_adapter(self, directory: Path) -> None:
-        """Copy a checkpoint's LoRA weights into the adapter, in place (the optimizer keeps its parameters)."""
-        from peft import set_peft_model_state_dict
+        """Copy a checkpoint's LoRA weights into the adapter, in place (the optimizer keeps its parameters). A file
+        that is not this adapter's (a tensor missing, extra or of another shape) raises before anything is copied:
+        peft would copy what fits and skip missing tensors silently."""
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        state = load_file(str(Path(directory) / "adapter_model.safetensors"), device=str(self.device))
+        path = Path(directory) / "adapter_model.safetensors"
+        state = load_file(str(path), device=str(self.device))
+        current = get_peft_model_state_dict(self.model)
+        missing, extra = sorted(current.keys() - state.keys()), sorted(state.keys() - current.keys())
+        shaped = sorted(k for k in current.keys() & state.keys() if current[k].shape != state[k].shape)
+        if missing or extra or shaped:
+            first = (f"{shaped[0]} is {list(state[shaped[0]].shape)}, not {list(current[shaped[0]].shape)}" if shaped
+                     else f"{(missing or extra)[0]} {'missing' if missing else 'not in this adapter'}")
+            raise ValueError(f"{path} is not this model's adapter ({len(missing)} tensors missing, {len(extra)} "
+                             f"unknown, {len(shaped)} of another shape; {first})")
         set_peft_model_state_dict(self.model, state)
 
-    def load_checkpoint(self, directory: Path) -> None:
+    def load_checkpoint(self, directory: Path, *, optimizer: bool = True) -> None:
+        """The checkpoint's adapter, and (``optimizer``: to train on from it) its AdamW state; a server needs only
+        the adapter. The adapter is checked whole before it replaces the one in place."""
+        from peft import set_peft_model_state_dict
+
         directory = Path(directory)
         with self.lock:
             self._set_merged(False)
-            self._load_adapter(directory)
+            previous = self.lora_state()
+            try:
+                self._load_adapter(directory)
+            except BaseException:  # the adapter in place stays whole: a server goes on with it
+                set_peft_model_state_dict(self.model, previous)
+                raise
             optimizer_path = directory / "optimizer.pt"
-            if optimizer_path.exists():
+            if optimizer and optimizer_path.exists():
                 self.optimizer.load_state_dict(torch.load(optimizer_path, map_location=self.device))
 
     def lora_state(self) -> dict[str, torch.Tensor]:

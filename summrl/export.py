@@ -22,6 +22,7 @@ import os
 import shlex
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -107,8 +108,26 @@ def validate_export(cfg: DictConfig) -> ExportConfig:
                           "empty folder")
     if section.push_to_hub is not None:
         check_hub(section.push_to_hub)
+    check_checkpoint_files(run.checkpoint(step), step)
     return ExportConfig(run=run, step=step, chosen=text if text in ("best", "latest") else "asked", train=train,
                         dir=target, dtype=dtype, push_to_hub=section.push_to_hub, private=section.private)
+
+
+def check_checkpoint_files(checkpoint: Path, step: int) -> None:
+    """The checkpoint's adapter files read, before any model loads (a traceback and exit 1 otherwise)."""
+    from safetensors import safe_open
+
+    try:
+        json.loads((checkpoint / "adapter_config.json").read_text())
+        with safe_open(str(checkpoint / "adapter_model.safetensors"), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # OSError, JSONDecodeError, safetensors' own error
+        raise ConfigError(f"step={step}: its checkpoint ({checkpoint}) can't be read ({type(e).__name__}: "
+                          f"{_first_line(e)}): export another step") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 def check_hub(repo_id: str) -> None:
@@ -171,7 +190,18 @@ def export(config: ExportConfig, command: str) -> Path:
         tokenizer.save_pretrained(adapter)
         log.info(f"summrl: export: adapter (PEFT LoRA r={adapter_config.r}, tokenizer) -> {config.dir / 'adapter'}")
 
-        merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+            except RuntimeError as e:  # a tensor of another shape: not this model's adapter
+                raise ConfigError(f"step={config.step}: its adapter ({checkpoint}) does not fit the run's model "
+                                  f"({_first_line(e)}): export another step") from None
+        # peft loads an adapter with tensors missing and only warns: the export would hold part of it
+        missing = [w for w in caught if "missing adapter keys" in str(w.message)]
+        if missing:
+            raise ConfigError(f"step={config.step}: its adapter ({checkpoint}) lacks tensors of this model's LoRA "
+                              f"({_first_line(missing[0].message)[:160]}): export another step")
         merged.to(getattr(torch, config.dtype))
         merged.save_pretrained(work / "merged")  # transformers 5 writes safetensors only
         tokenizer.save_pretrained(work / "merged")

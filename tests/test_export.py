@@ -229,6 +229,28 @@ def test_a_bad_step_is_one_line_and_exit_2_before_any_model_loads(trained, tmp_p
     assert "summrl: export:" not in process.stdout, "refused before the export began"
 
 
+def test_a_damaged_checkpoint_is_one_line_and_exit_2_and_a_partial_adapter_is_never_exported(trained, tmp_path):
+    """A checkpoint whose weights can't be read was a traceback (exit 1); one lacking tensors exported with half its
+    adapter and a warning (exit 0)."""
+    from safetensors.torch import load_file, save_file
+
+    run = copy_run(trained, tmp_path / "run")
+    checkpoints = run / "art" / "summrl" / "models" / "shared" / "checkpoints"
+    (checkpoints / "0002" / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    tensors = load_file(checkpoints / "0003" / "adapter_model.safetensors")
+    save_file(dict(list(tensors.items())[1:]), checkpoints / "0003" / "adapter_model.safetensors")
+    unreadable = export_cli([f"run_dir={run}", "step=2"], cwd=tmp_path)
+    assert unreadable.returncode == 2, unreadable.stderr[-2000:]
+    (line,) = unreadable.stderr.strip().splitlines()
+    assert line.startswith(f"summrl: config error: step=2: its checkpoint ({checkpoints / '0002'}) can't be read (")
+    assert line.endswith("): export another step") and "summrl: export:" not in unreadable.stdout
+    partial = export_cli([f"run_dir={run}", "step=3"], cwd=tmp_path)
+    assert partial.returncode == 2, partial.stderr[-2000:]
+    assert partial.stderr.strip().splitlines()[-1].startswith(
+        f"summrl: config error: step=3: its adapter ({checkpoints / '0003'}) lacks tensors of this model's LoRA (")
+    assert not (run / "export" / "step-3").exists() and not list((run / "export").glob(".step-3.partial*"))
+
+
 def test_an_export_dir_that_cant_be_written_is_one_line_and_exit_2_before_any_model_loads(trained, tmp_path):
     (tmp_path / "a-file").write_text("not a folder")
     process = export_cli([f"run_dir={trained}", "step=2", f"export.dir={tmp_path / 'a-file' / 'out'}"], cwd=tmp_path)

@@ -322,8 +322,32 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
             assert "0 new document(s), fewer than trainer.min_new_documents=1: nothing to train" in second.stdout
             assert sorted(p.name for p in (run_copy / "art" / "summrl" / "models" / "shared" / "checkpoints").iterdir()
                           )[-1] == "0004"
+        served.stop()  # Ctrl-C: uvicorn's re-raised SIGINT cancelled closing the backend (two tracebacks, exit 1)
+        assert served.process.returncode == 0 and "Traceback" not in served.log.read_text()
+        assert served.log.read_text().rstrip().endswith("summrl: the server stopped (SIGINT)")
     finally:
         served.stop()
+
+
+def test_a_checkpoint_that_cant_be_loaded_ends_the_server_with_one_line(run_copy, tmp_path):
+    """It stayed up answering 503 to everything, so no supervisor saw it fail."""
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    checkpoints = run / "art" / "summrl" / "models" / "shared" / "checkpoints"
+    shutil.copytree(run_copy, run, ignore=shutil.ignore_patterns("inbox"))
+    shutil.copytree(checkpoints / "0003", checkpoints / "0009")
+    tensors = load_file(checkpoints / "0009" / "adapter_model.safetensors")
+    save_file(dict(list(tensors.items())[1:]), checkpoints / "0009" / "adapter_model.safetensors")  # one missing
+    from summrl.backends.embedded.server import free_port
+
+    result = subprocess.run([sys.executable, "-m", "summrl.serve", f"run_dir={run}", "step=9", f"serve.port={free_port()}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"summrl: config error: step=9: the model could not be loaded (ValueError: {checkpoints}/"
+                           "0009/adapter_model.safetensors is not this model's adapter (1 tensors missing, 0 unknown")
+    assert line.endswith("): serve another step, or check the run's model settings") and "Traceback" not in result.stderr
 
 
 def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch, tmp_path):

@@ -8,9 +8,13 @@ with 503 while the model loads, then 200.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import logging
 import os
 import socket
+
+import signal
 
 import hydra
 import uvicorn
@@ -20,6 +24,20 @@ from omegaconf import DictConfig
 from summrl import cli
 from summrl.errors import ConfigError, exit_on
 from summrl.serve.config import validate_serve
+
+log = logging.getLogger("summrl.serve")
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, less its re-raising of the signal that stopped it: raised after the shutdown, it cancelled
+    closing the backend (two tracebacks, exit 1 on Ctrl-C). Ctrl-C or SIGTERM stops the server gracefully, exit 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        with super().capture_signals():
+            yield
+            self.stopped_by = [signal.Signals(s).name for s in self._captured_signals]
+            self._captured_signals.clear()
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -47,8 +65,14 @@ async def serve(config, sock: socket.socket) -> None:
     service = Service(config)
     app = build_app(service)
     s = config.serve
-    server = uvicorn.Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning"))
+    server = Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning"))
     loading = asyncio.create_task(service.start())  # /health says 503 until it is done
+
+    def loaded(task: asyncio.Task) -> None:  # a model that can't load stops the server: no process left answering 503
+        if not task.cancelled() and task.exception() is not None:
+            server.should_exit = True
+
+    loading.add_done_callback(loaded)
     watching = asyncio.create_task(service.watch())  # serve.reload=auto
     try:
         await server.serve(sockets=[sock])
@@ -56,6 +80,11 @@ async def serve(config, sock: socket.socket) -> None:
         loading.cancel()
         watching.cancel()
         await service.close()
+    if service.failed:
+        raise ConfigError(f"step={config.step}: the model could not be loaded ({service.failed}): serve another step, "
+                          "or check the run's model settings")
+    if getattr(server, "stopped_by", None):
+        log.info(f"summrl: the server stopped ({', '.join(server.stopped_by)})")
 
 
 @hydra.main(config_path="../../conf", config_name="serve", version_base="1.3")

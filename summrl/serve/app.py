@@ -102,7 +102,6 @@ class Service:
                      f"{f' | reload: follows {self.config.follow}' if s.reload == 'auto' else ''}")
         except Exception as e:
             self.failed = redact_text(f"{type(e).__name__}: {e}")  # /health shows it, and asks no key
-            log.error(f"summrl: the model could not be loaded: {self.failed}")
             raise
 
     def _selector(self) -> Any:

@@ -39,6 +39,24 @@ def summarize(url: str, document: str, key: str | None = SERVE_KEY, **extra) -> 
     return httpx.post(f"{url}/v1/summarize", json={"document": document, **extra}, headers=headers, timeout=120)
 
 
+def in_front_of(fake: FakeLLM, monkeypatch) -> None:
+    """summrl.serve's app with the loopback fake as its backend's endpoint, and a word-splitting tokenizer."""
+    import summrl.backends.serving as serving
+    import summrl.serve.app as app
+
+    class Endpoint:  # what start_server returns
+        base_url, api_key = fake.base_url, "none"
+
+        async def serve(self, step: int) -> str:
+            return "fake-policy"
+
+    async def start_server(train, run):
+        return Endpoint()
+
+    monkeypatch.setattr(serving, "start_server", start_server)
+    monkeypatch.setattr(app, "load_tokenizer", lambda model, fix: lambda text, **kw: {"input_ids": text.split()})
+
+
 def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_get_clear_errors(run_copy, tmp_path):
     with FakeLLM() as judge:
         served = ServeProcess(run_copy, ["step=2", "serve.best_of_n=4", "serve.max_document_tokens=8192", "serve.max_queue=2",
@@ -180,23 +198,12 @@ def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(mo
     the chat pass-through (a request the engine's server refused would hold its burst back)."""
     from types import SimpleNamespace
 
-    import summrl.backends.serving as serving
     import summrl.serve.app as app
     from summrl.serve.config import ServeConfig, ServeSection
     from tests.conftest import compose_config
 
     with FakeLLM() as fake:
-        class Endpoint:  # what start_server returns, here in front of the loopback fake
-            base_url, api_key = fake.base_url, "none"
-
-            async def serve(self, step: int) -> str:
-                return "fake-policy"
-
-        async def start_server(train, run):
-            return Endpoint()
-
-        monkeypatch.setattr(serving, "start_server", start_server)
-        monkeypatch.setattr(app, "load_tokenizer", lambda model, fix: lambda text, **kw: {"input_ids": text.split()})
+        in_front_of(fake, monkeypatch)
 
         def tags(overrides: list[str], arrivals: list[float], chat: bool = False) -> list:
             """The summrl_burst each best-of-2 request carried to the backend, for requests arriving at these times."""
@@ -358,24 +365,13 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
 
     from fastapi.testclient import TestClient
 
-    import summrl.backends.serving as serving
     import summrl.serve.app as app
     from summrl.serve.config import ServeConfig, ServeSection
     from tests.conftest import compose_config
 
     monkeypatch.setenv("SERVE_TEST_KEY", "k-123")
     with FakeLLM() as fake:
-        class Endpoint:
-            base_url, api_key = fake.base_url, "none"
-
-            async def serve(self, step: int) -> str:
-                return "fake-policy"
-
-        async def start_server(train, run):
-            return Endpoint()
-
-        monkeypatch.setattr(serving, "start_server", start_server)
-        monkeypatch.setattr(app, "load_tokenizer", lambda model, fix: lambda text, **kw: {"input_ids": text.split()})
+        in_front_of(fake, monkeypatch)
         section = ServeSection(api_key_env="SERVE_TEST_KEY", record=True, max_document_tokens=100)
         service = app.Service(ServeConfig(run=SimpleNamespace(name="r", run_dir=tmp_path), step=1, follow="fixed",
                                           train=compose_config(["experiment=local", "backend=local_gpu",

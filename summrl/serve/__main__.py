@@ -12,9 +12,8 @@ import contextlib
 import errno
 import logging
 import os
-import socket
-
 import signal
+import socket
 
 import hydra
 import uvicorn

@@ -404,3 +404,28 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             (tmp_path / "inbox" / "documents.jsonl").mkdir(parents=True)  # the inbox can't be written
             reply = client.post("/v1/summarize", headers=key, json={"document": "A short document."})
             assert reply.status_code == 200 and reply.json()["summary"] and reply.json()["recorded"] is False
+
+
+def test_requests_waiting_behind_a_reload_count_against_max_queue():
+    """They were let in uncounted: 22 ran against serve.max_queue=3 while a reload held the gate."""
+    from types import SimpleNamespace
+
+    import summrl.serve.app as app
+    from fastapi import HTTPException
+    from summrl.serve.config import ServeConfig, ServeSection
+
+    service = app.Service(ServeConfig(run=SimpleNamespace(name="r", run_dir=Path("runs/r")), step=1, follow="fixed",
+                                      train=None, serve=ServeSection(max_queue=2)))
+    service.ready = True
+
+    async def main() -> int:
+        async with service.gate:  # a reload under way
+            waiting = [asyncio.create_task(service.enter()) for _ in range(2)]
+            await asyncio.sleep(0.05)
+            with pytest.raises(HTTPException) as refused:
+                await asyncio.wait_for(service.enter(), 2)  # refused at once, not queued behind the reload
+            assert refused.value.status_code == 429 and refused.value.headers == {"Retry-After": "1"}
+        await asyncio.gather(*waiting)
+        return service.in_flight
+
+    assert asyncio.run(main()) == 2

@@ -74,6 +74,10 @@ class Service:
     def name(self) -> str:
         return f"{self.config.run.name}@{self.step}"
 
+    def serves(self, model: Any) -> bool:
+        """Whether a request's ``model`` names this server's: its ``<run>@<step>``, the run's name, or "summrl"."""
+        return model in (self.name, "summrl", self.config.run.name)
+
     async def start(self) -> None:
         """Load the model, then the selector's judge (it may use the same endpoint); ``ready`` when done."""
         from summrl.backends.serving import start_server
@@ -359,7 +363,7 @@ def build_app(service: Service) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, authorization: Optional[str] = Header(default=None)) -> dict:
         authorize(authorization)
-        if model_id not in (service.name, "summrl", service.config.run.name):
+        if not service.serves(model_id):
             raise HTTPException(404, detail=f"model {model_id!r} is not served here; served: {service.name}")
         return model_card()
 
@@ -404,7 +408,7 @@ def build_app(service: Service) -> FastAPI:
         model = body.get("model")
         await service.enter()
         try:
-            if model not in (service.name, "summrl", service.config.run.name):
+            if not service.serves(model):
                 raise HTTPException(404, detail=f"model {model!r} is not served here; served: {service.name}")
             params = {k: body[k] for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
                                           "logprobs", "top_logprobs", "response_format") if body.get(k) is not None}

@@ -23,6 +23,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # One de-quantized copy of the GGUF model for every run of the session, subprocesses included, also those that
 # point HOME elsewhere (W&B tests): the first load writes it, every later one reads it in about a second.
 os.environ.setdefault("SUMMRL_CACHE_DIR", str(Path.home() / ".cache" / "summrl"))
+# pytest-xdist: each worker's torch (and each subprocess it starts) gets its share of the cores. Two workers of two
+# threads each on 2 cores put 4 OpenMP threads on 2 cores, and every small op then waits for a descheduled one.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("OMP_NUM_THREADS", _threads)
+    os.environ.setdefault("MKL_NUM_THREADS", _threads)
 
 
 def compose_raw(overrides: list[str]):

@@ -171,6 +171,21 @@ def test_a_port_in_use_or_a_host_not_this_machines_is_refused_before_the_model_l
     assert foreign.stderr.splitlines()[-1].startswith("summrl: config error: serve.host=192.0.2.1: can't listen there")
 
 
+def test_a_client_that_connects_while_the_server_starts_waits_for_it_rather_than_being_refused():
+    """The socket listens once it is bound, before the model's libraries import (about 6 s): a health check sent then
+    is queued for the server, where it was refused."""
+    import socket
+
+    from summrl.serve.__main__ import listening_socket
+
+    with listening_socket("127.0.0.1", 0) as sock, \
+            socket.create_connection(sock.getsockname(), timeout=5) as client:
+        client.sendall(b"GET /health HTTP/1.1\r\nHost: summrl\r\n\r\n")
+        accepted, _ = sock.accept()  # what uvicorn does once it runs
+        with accepted:
+            assert accepted.recv(64).startswith(b"GET /health HTTP/1.1")
+
+
 def test_perf_serve_refuses_what_the_server_would_before_starting_one(tmp_path):
     result = subprocess.run([sys.executable, "-m", "summrl.perf", "serve", "--run-dir", str(tmp_path / "nowhere")],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -40,13 +40,17 @@ class Server(uvicorn.Server):
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """The server's socket, bound before the model loads: a port in use, or a host that is not this machine's, fails
-    at once naming the setting (uvicorn would fail after the load started, exit 1). Raises ConfigError."""
+    """The server's socket, bound and listening before the model loads: a port in use, or a host that is not this
+    machine's, fails at once naming the setting (uvicorn would fail after the load started, exit 1). Raises
+    ConfigError."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a restart reuses a closing port
     try:
         sock.bind((host, port))
+        # listening from here: a client that connects while the model's libraries import (about 6 s) waits for its
+        # answer (503 while loading) instead of being refused
+        sock.listen(2048)
     except (OSError, OverflowError) as e:
         sock.close()
         if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:

@@ -98,7 +98,7 @@ def resolve_step(run: TrainedRun, spec: Union[str, int], key: str = "step") -> i
 
 def run_config(run: TrainedRun, key: str = "run_dir"):
     """The training config the run was made with (Hydra's ``.hydra/config.yaml`` in its folder), typed and
-    validated: the model (base, weights, LoRA), the prompt settings (trainer.max_words, max_summary_tokens), the judge
+    validated: the model (base, weights, LoRA), the prompt settings (trainer.prompt, max_words, max_summary_tokens), the judge
     and the backend a server or an export needs."""
     from omegaconf import OmegaConf
 
@@ -114,6 +114,8 @@ def run_config(run: TrainedRun, key: str = "run_dir"):
         if kind not in schemas:
             raise ConfigError(f"{key}: {path} has {group}.kind={kind!r}, which this summrl does not know")
         saved[group] = OmegaConf.merge(OmegaConf.structured(schemas[kind]), saved[group])
+    if OmegaConf.select(saved, "trainer.prompt") is None:  # a run from before trainer.prompt: it was asked facts's
+        OmegaConf.update(saved, "trainer.prompt", "facts", force_add=True)
     # Hydra saves the config unresolved: run.dir and run.name point at Hydra's runtime, which only a run has
     cfg = OmegaConf.merge(OmegaConf.structured(Config), saved, {"run": {"dir": str(run.run_dir), "name": run.name}})
     return typed_config(cfg, Config)

@@ -31,6 +31,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from summrl.errors import ConfigError
+from summrl.prompt import PROMPTS
 from summrl.secrets import name_secret_variables, url_secret
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the config tree Hydra composes
@@ -264,7 +265,11 @@ class TrainerConfig:
     # Val sampling temperature; null = temperature. 0 = greedy val: one deterministic summary per document
     # (it needs val_rollouts_per_doc=1). Val samples are seeded either way (loop.evaluate).
     val_temperature: Optional[float] = None
-    max_words: int = 350  # the prompt asks for it and the rewards read it
+    max_words: int = 350  # the length rewards read it, and prompt=facts asks for it
+    # The summarizer's messages (summrl/prompt.py): summary_rl is Summary-RL's own, word for word (no word limit in
+    # it: the QA reward's max_chars is the limit); facts asks for at most max_words words and names the kinds of fact
+    # to keep (experiment=local's).
+    prompt: str = "summary_rl"
     num_epochs: int = 100  # passes over the train split; max_steps normally ends the run first
     # A rollout whose reward is missing (a judge call failed after its retries) is left out of training.
     # When more than this share of a window of the last `missing_reward_window` rollouts (train and val)
@@ -290,6 +295,8 @@ class TrainerConfig:
         _require(self.val_temperature != 0 or self.val_rollouts_per_doc == 1, "trainer.val_rollouts_per_doc",
                  f"greedy val (trainer.val_temperature=0) writes the same summary every time: set "
                  f"trainer.val_rollouts_per_doc=1, got {self.val_rollouts_per_doc}")
+        _require(self.prompt in PROMPTS, "trainer.prompt",
+                 f"must be one of {', '.join(PROMPTS)} (summrl/prompt.py), got {self.prompt!r}")
         _require(0.0 <= self.max_missing_reward_rate <= 1.0, "trainer.max_missing_reward_rate",
                  f"must be in [0, 1], got {self.max_missing_reward_rate}")
         _require(self.wait_for_documents_s >= 0, "trainer.wait_for_documents_s",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, TextIO
 
 from summrl.data import Document
-from summrl.prompt import summary_messages
+from summrl.prompt import SummaryPrompt
 
 
 @dataclass
@@ -88,11 +88,11 @@ class Sized:
     n_questions: int
 
 
-def sized(document: Document, max_words: int) -> Sized:
+def sized(document: Document, prompt: SummaryPrompt) -> Sized:
     def user(text: str) -> int:
         return prompt_tokens([{"role": "user", "content": text}])
 
-    return Sized(prompt_tokens(summary_messages(document, max_words)), user(document.text),
+    return Sized(prompt_tokens(prompt.messages(document)), user(document.text),
                  user(" ".join(q.question for q in document.questions)), len(document.questions))
 
 
@@ -184,7 +184,7 @@ class Work:
     pending: dict[str, int]  # document id -> rollouts still to do
 
 
-def estimate(work: Sequence[Work], documents: Sequence[Document], judge: Calls, *, max_words: int,
+def estimate(work: Sequence[Work], documents: Sequence[Document], judge: Calls, *, prompt: SummaryPrompt,
              max_summary_tokens: int, reward_uses_ruler: bool, qa_calls: bool) -> list[Calls]:
     """Fill in each entry's model calls and the judge's calls (answering, grading, RULER) for the pending rows.
     The QA baseline (percent_full) is not counted: the benchmark does not pay for it."""
@@ -194,7 +194,7 @@ def estimate(work: Sequence[Work], documents: Sequence[Document], judge: Calls, 
     for w in work:
         for doc_id, rollouts in w.pending.items():
             if doc_id not in counts:
-                counts[doc_id] = sized(by_id[doc_id], max_words)
+                counts[doc_id] = sized(by_id[doc_id], prompt)
             d = counts[doc_id]
             calls = rollouts * w.candidates
             w.model_calls.calls += calls

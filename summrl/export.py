@@ -217,6 +217,7 @@ def export(config: ExportConfig, command: str) -> Path:
             "push_to_hub": config.push_to_hub, "summrl": __version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (work / "export.json").write_text(json.dumps(redact(record), indent=2) + "\n")
+        readable_as_umask_allows(work)
         if config.dir.exists():  # an earlier export (validate_export refused anything else)
             shutil.rmtree(config.dir)
         os.replace(work, config.dir)
@@ -227,6 +228,16 @@ def export(config: ExportConfig, command: str) -> Path:
     if config.push_to_hub:
         push(config)
     return config.dir
+
+
+def readable_as_umask_allows(folder: Path) -> None:
+    """Give every file under ``folder`` the mode a new file gets (0666 less the umask). safetensors writes the merged
+    model 0600, so another user of a shared machine could read every exported file but that one."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def push(config: ExportConfig) -> None:
@@ -275,7 +286,7 @@ def model_card(config: ExportConfig, command: str) -> str:
     from huggingface_hub import ModelCardData
 
     from summrl.data import Document
-    from summrl.prompt import summary_messages
+    from summrl.prompt import SummaryPrompt
 
     run, train = config.run, config.train
     model, trainer = train.model, train.trainer
@@ -295,7 +306,7 @@ def model_card(config: ExportConfig, command: str) -> str:
     settings["seed"] = train.seed
     settings_yaml = OmegaConf.to_yaml(OmegaConf.create(redact(settings)))
     sentinel = "\x00DOCUMENT\x00"  # the training prompt, from summrl.prompt, with the document left as a variable
-    messages = summary_messages(Document(id="doc", topic="", text=sentinel, questions=()), trainer.max_words)
+    messages = SummaryPrompt.of(trainer).messages(Document(id="doc", topic="", text=sentinel, questions=()))
     head, tail = messages[1]["content"].split(sentinel)
     gguf = str(model.weights or "").endswith(".gguf")
     trained_on = (f"`{model.weights}` (de-quantized; the merged model is saved in {config.dtype})" if gguf
@@ -308,8 +319,8 @@ def model_card(config: ExportConfig, command: str) -> str:
 # {run.name}, step {config.step}: a document summarizer trained with GRPO
 
 A LoRA adapter on [{model.base_model}](https://huggingface.co/{model.base_model}), trained by
-summrl {__version__} with GRPO on OpenPipe ART to write summaries of at most {trainer.max_words} words that keep
-the facts a reader could ask about. The base weights the run trained on: {trained_on}.
+summrl {__version__} with GRPO on OpenPipe ART to summarize documents (reward={train.reward.kind},
+trainer.prompt={trainer.prompt}: the prompt is under Usage). The base weights the run trained on: {trained_on}.
 
 - `adapter/`: the PEFT LoRA adapter (r={model.lora.r}, alpha={model.lora.alpha}) and the tokenizer;
 - `merged/`: the base model with the adapter merged, {config.dtype}, safetensors: load it with

@@ -32,6 +32,7 @@ from summrl.facts import hallucinates
 from summrl.job import RunRecord, peak_rss_gb
 from summrl.judges import Judge, build_judge
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
+from summrl.prompt import SummaryPrompt
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
 from summrl.rollout import Burst, check_context, in_request_order, rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
@@ -138,8 +139,8 @@ async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Ses
         # judge=embedded: the same endpoint, base weights (the base model's name selects no LoRA)
         endpoint = (config.model.base_model, model.inference_base_url, model.inference_api_key)
         judge = build_judge(config.judge, endpoint if config.judge.kind in EMBEDDED_JUDGES else None)
-        reward = build_reward(config.reward, judge, config.trainer.max_words)
-        val_reward = build_val_reward(config.reward, judge, config.trainer.max_words)
+        reward = build_reward(config.reward, judge, SummaryPrompt.of(config.trainer))
+        val_reward = build_val_reward(config.reward, judge, SummaryPrompt.of(config.trainer))
     except BaseException:
         await backend.close()
         raise
@@ -198,7 +199,7 @@ async def sample_and_score(session: Session, documents: Sequence[Document], roll
     groups = await art.gather_trajectory_groups(
         (
             art.TrajectoryGroup(
-                rollout(session.model, doc, max_words=t.max_words, max_tokens=t.max_summary_tokens,
+                rollout(session.model, doc, prompt=SummaryPrompt.of(t), max_tokens=t.max_summary_tokens,
                         temperature=temperature, seed=None if seed_key is None else sample_seed(*seed_key, doc.id, i),
                         sample=i, burst=burst)
                 for i in range(rollouts_per_doc)
@@ -391,7 +392,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend
         session = await open_session(config, tracker)
         if config.backend.kind == "embedded":  # its engine has loaded: the policy's context is known
-            check_context(session.backend.engine, [*val, *train_docs], t.max_words, t.max_summary_tokens)
+            check_context(session.backend.engine, [*val, *train_docs], SummaryPrompt.of(t), t.max_summary_tokens)
         step = await session.model.get_step()
         record.resume_at(step)
         # A managed job's id (SkyPilot sets it in the job's environment): its recoveries are counted per job id.

@@ -69,10 +69,11 @@ def startup_seconds(repeats: int = 3) -> list[float]:
 
 async def throughput(session, documents, max_tokens: int, repeats: int) -> tuple[list[float], list[float]]:
     """Completion tokens per second: 2 documents x 4 requests sent at once, then the same 8 one by one."""
-    from summrl.prompt import summary_messages
+    from summrl.prompt import SummaryPrompt
 
     client = session.model.openai_client()
-    requests = [summary_messages(d, 350) for d in documents[:2] for _ in range(4)]
+    prompt = SummaryPrompt("facts", 350)  # as at every earlier measurement
+    requests = [prompt.messages(d) for d in documents[:2] for _ in range(4)]
 
     async def one(messages) -> int:
         completion = await client.chat.completions.create(
@@ -411,7 +412,7 @@ async def first_sample(unsettled: bool) -> dict:
     from summrl.backends.embedded.engine import Engine, SamplingParams
     from summrl.data import load_splits
     from summrl.loop import open_session, seed_everything
-    from summrl.prompt import summary_messages
+    from summrl.prompt import SummaryPrompt
 
     if unsettled:
         Engine._settle_mkl = lambda self: None
@@ -423,7 +424,7 @@ async def first_sample(unsettled: bool) -> dict:
         try:
             engine = await compute(lambda: session.backend.engine)
             document = min(val, key=lambda d: d.id)
-            prompt = engine.encode_chat(summary_messages(document, config.trainer.max_words))
+            prompt = engine.encode_chat(SummaryPrompt.of(config.trainer).messages(document))
             params = SamplingParams(max_tokens=24, temperature=config.trainer.val_temperature or 1.0)
             rows = await compute(engine.generate, [prompt] * 8, params, seeds=list(range(8)))
         finally:

@@ -3,19 +3,49 @@ how its word limit is counted. Light on purpose: the cost guard and the data too
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from summrl.data import Document
 
-SYSTEM_PROMPT = "You are a specialized AI assistant that writes concise, informative summaries of documents."
+# trainer.prompt's choices: the system message and the user message (``{document}``, ``{max_words}``).
+PROMPTS: dict[str, tuple[str, str]] = {
+    # OpenPipe's Summary-RL word for word (src/summarizer/rollout.py, newlines included). It states no length: the
+    # limit is the QA reward's (reward.max_chars, 3000 characters, as there); trainer.max_words is not in it.
+    "summary_rl": (
+        "\nYou are a specialized AI assistant that generates concise, informative summaries for documents.\n",
+        "You are a specialized AI assistant that generates concise, informative summaries for documents.\n\n"
+        "Here is a document: {document}\n\n"
+        "Generate a summary that conveys all relevant information in a concise manner.",
+    ),
+    # The word limit (trainer.max_words) and the kinds of fact a question may ask about: experiment=local's, and every
+    # run's before trainer.prompt existed (a small model without the limit writes past max_summary_tokens).
+    "facts": (
+        "You are a specialized AI assistant that writes concise, informative summaries of documents.",
+        "Here is a document:\n\n{document}\n\n"
+        "Write a summary of this document in at most {max_words} words. "
+        "Keep the concrete facts a reader could ask about: names, dates, numbers, places and outcomes.",
+    ),
+}
 
 
-def summary_prompt(document: Document, max_words: int) -> str:
-    return (
-        f"Here is a document:\n\n{document.text}\n\n"
-        f"Write a summary of this document in at most {max_words} words. "
-        "Keep the concrete facts a reader could ask about: names, dates, numbers, places and outcomes."
-    )
+@dataclass(frozen=True)
+class SummaryPrompt:
+    """What a summarizer is asked: ``trainer.prompt`` (one of PROMPTS) and ``trainer.max_words``."""
+
+    style: str
+    max_words: int
+
+    @staticmethod
+    def of(trainer: Any) -> "SummaryPrompt":
+        return SummaryPrompt(trainer.prompt, trainer.max_words)
+
+    def messages(self, document: Document) -> list[dict]:
+        """The chat a summarizer sees: the policy's rollouts, SFT samples and teachers all get these messages."""
+        system, user = PROMPTS[self.style]
+        # str.replace, not format: a document's own braces stay as they are
+        text = user.replace("{max_words}", str(self.max_words)).replace("{document}", document.text)
+        return [{"role": "system", "content": system}, {"role": "user", "content": text}]
 
 
 def chat_token_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs: Any
@@ -24,14 +54,6 @@ def chat_token_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: 
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
                                         **template_kwargs)
     return list(out["input_ids"] if hasattr(out, "keys") else out)
-
-
-def summary_messages(document: Document, max_words: int) -> list[dict]:
-    """The chat a summarizer sees: the policy's rollouts, SFT samples and teachers all get these messages."""
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": summary_prompt(document, max_words)},
-    ]
 
 
 def word_count(text: str) -> int:

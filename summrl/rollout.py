@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from summrl.data import Document
 from summrl.errors import ConfigError
-from summrl.prompt import summary_messages, word_count
+from summrl.prompt import SummaryPrompt, word_count
 
 
 class Burst(BaseModel):
@@ -48,7 +48,7 @@ async def rollout(
     model: art.Model,
     document: Document,
     *,
-    max_words: int,
+    prompt: SummaryPrompt,
     max_tokens: int,
     temperature: float,
     seed: Optional[int] = None,
@@ -58,7 +58,7 @@ async def rollout(
     """``seed``: the OpenAI ``seed`` parameter (the embedded server and vLLM honour it); None samples freely.
     ``sample``: the summary's index among its document's, kept in the metadata (``in_request_order`` reads it).
     ``burst``: the rollouts this one is sent with, for a server that reads it (``backends.takes_burst_tags``)."""
-    messages = summary_messages(document, max_words)
+    messages = prompt.messages(document)
     completion = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(),
         messages=messages,
@@ -78,7 +78,7 @@ async def rollout(
     )
 
 
-def check_context(engine: Any, documents: Sequence[Document], max_words: int, max_tokens: int) -> None:
+def check_context(engine: Any, documents: Sequence[Document], prompt: SummaryPrompt, max_tokens: int) -> None:
     """Refuse a run whose summary requests can't fit the policy's context (``engine.context_length``): the longest
     document's prompt plus ``trainer.max_summary_tokens``. The server refuses such a request, as vLLM does; checked
     here, after the model loads and before anything is generated, rather than at the step that meets that document."""
@@ -87,11 +87,11 @@ def check_context(engine: Any, documents: Sequence[Document], max_words: int, ma
         return
     # A token holds at least one byte of the text (plus a few at the template's joins): only a document whose bytes
     # could overflow is tokenized (none of Repliqa's at the defaults; all of its 3,591 would take about 4 s here).
-    instructions = len(engine.encode_chat(summary_messages(replace(documents[0], text=""), max_words)))
+    instructions = len(engine.encode_chat(prompt.messages(replace(documents[0], text=""))))
     near = [d for d in documents if instructions + len(d.text.encode()) + 16 + max_tokens > context]
     if not near:
         return
-    longest, document = max(((len(engine.encode_chat(summary_messages(d, max_words))), d) for d in near),
+    longest, document = max(((len(engine.encode_chat(prompt.messages(d))), d) for d in near),
                             key=lambda pair: pair[0])
     if longest + max_tokens > context:
         room = context - longest

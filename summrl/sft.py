@@ -37,7 +37,7 @@ from summrl.job import append_jsonl, jsonl_rows, write_json
 from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.preflight import model_key_names
 from summrl.rewards import Missing
-from summrl.prompt import summary_messages
+from summrl.prompt import SummaryPrompt
 from summrl.rollout import rollout, sample_seed, summary_of
 from summrl.storage import CheckpointBackup, NoBackup, sft_dir
 from summrl.storage import SFT_RECORD as RECORD
@@ -138,7 +138,7 @@ class Teacher:
     async def write(self, document: Document, index: int) -> str:
         t = self.trainer
         try:
-            return await self.client.complete_text(summary_messages(document, t.max_words),
+            return await self.client.complete_text(SummaryPrompt.of(t).messages(document),
                                                    max_tokens=t.max_summary_tokens, temperature=t.temperature,
                                                    check=non_empty)
         finally:
@@ -154,7 +154,7 @@ class Policy:
     async def write(self, document: Document, index: int) -> str:
         t = self.trainer
         # Seeded like the loop's rollouts: the same run collects the same samples, whatever is batched with them.
-        trajectory = await rollout(self.model, document, max_words=t.max_words, max_tokens=t.max_summary_tokens,
+        trajectory = await rollout(self.model, document, prompt=SummaryPrompt.of(t), max_tokens=t.max_summary_tokens,
                                    temperature=t.temperature, seed=sample_seed(self.seed, "sft", document.id, index))
         return summary_of(trajectory)
 
@@ -182,7 +182,7 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
     llm_judge = config.judge.kind not in FREE_JUDGES
     judge = Calls(f"judge {getattr(config.judge, 'model', config.judge.kind)}",
                   getattr(config.judge, "model", None) if llm_judge else None)
-    lines = estimate([Work(teacher, 1, pending)], docs, judge, max_words=t.max_words,
+    lines = estimate([Work(teacher, 1, pending)], docs, judge, prompt=SummaryPrompt.of(t),
                      max_summary_tokens=t.max_summary_tokens, reward_uses_ruler="ruler" in reward_kinds(config.reward),
                      qa_calls=llm_judge)
     calls = sum(pending.values())
@@ -244,7 +244,7 @@ async def collect(config: Config, model: Optional[art.Model], reward: Any, train
             return
         rewards = [sc.reward for sc in scores]
         kept = keep(rewards, s.min_reward, s.top_k)
-        samples = [{"messages": [*summary_messages(doc, config.trainer.max_words),
+        samples = [{"messages": [*SummaryPrompt.of(config.trainer).messages(doc),
                                  {"role": "assistant", "content": summaries[i]}],
                     "metadata": {"document_id": doc.id, "reward": rewards[i]}} for i in kept]
         append_jsonl(folder / SAMPLES, samples)  # samples first: a document is done only once its samples are on disk

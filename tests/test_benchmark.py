@@ -435,6 +435,22 @@ def test_split_all_scores_every_document_with_a_progress_bar_on_a_terminal(tmp_p
     assert json.loads((tmp_path / "out" / "benchmark.json").read_text())["dataset"]["split"] == "all"
 
 
+def test_a_benchmark_folder_knows_which_prompt_its_rows_were_asked(tmp_path):
+    """benchmark.json names the prompt (trainer.prompt). One written before that setting held facts's rows: resuming
+    it with facts goes on; with Summary-RL's prompt it is refused, naming the prompt its rows had."""
+    from summrl.benchmark.runner import IDENTITY_FILE, check_identity, identity
+
+    facts = compose_benchmark(["experiment=local"], tmp_path)
+    summary_rl = compose_benchmark(["experiment=local", "trainer.prompt=summary_rl"], tmp_path)
+    assert identity(facts)["prompt"]["style"] == "facts" and identity(summary_rl)["prompt"]["style"] == "summary_rl"
+    old = json.loads(json.dumps(identity(facts)))
+    del old["prompt"]["style"]  # as summrl wrote it before trainer.prompt
+    (tmp_path / IDENTITY_FILE).write_text(json.dumps(old))
+    check_identity(tmp_path, facts)
+    with pytest.raises(ConfigError, match=r"holds rows scored with another prompt \(\{\"style\": \"facts\""):
+        check_identity(tmp_path, summary_rl)
+
+
 def test_benchmark_split_must_be_val_or_all(tmp_path):
     with pytest.raises(ConfigError, match="benchmark.split: must be one of val, all"):
         compose_benchmark(["experiment=local", "benchmark.split=train"], tmp_path)

@@ -91,6 +91,59 @@ def test_defaults_reproduce_summary_rl():
     assert cfg.dataset.seed == 80
 
 
+def test_the_default_prompt_is_summary_rls_word_for_word_and_local_runs_keep_theirs():
+    """The policy's messages by default are OpenPipe/Summary-RL's (src/summarizer/rollout.py), quoted here as that file
+    has them: no word limit, no hint of what the questions ask. experiment=local and its ablations keep the prompt
+    every recorded local result used (the limit and the facts to keep)."""
+    from summrl.data import Document
+    from summrl.prompt import SummaryPrompt
+
+    document = Document(id="d", topic="", text="A {braced} text.", questions=())
+    default = SummaryPrompt.of(compose_config([]).trainer)
+    assert default.messages(document) == [
+        {"role": "system", "content": """
+You are a specialized AI assistant that generates concise, informative summaries for documents.
+"""},
+        {"role": "user", "content": f"""You are a specialized AI assistant that generates concise, informative summaries for documents.
+
+Here is a document: {document.text}
+
+Generate a summary that conveys all relevant information in a concise manner."""},
+    ]
+    for experiment in ("local", "reward_ablation_local", "algorithm_ablation_local", "sft_ablation_local"):
+        trainer = compose_config([f"experiment={experiment}", "trainer.max_words=40"]).trainer
+        assert SummaryPrompt.of(trainer).messages(document) == [
+            {"role": "system", "content": "You are a specialized AI assistant that writes concise, informative "
+                                          "summaries of documents."},
+            {"role": "user", "content": "Here is a document:\n\nA {braced} text.\n\nWrite a summary of this document "
+                                        "in at most 40 words. Keep the concrete facts a reader could ask about: "
+                                        "names, dates, numbers, places and outcomes."},
+        ], experiment
+    with pytest.raises(ConfigError, match=r"trainer.prompt: must be one of summary_rl, facts \(summrl/prompt.py\), "
+                                          r"got 'short'"):
+        compose_config(["trainer.prompt=short"])
+
+
+def test_a_run_saved_before_trainer_prompt_is_served_and_exported_with_the_prompt_it_trained_on(tmp_path):
+    """Runs recorded before trainer.prompt existed were asked facts's prompt: summrl.serve, export and the benchmark
+    read their config as that, not as today's default."""
+    from omegaconf import OmegaConf
+
+    from summrl.checkpoints import TrainedRun, run_config
+    from summrl.config import compose
+
+    for saved, read in (("absent", "facts"), ("summary_rl", "summary_rl"), ("facts", "facts")):
+        cfg = OmegaConf.to_container(compose("train", [*LOCAL, "run.dir=x", "run.name=r"]))  # as Hydra saves it
+        if saved == "absent":
+            del cfg["trainer"]["prompt"]
+        else:
+            cfg["trainer"]["prompt"] = saved
+        (tmp_path / saved / ".hydra").mkdir(parents=True)
+        OmegaConf.save(cfg, tmp_path / saved / ".hydra" / "config.yaml")
+        run = TrainedRun(run_dir=tmp_path / saved, name="r", checkpoints_dir=tmp_path / saved, steps=[])
+        assert run_config(run).trainer.prompt == read, saved
+
+
 def test_local_experiment_is_the_embedded_default():
     config = compose_config(LOCAL)
     assert config.model.name == "smollm2_135m"

@@ -20,8 +20,11 @@ import torch
 from summrl.backends.embedded import EmbeddedBackend
 from summrl.backends.embedded.backend import has_reward_variance
 from summrl.data import load_splits
+from summrl.prompt import SummaryPrompt
 from summrl.rollout import rollout, summary_of
 from tests.conftest import SAMPLE, compose_config
+
+FACTS = SummaryPrompt("facts", 350)  # experiment=local's prompt
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 24
@@ -53,7 +56,7 @@ def session(loop, tmp_path_factory):
 
 def test_rollout_through_the_openai_client_returns_a_trainable_trajectory(loop, session):
     backend, model, docs, _ = session
-    trajectory = loop.run_until_complete(rollout(model, docs[0], max_words=350, max_tokens=MAX_TOKENS, temperature=1.0))
+    trajectory = loop.run_until_complete(rollout(model, docs[0], prompt=FACTS, max_tokens=MAX_TOKENS, temperature=1.0))
     choice = trajectory.messages_and_choices[-1]
     assert isinstance(choice, openai.types.chat.chat_completion.Choice)
     assert summary_of(trajectory) and trajectory.metrics["word_count"] == len(summary_of(trajectory).split())
@@ -66,19 +69,18 @@ def test_rollout_through_the_openai_client_returns_a_trainable_trajectory(loop, 
 def test_a_summary_budget_past_the_context_is_refused_before_generating_as_the_server_would_refuse_it(loop, session):
     """check_context (run by training once the model loads) and the server agree on the longest prompt's room."""
     from summrl.errors import ConfigError
-    from summrl.prompt import summary_messages
     from summrl.rollout import check_context
 
     backend, model, docs, _ = session
     engine = backend.engine
-    longest = max(docs, key=lambda d: len(engine.encode_chat(summary_messages(d, 350))))
-    room = engine.context_length - len(engine.encode_chat(summary_messages(longest, 350)))
-    check_context(engine, docs, 350, room)  # fits exactly
+    longest = max(docs, key=lambda d: len(engine.encode_chat(FACTS.messages(d))))
+    room = engine.context_length - len(engine.encode_chat(FACTS.messages(longest)))
+    check_context(engine, docs, FACTS, room)  # fits exactly
     with pytest.raises(ConfigError, match=rf"trainer\.max_summary_tokens={room + 1}: .* prompt \(document "
                                           rf"{longest.id}\) .* at most {room} tokens: set trainer\.max_summary_tokens"):
-        check_context(engine, docs, 350, room + 1)
+        check_context(engine, docs, FACTS, room + 1)
     with pytest.raises(openai.BadRequestError, match=rf"{room + 1} in the completion\).*\(at most {room} here"):
-        loop.run_until_complete(rollout(model, longest, max_words=350, max_tokens=room + 1, temperature=1.0))
+        loop.run_until_complete(rollout(model, longest, prompt=FACTS, max_tokens=room + 1, temperature=1.0))
 
 
 def test_concurrent_requests_are_batched_and_share_a_prompt(loop, session, monkeypatch):
@@ -90,7 +92,7 @@ def test_concurrent_requests_are_batched_and_share_a_prompt(loop, session, monke
         prefills.append((len(row_of), len(unique))), prefill(unique, row_of, *a, **kw))[1])
     before = len(backend._batcher.batch_sizes)
     group = loop.run_until_complete(art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(model, d, max_words=350, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(4))
+        [art.TrajectoryGroup(rollout(model, d, prompt=FACTS, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(4))
          for d in docs[:2]], pbar_desc=None))
     assert sum(len(g.trajectories) for g in group) == 8
     assert max(backend._batcher.batch_sizes[before:]) > 1  # arrived together, generated together
@@ -228,7 +230,7 @@ def test_a_burst_is_generated_whole_however_slowly_its_rows_arrive(loop, session
     async def send(burst):
         async def one(i):
             await asyncio.sleep(gap * i)
-            return await rollout(model, docs[i], max_words=350, max_tokens=4, temperature=1.0, seed=i, burst=burst)
+            return await rollout(model, docs[i], prompt=FACTS, max_tokens=4, temperature=1.0, seed=i, burst=burst)
         return await asyncio.gather(*(one(i) for i in range(3)))
 
     before = len(backend._batcher.batch_sizes)
@@ -286,7 +288,7 @@ def test_packed_training_forward_reproduces_sampling_logprobs(loop, session):
 
 def assert_training_forward_reproduces_sampling(loop, backend, model, doc) -> None:
     groups = loop.run_until_complete(art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(model, doc, max_words=350, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(3))],
+        [art.TrajectoryGroup(rollout(model, doc, prompt=FACTS, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(3))],
         pbar_desc=None))
     for i, t in enumerate(groups[0].trajectories):
         t.reward = float(i)
@@ -304,7 +306,7 @@ def assert_training_forward_reproduces_sampling(loop, backend, model, doc) -> No
 def test_train_updates_lora_skips_flat_groups_and_checkpoints(loop, session):
     backend, model, docs, tmp = session
     groups = loop.run_until_complete(art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(model, d, max_words=350, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(4))
+        [art.TrajectoryGroup(rollout(model, d, prompt=FACTS, max_tokens=MAX_TOKENS, temperature=1.0) for _ in range(4))
          for d in docs[:2]], pbar_desc=None))
     for i, t in enumerate(groups[0].trajectories):
         t.reward = [0.0, 1.0, 0.5, 0.25][i]
@@ -387,7 +389,7 @@ def test_a_new_backend_resumes_from_the_latest_checkpoint_and_releases_it_on_clo
         assert all(torch.equal(saved[k], restored[k]) for k in saved)
         assert backend2.engine.optimizer.state  # AdamW moments came back too
         engine = weakref.ref(backend2.engine)
-        loop.run_until_complete(rollout(model2, train[0], max_words=50, max_tokens=2, temperature=1.0))  # served
+        loop.run_until_complete(rollout(model2, train[0], prompt=SummaryPrompt("facts", 50), max_tokens=2, temperature=1.0))  # served
     finally:
         loop.run_until_complete(backend2.close())
     gc.collect()
@@ -475,7 +477,7 @@ def test_the_local_judge_ranks_with_the_embedded_base_model_and_grades_qa_lexica
     config = compose_config(["experiment=local", "reward=ruler", "judge=local", f"judge.cache_dir={tmp / 'local-judge-cache'}"])
     assert config.judge.kind == "local"
     judge = build_judge(config.judge, (config.model.base_model, model.inference_base_url, model.inference_api_key))
-    reward = build_val_reward(config.reward, judge, config.trainer.max_words)
+    reward = build_val_reward(config.reward, judge, SummaryPrompt.of(config.trainer))
     document = docs[0]
     summaries = [" ".join(document.text.split()[:30]), "Nothing happened."]
     calls = len(backend._batcher.batch_sizes)

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,7 +23,10 @@ import pytest
 
 from summrl.config import compose
 from summrl.errors import ConfigError
+from summrl.prompt import SummaryPrompt
 from tests.conftest import ROOT, SHARED_SECRET
+
+FACTS = SummaryPrompt("facts", 350)  # experiment=local's prompt
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -106,6 +110,11 @@ def test_export_writes_the_adapter_the_merged_model_and_a_record(trained, export
     assert record["command"] == f"python -m summrl.export run_dir={trained} step=latest"
     assert record["files"]["merged/model.safetensors"] == (folder / "merged" / "model.safetensors").stat().st_size
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")], "no partial folder is left behind"
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.relative_to(folder).as_posix(): oct(stat.S_IMODE(p.stat().st_mode)) for p in folder.rglob("*")
+             if p.is_file()}
+    assert modes == dict.fromkeys(modes, oct(0o666 & ~umask)), "the merged model was written 0600"
 
 
 def test_merged_model_generates_what_the_adapter_and_the_served_checkpoint_generate(trained, exported, tiny_weights):
@@ -116,13 +125,12 @@ def test_merged_model_generates_what_the_adapter_and_the_served_checkpoint_gener
     from summrl.backends.embedded.engine import Engine, SamplingParams
     from summrl.checkpoints import run_config, trained_run
     from summrl.data import Document
-    from summrl.prompt import summary_messages
 
     folder = exported.folder
     tokenizer = AutoTokenizer.from_pretrained(folder / "merged")
     document = Document(id="d", topic="", text="The Harbor Festival in Townsville drew 4,200 visitors on June 3, 2024.",
                          questions=())
-    inputs = tokenizer.apply_chat_template(summary_messages(document, 350), add_generation_prompt=True,
+    inputs = tokenizer.apply_chat_template(FACTS.messages(document), add_generation_prompt=True,
                                            return_tensors="pt", return_dict=True)
 
     def greedy(model) -> tuple[list[int], torch.Tensor]:
@@ -157,7 +165,6 @@ def test_model_card_names_the_base_model_the_step_the_val_scores_and_the_command
     from huggingface_hub import ModelCard
 
     from summrl.data import Document
-    from summrl.prompt import summary_messages
 
     card = ModelCard.load(exported.folder / "README.md")
     assert card.data.base_model == BASE_MODEL and card.data.library_name == "transformers"
@@ -177,7 +184,7 @@ def test_model_card_names_the_base_model_the_step_the_val_scores_and_the_command
     # the usage example's messages are the training prompt (summrl.prompt), whatever the document
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     messages = eval(re.search(r"^messages = (\[.*?^\])", code, re.S | re.M).group(1), {"document": "Some text."})
-    assert messages == summary_messages(Document(id="x", topic="", text="Some text.", questions=()), 350)
+    assert messages == FACTS.messages(Document(id="x", topic="", text="Some text.", questions=()))
 
 
 def test_step_best_latest_and_a_number(trained, tmp_path):

@@ -17,6 +17,7 @@ from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.judges.llm import LLMJudge
 from summrl.backends import takes_burst_tags
 from summrl.loop import MissingRewardsError, Session, sample_and_score
+from summrl.prompt import SummaryPrompt
 from summrl.rewards import Missing
 from summrl.rewards.qa import QAReward
 from summrl.rewards.ruler import RulerReward
@@ -24,6 +25,8 @@ from summrl.rollout import sample_seed
 from summrl.tracking import Tracker
 from tests.conftest import compose_config
 from summrl.testing import FakeLLM, Reply
+
+FACTS = SummaryPrompt("facts", 350)  # experiment=local's prompt
 
 SECRET = "sk-test-SECRET-4242"
 DOC = Document(
@@ -376,7 +379,7 @@ def test_training_run_with_an_llm_judge_keeps_the_key_out_of_every_file(shared_r
 def ruler_reward(fake: FakeLLM, rubric: str = "Prefer dense, faithful summaries."):
     from summrl.rewards.ruler import RulerReward
 
-    return RulerReward(client(fake, max_retries=0), rubric=rubric, max_words=350)
+    return RulerReward(client(fake, max_retries=0), rubric=rubric, prompt=FACTS)
 
 
 def test_ruler_ranks_the_group_in_one_call(fake, secret_env):
@@ -402,7 +405,7 @@ def test_ruler_parse_failure_leaves_the_group_missing(fake, secret_env):
 def test_ruler_replies_of_the_wrong_shape_are_retried(fake, secret_env):
     one_score = json.dumps({"scores": [{"trajectory_id": "1", "explanation": "", "score": 0.5}]})
     fake.script = [Reply(one_score), Reply("Sure, here you go")]  # then the server answers like a judge
-    reward = RulerReward(client(fake, max_retries=2), rubric="r", max_words=350)
+    reward = RulerReward(client(fake, max_retries=2), rubric="r", prompt=FACTS)
     scores = asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
     assert [type(s).__name__ for s in scores] == ["Score"] * 3 and len(fake.requests) == 3
     assert (reward.client.usage.retries, reward.client.usage.failures) == (2, 0)
@@ -412,7 +415,7 @@ def test_ruler_retries_http_errors_on_the_clients_own_loop_and_counts_them(fake,
     """One budget of attempts for RULER too: litellm retries nothing itself (the server sees each attempt once),
     Retry-After is waited for, and every retry is counted, like a QA judge call's."""
     fake.script = [Reply(status=429, headers={"Retry-After": "0.5"}), Reply(status=500)]  # then it answers
-    reward = RulerReward(client(fake, max_retries=2, retry_max_s=1.0), rubric="r", max_words=350)
+    reward = RulerReward(client(fake, max_retries=2, retry_max_s=1.0), rubric="r", prompt=FACTS)
     start = time.perf_counter()
     scores = asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
     assert time.perf_counter() - start >= 0.5  # waited as Retry-After asked
@@ -420,7 +423,7 @@ def test_ruler_retries_http_errors_on_the_clients_own_loop_and_counts_them(fake,
     usage = reward.client.usage
     assert (usage.calls, usage.retries, usage.failures) == (1, 2, 0)  # calls: answered ones, as for QA
     fake.script = [Reply(status=500)] * 3
-    scores = asyncio.run(RulerReward(client(fake, max_retries=1), rubric="r", max_words=350)
+    scores = asyncio.run(RulerReward(client(fake, max_retries=1), rubric="r", prompt=FACTS)
                          .score_group(DOC, ["one", "two", "three"]))
     assert len(fake.requests) == 3 + 2  # 2 attempts, no more
     assert all(isinstance(s, Missing) and s.kind == "InternalServerError" for s in scores)
@@ -442,7 +445,7 @@ def test_every_wrong_shape_the_fault_mode_injects_is_refused_for_every_judge_pro
                 asyncio.run(LLMJudge(judge).answer("a summary", DOC.questions))
             server.script = [mismatch]  # answered; the grading call meets the fault
             (grading,) = asyncio.run(LLMJudge(judge).grade_group(["a summary"], DOC.questions))
-            ruler = asyncio.run(RulerReward(judge, rubric="r", max_words=350).score_group(DOC, ["one", "two"]))
+            ruler = asyncio.run(RulerReward(judge, rubric="r", prompt=FACTS).score_group(DOC, ["one", "two"]))
             with pytest.raises(JudgeError) as writing:
                 asyncio.run(LLMJudge(judge).write_rubrics(DOC, max_rubrics=4))
             with pytest.raises(JudgeError) as scoring:
@@ -477,7 +480,7 @@ def test_a_group_is_graded_in_one_call(fake, secret_env):
 def test_structured_ruler_requests_exactly_one_score_per_summary(fake, secret_env):
     from summrl.rewards.ruler import RulerReward
 
-    reward = RulerReward(client(fake, max_retries=0, structured=True), rubric="r", max_words=350)
+    reward = RulerReward(client(fake, max_retries=0, structured=True), rubric="r", prompt=FACTS)
     asyncio.run(reward.score_group(DOC, ["one", "two", "three"]))
     schema = fake.requests[0]["response_format"]["json_schema"]["schema"]["properties"]["scores"]
     assert (schema["minItems"], schema["maxItems"]) == (3, 3)

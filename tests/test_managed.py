@@ -28,6 +28,7 @@ from summrl.cloud.launch import PreflightError, build_task, run_on_cluster  # no
 from summrl import cost  # noqa: E402
 from summrl.cost import token_price  # noqa: E402
 from summrl.job import RunRecord  # noqa: E402
+from summrl.prompt import SummaryPrompt  # noqa: E402
 
 MANAGED = ["backend.managed=true", "storage.bucket=runs"]
 
@@ -167,7 +168,7 @@ def test_every_reward_is_priced_by_the_judge_calls_it_makes(cloud_env):
     # Its tokens, on the sample's documents: 10 more steps (val unchanged: passes at 0 and the end) add 100 groups,
     # each scored in one call reading up to 2 x max_rubrics rubrics and the group's summaries, and 100 documents
     # whose rubrics are written from the document.
-    sized = pricing.sized_documents(t.max_words)
+    sized = pricing.sized_documents(SummaryPrompt.of(t))
     r, s, n = 2 * 8, t.max_summary_tokens, t.rollouts_per_group
     score_in = cost.RUBRIC_SCORE_PROMPT + r * cost.RUBRIC_TOKENS + n * (s + 10)
     score_out = n * (cost.RUBRIC_SCORE_TOKENS * r + 2) + 10

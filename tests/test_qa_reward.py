@@ -8,6 +8,7 @@ import pytest
 
 from summrl.data import Document, Question
 from summrl.judges.lexical import LexicalJudge
+from summrl.prompt import SummaryPrompt
 from summrl.rewards.qa import QAReward, has_han
 
 DOC = Document(
@@ -93,7 +94,7 @@ def test_length_penalized_config_builds_on_qa(overrides, shape, strength):
     from tests.conftest import compose_config
 
     config = compose_config(["experiment=local", "reward=length_penalized", "trainer.max_words=10", *overrides])
-    built = build_reward(config.reward, LexicalJudge(), config.trainer.max_words)
+    built = build_reward(config.reward, LexicalJudge(), SummaryPrompt.of(config.trainer))
     assert isinstance(built, WeightedReward) and isinstance(built.terms["qa"][1], QAReward)
     weight, penalty = built.terms["length"]
     assert isinstance(penalty, LengthPenalty) and (penalty.shape, weight, penalty.max_words) == (shape, strength, 10)

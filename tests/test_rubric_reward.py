@@ -17,12 +17,15 @@ from summrl.judges import Rubrics, build_judge
 from summrl.judges.client import JudgeClient
 from summrl.judges.lexical import INVENTS_FACTS, LexicalJudge
 from summrl.judges.llm import LLMJudge
+from summrl.prompt import SummaryPrompt
 from summrl.rewards import Missing, Score, build_reward, build_val_reward, check_documents
 from summrl.rewards.rubric import RubricCache, RubricReward
 from summrl.rewards.weighted import WeightedReward
 from summrl.testing import FakeLLM, Reply
 from tests.conftest import compose_config
 from tests.test_facts import DOC, FAITHFUL  # the hand-made document and a faithful summary of it
+
+FACTS = SummaryPrompt("facts", 350)  # experiment=local's prompt
 
 
 
@@ -169,7 +172,7 @@ def test_weighted_presets_keep_a_missing_terms_kind(fake, reward):
                              "judge.cache_dir=null", "judge.max_retries=0", f"reward={reward}",
                              "+reward.terms.rubric.cache_dir=null" if reward == "qa_rubric" else "reward.strength=1.0"])
     fake.script = [Reply(status=429, headers={"Retry-After": "0"})] * 20  # every call is rate-limited
-    scores = asyncio.run(build_reward(config.reward, build_judge(config.judge), 350).score_group(DOC, ["a", "b"]))
+    scores = asyncio.run(build_reward(config.reward, build_judge(config.judge), FACTS).score_group(DOC, ["a", "b"]))
     assert all(isinstance(s, Missing) for s in scores) and {s.kind for s in scores} == {"RateLimitError"}
 
 
@@ -212,7 +215,8 @@ def test_bad_rubric_rows_are_reported_by_file_and_row(tmp_path, value, message):
 
 def offline(max_rubrics: int = 8, judge=None) -> RubricReward:
     return build_reward(compose_config(["experiment=local", "reward=rubric",
-                                        f"reward.max_rubrics={max_rubrics}"]).reward, judge or LexicalJudge(), 350)
+                                        f"reward.max_rubrics={max_rubrics}"]).reward, judge or LexicalJudge(),
+                        FACTS)
 
 
 def test_offline_rubrics_come_from_the_documents_facts():
@@ -350,7 +354,7 @@ def test_reward_weighted_composes_from_the_command_line():
                              "+reward.terms.rubric.weight=0.2"])
     assert {name: (term.reward.kind, term.weight) for name, term in config.reward.terms.items()} == {
         "qa": ("qa", 1.0), "rubric": ("rubric", 0.2)}
-    built = build_reward(config.reward, LexicalJudge(), config.trainer.max_words)
+    built = build_reward(config.reward, LexicalJudge(), SummaryPrompt.of(config.trainer))
     assert isinstance(built.terms["qa"][1], QAReward) and isinstance(built.terms["rubric"][1], RubricReward)
     (score,) = asyncio.run(built.score_group(DOC, [FAITHFUL]))
     assert score.reward == pytest.approx(score.metrics["reward_qa"] + 0.2 * score.metrics["reward_rubric"])
@@ -362,7 +366,7 @@ def test_val_keeps_its_qa_accuracy_when_two_qa_terms_log_theirs_apart():
 
     config = compose_config(["experiment=local", "reward=qa_rubric", "reward.terms.rubric.kind=qa",
                              "+reward.terms.rubric.include_unanswerable=false"])
-    val = build_val_reward(config.reward, LexicalJudge(), 350)
+    val = build_val_reward(config.reward, LexicalJudge(), FACTS)
     assert isinstance(val, WithQAMetrics)
     (score,) = asyncio.run(val.score_group(DOC, [FAITHFUL]))
     assert score.metrics["qa_accuracy"] == score.metrics["qa_qa_accuracy"] == score.metrics["rubric_qa_accuracy"] == 1.0

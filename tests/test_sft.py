@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from summrl.prompt import SummaryPrompt
 from tests.conftest import ROOT, compose_config, run_cli
 
 
@@ -128,7 +129,7 @@ def lexical_reward(config):
     from summrl.judges import build_judge
     from summrl.rewards import build_reward
 
-    return build_reward(config.reward, build_judge(config.judge), config.trainer.max_words)
+    return build_reward(config.reward, build_judge(config.judge), SummaryPrompt.of(config.trainer))
 
 
 def train_split(config):
@@ -228,7 +229,7 @@ def test_a_document_whose_judge_failed_stays_pending_and_is_scored_again_without
         config = distill_config(tmp_path, teacher, "sft.max_docs=2", "judge=openai_compatible",
                                 "judge.model=openai/judge", f"judge.api_base={judge.base_url}", "judge.cache_dir=null",
                                 "judge.max_retries=0", "judge.timeout_s=0.3", "sft.min_reward=0.0", "sft.top_k=null")
-        reward = build_reward(config.reward, build_judge(config.judge), config.trainer.max_words)
+        reward = build_reward(config.reward, build_judge(config.judge), SummaryPrompt.of(config.trainer))
         with pytest.raises(SFTError) as failure:
             asyncio.run(collect(config, None, reward, train_split(config)))
         assert "2 of 2 documents failed after their retries (judge " in str(failure.value)
@@ -360,14 +361,13 @@ def test_embedded_train_sft_lowers_the_loss_and_raises_the_chosen_summaries_logp
     from summrl.backends.embedded import EmbeddedBackend
     from summrl.backends.embedded.backend import chat_messages
     from summrl.data import load_splits
-    from summrl.prompt import summary_messages
 
     config = compose_config(["experiment=local", tiny_weights])
     _, train = load_splits(config.dataset)
     # Short documents keep the forward passes small; the test is about which tokens SFT trains on, not length.
     train = [dataclasses.replace(doc, text=" ".join(doc.text.split()[:80])) for doc in train[:4]]
     chosen = [" ".join(doc.text.split()[:30]) for doc in train]  # summaries the base model would not write
-    trajectories = [art.Trajectory(messages_and_choices=[*summary_messages(doc, 50),
+    trajectories = [art.Trajectory(messages_and_choices=[*SummaryPrompt("facts", 50).messages(doc),
                                                          {"role": "assistant", "content": text}], reward=1.0)
                     for doc, text in zip(train, chosen)]
 
@@ -407,12 +407,11 @@ def test_embedded_sft_loss_is_the_cross_entropy_of_the_assistant_tokens_only(tmp
 
     from summrl.backends.embedded import EmbeddedBackend
     from summrl.data import load_splits
-    from summrl.prompt import summary_messages
 
     config = compose_config(["experiment=local"])
     _, train = load_splits(config.dataset)
     replies = ["The festival drew 120 visitors.", "A short summary of the second document, with two sentences. Done."]
-    chats = [[*summary_messages(doc, 50), {"role": "assistant", "content": text}] for doc, text in zip(train, replies)]
+    chats = [[*SummaryPrompt("facts", 50).messages(doc), {"role": "assistant", "content": text}] for doc, text in zip(train, replies)]
     backend = EmbeddedBackend(config.backend, model=config.model, path=str(tmp_path / "art"))
     engine = backend.engine
     samples = [engine.chat_sample(chat) for chat in chats]

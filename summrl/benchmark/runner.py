@@ -31,7 +31,7 @@ from summrl.job import write_json
 from summrl.judges import build_judge
 from summrl.rewards import Missing, build_reward
 from summrl.rewards.ruler import RulerReward
-from summrl.prompt import word_count
+from summrl.prompt import SummaryPrompt, word_count
 from summrl.splits import load as load_documents
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def cost_plan(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[
         work.append(Work(calls, candidates, {d: len(r) for d, r in job.pending.items()}))
     judge_id = getattr(config.judge, "model", None) or f"{config.model.base_model} (judge={config.judge.kind})"
     judge = Calls(f"judge {judge_id}", None if judge_local(config) else config.judge.model)
-    return estimate(work, documents, judge, max_words=config.trainer.max_words,
+    return estimate(work, documents, judge, prompt=SummaryPrompt.of(config.trainer),
                     max_summary_tokens=config.trainer.max_summary_tokens, reward_uses_ruler=_uses_ruler(config),
                     qa_calls=config.judge.kind not in ("lexical", "local"))
 
@@ -145,7 +145,7 @@ class Scorer:
         rollouts = job.pending[document.id]
         summaries: list[Summary] = await asyncio.gather(*(source.summarize(document) for _ in rollouts))
         judge = RecordingJudge(build_judge(self.judge_config, self.endpoint))  # a fresh judge: its usage is this document's
-        reward = build_reward(self.config.reward, judge, self.config.trainer.max_words)
+        reward = build_reward(self.config.reward, judge, SummaryPrompt.of(self.config.trainer))
         skip_full_document_baseline(reward, document)
         texts = [s.text for s in summaries]
         scores = await reward.score_group(document, texts)
@@ -174,7 +174,7 @@ class Scorer:
 
 def litellm_source(config: BenchmarkConfig, entry: ModelEntry) -> LiteLLMSource:
     t, b = config.trainer, config.benchmark
-    return LiteLLMSource(model=entry.model, max_words=t.max_words, max_tokens=t.max_summary_tokens,
+    return LiteLLMSource(model=entry.model, prompt=SummaryPrompt.of(t), max_tokens=t.max_summary_tokens,
                          temperature=t.temperature, timeout_s=b.timeout_s, max_retries=b.max_retries,
                          api_base=entry.api_base, api_key_env=entry.api_key_env)
 
@@ -184,7 +184,7 @@ async def source_for(config: BenchmarkConfig, job: Job, server: Any, ruler_judge
     step = job.serve_step
     if step is not None:
         name = await server.serve(step)
-        inner = LiteLLMSource(model=f"openai/{name}", max_words=t.max_words, max_tokens=t.max_summary_tokens,
+        inner = LiteLLMSource(model=f"openai/{name}", prompt=SummaryPrompt.of(t), max_tokens=t.max_summary_tokens,
                               temperature=t.temperature, timeout_s=b.timeout_s, max_retries=b.max_retries,
                               api_base=server.base_url, api_key=server.api_key, local=True)
     else:
@@ -194,7 +194,7 @@ async def source_for(config: BenchmarkConfig, job: Job, server: Any, ruler_judge
         return inner
 
     rubric = getattr(config.reward, "rubric", None) or RulerRewardConfig().rubric
-    return BestOfN(inner, job.entry.n, RulerReward(ruler_judge.client, rubric=rubric, max_words=t.max_words))
+    return BestOfN(inner, job.entry.n, RulerReward(ruler_judge.client, rubric=rubric, prompt=SummaryPrompt.of(t)))
 
 
 # ------------------------------------------------------------------ outputs
@@ -212,7 +212,8 @@ def identity(config: BenchmarkConfig) -> dict:
         dataset = {k: v for k, v in dataset.items() if k not in ("train_size", "val_size")} | {"split": "all"}
     return {
         "dataset": dataset,
-        "prompt": {"max_words": t.max_words, "max_summary_tokens": t.max_summary_tokens, "temperature": t.temperature},
+        "prompt": {"style": t.prompt, "max_words": t.max_words, "max_summary_tokens": t.max_summary_tokens,
+                   "temperature": t.temperature},
         "judge": {k: v for k, v in asdict(config.judge).items() if k not in operational},
         "reward": asdict(config.reward),
     }
@@ -223,6 +224,8 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> None:
     mine = json.loads(json.dumps(identity(config)))
     if path.exists():
         saved = json.loads(path.read_text())
+        if isinstance(saved.get("prompt"), dict):  # written before trainer.prompt: every row then had facts's
+            saved["prompt"] = {"style": "facts", **saved["prompt"]}
         for section in mine:
             if saved.get(section) != mine[section]:
                 raise ConfigError(

@@ -15,7 +15,7 @@ from typing import Optional
 from summrl.data import Document
 from summrl.rewards import Missing
 from summrl.rewards.ruler import RulerReward
-from summrl.prompt import summary_messages
+from summrl.prompt import SummaryPrompt
 
 
 @dataclass
@@ -33,7 +33,7 @@ class SummaryError(RuntimeError):
 @dataclass
 class LiteLLMSource:
     model: str  # litellm id, e.g. openrouter/openai/gpt-4o or openai/<served name> with api_base
-    max_words: int
+    prompt: SummaryPrompt
     max_tokens: int
     temperature: float
     timeout_s: float
@@ -49,7 +49,7 @@ class LiteLLMSource:
         key = self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None)
         try:
             response = await litellm.acompletion(
-                model=self.model, messages=summary_messages(document, self.max_words), max_tokens=self.max_tokens,
+                model=self.model, messages=self.prompt.messages(document), max_tokens=self.max_tokens,
                 temperature=self.temperature, api_base=self.api_base,
                 api_key=key or ("none" if self.api_base else None), timeout=self.timeout_s,
                 num_retries=self.max_retries, drop_params=True,  # reasoning models reject some sampling params

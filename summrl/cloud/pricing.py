@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 from summrl.config import FREE_JUDGES, parse_accelerators
 from summrl.cost import Calls, Sized, Tally, first_calls, group_calls, sized
 from summrl.errors import is_network
+from summrl.prompt import SummaryPrompt
 
 SNAPSHOT = Path(__file__).with_name("prices.json")
 
@@ -150,8 +151,8 @@ def sample_documents() -> tuple:
 
 
 @functools.lru_cache(maxsize=4)
-def sized_documents(max_words: int) -> tuple[Sized, ...]:
-    return tuple(sized(d, max_words) for d in sample_documents())
+def sized_documents(prompt: SummaryPrompt) -> tuple[Sized, ...]:
+    return tuple(sized(d, prompt) for d in sample_documents())
 
 
 def leaves(reward: Any) -> list[Any]:
@@ -188,7 +189,7 @@ def teacher_calls(config: Any) -> Optional[Calls]:
         return None
     calls = Calls(f"teacher {s.teacher.model}", s.teacher.model)
     n_docs = sft_documents(config) or 0  # None: not countable (estimate_run says so; the $ is unknown)
-    docs = sized_documents(t.max_words)
+    docs = sized_documents(SummaryPrompt.of(t))
     calls.calls = n_docs * s.samples_per_doc
     calls.input_tokens = round(calls.calls * sum(d.prompt for d in docs) / len(docs))
     calls.output_tokens = calls.calls * t.max_summary_tokens
@@ -227,7 +228,7 @@ def judge_calls(config: Any) -> tuple[Calls, list[str], list[str], list[str]]:
     plan = [("train", train, groups, t.rollouts_per_group, first_train),
             ("sft", train, sft_docs, s.samples_per_doc, 0),
             ("val", val, (val_docs or 0) * passes, t.val_rollouts_per_doc, val_docs or 0)]
-    docs = sized_documents(t.max_words)
+    docs = sized_documents(SummaryPrompt.of(t))
     parts = []
     for part, rewards, n_groups, n, firsts in plan:
         if part == "sft" and s.kind == "none":

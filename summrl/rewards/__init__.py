@@ -10,6 +10,7 @@ from summrl.config import QARewardConfig, reward_kinds
 from summrl.data import Document
 from summrl.errors import ConfigError
 from summrl.judges import Rubrics, check_dataset_rubrics
+from summrl.prompt import SummaryPrompt
 from summrl.rewards.base import Missing, Reward, Score, WithQAMetrics
 from summrl.rewards.length import LengthPenalty
 from summrl.rewards.qa import QAReward
@@ -40,28 +41,30 @@ def check_documents(config, documents: Sequence[Document]) -> None:
                     f"{len(given.negative)} negatives) would all weigh 0, so it would have no reward: raise a weight")
 
 
-def build_val_reward(config, judge, max_words: int) -> Reward:
+def build_val_reward(config, judge, prompt: SummaryPrompt) -> Reward:
     """The reward val runs score with: the training reward, with QA metrics beside it unless one of its terms (just
     one: two would log theirs apart, as <term>_qa_accuracy) already gives them."""
-    reward = build_reward(config, judge, max_words)
+    reward = build_reward(config, judge, prompt)
     terms = [term.reward for term in config.terms.values()] if config.kind == "weighted" else [config]
     if sum(term.kind == "qa" for term in terms) == 1:
         return reward
-    return WithQAMetrics(reward, build_reward(QARewardConfig(), judge, max_words))
+    return WithQAMetrics(reward, build_reward(QARewardConfig(), judge, prompt))
 
 
-def build_reward(config, judge, max_words: int) -> Reward:
+def build_reward(config, judge, prompt: SummaryPrompt) -> Reward:
+    """``prompt``: what the summaries were asked (RULER shows the judge the same chat; the length term reads its
+    max_words)."""
     if config.kind == "qa":
         return QAReward(judge, max_chars=config.max_chars, forbid_han=config.forbid_han,
                         include_unanswerable=config.include_unanswerable)
     if config.kind == "weighted":
-        return WeightedReward({name: (term.weight, build_reward(term.reward, judge, max_words))
+        return WeightedReward({name: (term.weight, build_reward(term.reward, judge, prompt))
                                for name, term in config.terms.items()})
     if config.kind == "length":
-        return LengthPenalty(max_words=max_words, shape=config.shape)
+        return LengthPenalty(max_words=prompt.max_words, shape=config.shape)
     if config.kind == "rubric":
         return RubricReward(judge, max_rubrics=config.max_rubrics, positive_weight=config.positive_weight,
                             negative_weight=config.negative_weight, cache_dir=config.cache_dir)
     if config.kind == "ruler":
-        return RulerReward(judge.client, rubric=config.rubric, max_words=max_words)
+        return RulerReward(judge.client, rubric=config.rubric, prompt=prompt)
     raise ValueError(f"reward.kind={config.kind} is not available yet")

@@ -170,6 +170,7 @@ def plans(config: Any, documents: Sequence[Document]) -> tuple[list[Plan], list[
     """What ``summrl.data prepare`` would write for each rubric term (calls nothing), and why a term, or the judge,
     has nothing to prepare."""
     from summrl.cost import Calls, first_calls, sized
+    from summrl.prompt import SummaryPrompt
     from summrl.judges import build_judge
 
     terms = rubric_rewards(config.reward)
@@ -193,7 +194,7 @@ def plans(config: Any, documents: Sequence[Document]) -> tuple[list[Plan], list[
         pending = [d for d in own if cache.read(cache.path(d, judge.rubric_writer, term.max_rubrics)) is None]
         calls = Calls(f"judge {judge.client.model}", judge.client.model)
         for document in pending:
-            first_calls([term], sized(document, config.trainer.max_words)).into(calls)
+            first_calls([term], sized(document, SummaryPrompt.of(config.trainer))).into(calls)
         found.append(Plan(key, reward, len(documents), len(documents) - len(own), pending, calls))
     return found, notes
 

@@ -16,7 +16,7 @@ import art
 from summrl.data import Document
 from summrl.judges.client import JudgeClient, JudgeError
 from summrl.rewards.base import Missing, Score
-from summrl.prompt import summary_messages
+from summrl.prompt import SummaryPrompt
 
 
 def ruler_schema(n: int) -> dict:
@@ -32,8 +32,8 @@ def ruler_schema(n: int) -> dict:
 
 
 class RulerReward:
-    def __init__(self, client: JudgeClient, *, rubric: str, max_words: int) -> None:
-        self.client, self.rubric, self.max_words = client, rubric, max_words
+    def __init__(self, client: JudgeClient, *, rubric: str, prompt: SummaryPrompt) -> None:
+        self.client, self.rubric, self.prompt = client, rubric, prompt
 
     def _litellm_params(self, n_scores: int) -> dict:
         params = self.client.litellm_params()
@@ -47,7 +47,7 @@ class RulerReward:
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
         from art.rewards import ruler_score_group
 
-        prompt = summary_messages(document, self.max_words)
+        prompt = self.prompt.messages(document)
         group = art.TrajectoryGroup(
             art.Trajectory(messages_and_choices=[*prompt, {"role": "assistant", "content": s}], reward=0.0)
             for s in summaries

@@ -32,7 +32,7 @@ from summrl.config import EMBEDDED_JUDGES, RubricRewardConfig, RulerRewardConfig
 from summrl.data import Document
 from summrl.data.tokenizer import load_tokenizer
 from summrl.inbox import Recorder
-from summrl.prompt import chat_token_ids, summary_messages, word_count
+from summrl.prompt import SummaryPrompt, chat_token_ids, word_count
 from summrl.rewards.base import Missing
 from summrl.secrets import redact_text
 from summrl.serve.config import ServeConfig
@@ -121,7 +121,7 @@ class Service:
 
             self.judge_usage = judge.client.usage
             rubric = getattr(train.reward, "rubric", None) or RulerRewardConfig().rubric
-            return RulerReward(judge.client, rubric=rubric, max_words=train.trainer.max_words)
+            return RulerReward(judge.client, rubric=rubric, prompt=SummaryPrompt.of(train.trainer))
         from summrl.rewards.rubric import RubricReward
 
         rubric = train.reward if train.reward.kind == "rubric" else RubricRewardConfig()
@@ -214,7 +214,7 @@ class Service:
                                             f"{s.max_document_tokens}; split it, or raise the limit")
         document = Document(id=request.id or hashlib.sha256(text.encode()).hexdigest()[:16], topic="", text=text,
                             questions=())
-        messages = summary_messages(document, t.max_words)
+        messages = SummaryPrompt.of(t).messages(document)
         context = getattr(self.server, "context_length", None)
         if context is not None:  # the server would refuse it (and a burst would wait for it): checked first
             template = self.config.train.model.chat_template_kwargs

@@ -61,7 +61,7 @@ class BenchmarkSettings:
 class BenchmarkConfig:
     model: ModelConfig
     dataset: Any  # RepliqaDatasetConfig | DocumentsDatasetConfig
-    trainer: TrainerConfig  # max_words (the prompt), max_summary_tokens, temperature, seed
+    trainer: TrainerConfig  # the prompt (prompt, max_words), max_summary_tokens, temperature, seed
     reward: Any
     judge: Any
     backend: Any
@@ -118,7 +118,7 @@ class BenchmarkSchema:
     judge: Any = MISSING
     backend: Any = MISSING
     logger: Any = MISSING
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # max_words (the prompt), max_summary_tokens, ...
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the prompt, max_summary_tokens, ...
     storage: StorageConfig = field(default_factory=StorageConfig)  # results to S3 when a bucket is configured
     benchmark: BenchmarkSection = field(default_factory=BenchmarkSection)
     project: str = "summrl"

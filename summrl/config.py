@@ -1264,6 +1264,10 @@ def check(config: Config) -> None:
                  "warm start belongs at a run's start; use sft=none")
         _require(config.backend.kind != "skypilot", "dataset", "dataset=inbox reads this machine's run folder "
                  "(runs/<name>/inbox): train with backend=embedded or backend=local_gpu where the server records")
+    # ART 0.5.18's train_sft raises NotImplementedError in dedicated mode: refused before the teacher is paid
+    dedicated = config.model.gpus == 2 and config.backend.kind in ("local_gpu", "skypilot")
+    _require(config.sft.kind == "none" or not dedicated, "sft", f"sft={config.sft.kind} with model={config.model.name} (model.gpus=2, ART's dedicated mode): ART "
+             "0.5.18 can't train SFT in dedicated mode; use sft=none, or a model that trains on one GPU")
     if config.sft.kind == "distill" and config.sft.confirm and config.backend.kind == "skypilot":
         raise ConfigError("sft.confirm: the remote job has no terminal to confirm the teacher's cost in: add "
                           "sft.confirm=false (the plan with its estimate is printed in the job's log)")

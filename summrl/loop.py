@@ -24,7 +24,7 @@ from art.utils.get_model_step import get_step_from_dir
 from art.utils.iterate_dataset import iterate_dataset
 
 from summrl import algorithm, inbox, sft
-from summrl.backends import build_backend, internal_config, takes_burst_tags
+from summrl.backends import art_dir, build_backend, internal_config, takes_burst_tags
 from summrl.config import EMBEDDED_JUDGES, Config, reward_kinds
 from summrl.data import Document
 from summrl.errors import ConfigError
@@ -124,16 +124,23 @@ def history_path(config: Config) -> Path:
     return model_dir(config) / "history.jsonl"
 
 
-async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Session:
-    """Build the backend, register the ART model (loading or resuming it), then the judge and reward."""
-    backend = build_backend(config, config.run.dir)
-    model = art.TrainableModel(
+def trainable_model(config: Config) -> art.TrainableModel:
+    return art.TrainableModel(
         name=config.run.name,
         project=config.project,
         base_model=config.model.base_model,
         report_metrics=[],  # ART writes history.jsonl only; logger=wandb mirrors it into one W&B run per job
+        # history.jsonl and trajectories in the run folder: LocalBackend sets this itself, ServerlessBackend does not
+        # (its model wrote them under ./.art, where the W&B mirror and summrl.report never looked)
+        base_path=art_dir(config.run.dir),
         _internal_config=internal_config(config),  # backend=local_gpu: vLLM engine args, Unsloth, LoRA shape
     )
+
+
+async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Session:
+    """Build the backend, register the ART model (loading or resuming it), then the judge and reward."""
+    backend = build_backend(config, config.run.dir)
+    model = trainable_model(config)
     try:
         await model.register(backend)
         # judge=embedded: the same endpoint, base weights (the base model's name selects no LoRA)

@@ -29,6 +29,75 @@ def test_local_gpu_settings_reach_arts_model_config_under_arts_own_names():
         assert set(internal[section]) <= set(typing.get_type_hints(schema)), section
 
 
+def test_a_lora_rank_above_vllms_default_reaches_its_engine():
+    """vLLM loads adapters up to engine_args.max_lora_rank (16 by default) and ART does not pass the LoRA's rank on."""
+    wide = internal_config(compose_config(["backend=local_gpu", "storage.enabled=false", "model.lora.r=32"]))
+    assert wide["engine_args"]["max_lora_rank"] == 32 and wide["peft_args"]["r"] == 32
+    assert "max_lora_rank" not in internal_config(compose_config(["backend=local_gpu", "storage.enabled=false",
+                                                                  "model.lora.r=16"]))["engine_args"]
+
+
+@pytest.mark.parametrize("backend", [["backend=local_gpu"], ["backend.accelerators=H100:2"]])
+def test_sft_in_arts_dedicated_mode_is_refused_before_the_teacher_is_paid(backend):
+    """ART 0.5.18's train_sft raises NotImplementedError in dedicated mode (model.gpus=2): the run would collect, and
+    pay for, every teacher summary and then fail at training, on every rerun."""
+    two_gpus = ["model=qwen2_5_14b", "storage.enabled=false", *backend]
+    assert compose_config(two_gpus).model.gpus == 2
+    with pytest.raises(ConfigError, match=r"sft: sft=best_of_n with model=qwen2_5_14b \(model.gpus=2, ART's dedicated "
+                                          r"mode\): ART 0.5.18 can't train SFT in dedicated mode"):
+        compose_config([*two_gpus, "sft=best_of_n"])
+
+
+def test_serving_checkpoints_on_a_gpu_starts_one_vllm(monkeypatch):
+    """TrainableModel.register starts ART's vLLM server (LocalBackend._prepare_backend_for_training): a second call
+    started another, which on one GPU asks for memory the first holds. ART's own classes, a stand-in backend."""
+    import asyncio
+    from pathlib import Path
+
+    import art.local
+
+    from summrl.backends.serving import LocalGPUServer
+    from summrl.checkpoints import TrainedRun
+
+    started = []
+
+    class Backend:  # LocalBackend's surface that register and LocalGPUServer use
+        def __init__(self, path):
+            self.path = path
+
+        async def register(self, model):
+            model.base_path = self.path
+
+        async def _prepare_backend_for_training(self, model, config):
+            started.append(model.name)
+            return f"http://127.0.0.1:{8000 + len(started)}/v1", "key"
+
+        async def _get_service(self, model):
+            return object()
+
+    monkeypatch.setattr(art.local, "LocalBackend", Backend)
+    config = compose_config(["backend=local_gpu", "storage.enabled=false"])
+    run = TrainedRun(run_dir=Path("/runs/r"), name="r", checkpoints_dir=Path("/runs/r/art/summrl/models/r/checkpoints"),
+                     steps=[1])
+    server = asyncio.run(LocalGPUServer(config, run).start())
+    assert started == ["r"] and (server.base_url, server.api_key) == ("http://127.0.0.1:8001/v1", "key")
+
+
+def test_a_serverless_runs_history_is_written_in_its_run_folder(tmp_path):
+    """ART's model writes history.jsonl and trajectories under its base_path, ".art" in the working folder unless the
+    backend sets it; LocalBackend does, ServerlessBackend does not. The W&B mirror and summrl.report read the run's."""
+    from pathlib import Path
+
+    from summrl.loop import trainable_model
+    from summrl.storage import model_dir
+
+    config = compose_config(["backend=serverless", "judge=lexical", "storage.enabled=false", f"run.dir={tmp_path}",
+                             "run.name=r"])
+    model = trainable_model(config)
+    assert Path(model.base_path) == tmp_path / "art"
+    assert Path(model._get_output_dir()) == model_dir(config) == tmp_path / "art" / config.project / "models" / "r"
+
+
 def test_engine_args_cannot_shadow_their_own_settings():
     with pytest.raises(ConfigError, match="backend.engine_args.gpu_memory_utilization: has its own setting"):
         compose_config(["backend=local_gpu", "+backend.engine_args.gpu_memory_utilization=0.5"])

@@ -20,7 +20,7 @@ class BackendUnavailable(RuntimeError):  # summrl.preflight lists it as a config
 
 def build_backend(config: Any, run_dir: str) -> Any:
     """The ART backend for ``config.backend``. ART state (history, checkpoints) goes under ``run_dir/art``."""
-    art_path = str(Path(run_dir) / "art")
+    art_path = art_dir(run_dir)
     kind = config.backend.kind
     if kind == "embedded":
         from summrl.backends.embedded import EmbeddedBackend  # heavy (torch, transformers, peft): on use only
@@ -38,6 +38,11 @@ def build_backend(config: Any, run_dir: str) -> Any:
     if kind == "skypilot":
         raise BackendUnavailable("backend=skypilot runs the job remotely (summrl.cloud); it has no local ART backend")
     raise ValueError(f"backend.kind={kind} is not available")
+
+
+def art_dir(run_dir: str) -> str:
+    """Where ART keeps a run's state (history, trajectories, checkpoints): ``<run_dir>/art``."""
+    return str(Path(run_dir) / "art")
 
 
 def takes_burst_tags(config: Any) -> bool:
@@ -78,7 +83,9 @@ def internal_config(config: Any) -> Optional[dict]:
     b, model = config.backend, config.model
     lora = model.lora
     # The model preset's settings first, the backend's on top (config.py refuses a key both would set).
-    engine = {**dict(model.engine_args), "gpu_memory_utilization": b.gpu_memory_utilization,
+    # vLLM refuses an adapter above its max_lora_rank (16 by default) when it loads it; ART does not pass the rank on
+    rank = {"max_lora_rank": lora.r} if lora.r > 16 else {}
+    engine = {**rank, **dict(model.engine_args), "gpu_memory_utilization": b.gpu_memory_utilization,
               "enforce_eager": b.enforce_eager, **({"max_model_len": b.max_model_len} if b.max_model_len else {}),
               **dict(b.engine_args)}
     internal = {

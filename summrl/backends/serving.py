@@ -99,8 +99,8 @@ class LocalGPUServer:
         self.backend = LocalBackend(path=str(self.run.run_dir / "art"))
         self.model = art.TrainableModel(name=self.run.name, project=project, base_model=self.config.model.base_model,
                                         _internal_config=internal_config(self.config))
-        await self.model.register(self.backend)
-        self.base_url, self.api_key = await self.backend._prepare_backend_for_training(self.model, None)
+        await self.model.register(self.backend)  # starts vLLM (a second _prepare_backend_for_training started another)
+        self.base_url, self.api_key = self.model.inference_base_url, self.model.inference_api_key
         self._service = await self.backend._get_service(self.model)
         return self
 

@@ -25,6 +25,7 @@ from art.utils.iterate_dataset import iterate_dataset
 
 from summrl import algorithm, inbox, sft
 from summrl.backends import art_dir, build_backend, internal_config, takes_burst_tags
+from summrl.backends.art_model import TrainableModel
 from summrl.config import EMBEDDED_JUDGES, Config, reward_kinds
 from summrl.data import Document
 from summrl.errors import ConfigError
@@ -124,8 +125,8 @@ def history_path(config: Config) -> Path:
     return model_dir(config) / "history.jsonl"
 
 
-def trainable_model(config: Config) -> art.TrainableModel:
-    return art.TrainableModel(
+def trainable_model(config: Config) -> TrainableModel:
+    return TrainableModel(
         name=config.run.name,
         project=config.project,
         base_model=config.model.base_model,

@@ -2,7 +2,7 @@
 
 The W&B run mirrors ART's ``history.jsonl`` line by line (so W&B shows exactly what ART computed,
 with ``training_step`` as the x-axis), plus a table of val samples at every eval. ART's own W&B
-run stays off (``report_metrics=[]``): one run per job, not two.
+run stays off (``report_metrics=[]`` and ``backends.art_model.TrainableModel``): one run per job, not two.
 """
 
 from __future__ import annotations

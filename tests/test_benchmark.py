@@ -435,6 +435,24 @@ def test_split_all_scores_every_document_with_a_progress_bar_on_a_terminal(tmp_p
     assert json.loads((tmp_path / "out" / "benchmark.json").read_text())["dataset"]["split"] == "all"
 
 
+def test_a_checkpoint_benchmarked_on_a_gpu_is_asked_with_the_models_chat_template_kwargs():
+    """The checkpoint server's extra_body (LocalGPUServer: the model's chat_template_kwargs) reaches every request the
+    benchmark sends it; a hosted model's requests carry none."""
+    from summrl.benchmark.sources import LiteLLMSource
+    from summrl.data import Document
+    from summrl.prompt import SummaryPrompt
+    from summrl.testing import FakeLLM
+
+    document = Document(id="d", topic="", text="A short text.", questions=())
+    with FakeLLM() as fake:
+        for extra in ({"chat_template_kwargs": {"enable_thinking": False}}, None):
+            source = LiteLLMSource(model="openai/r@1", prompt=SummaryPrompt("facts", 350), max_tokens=8,
+                                   temperature=1.0, timeout_s=10, max_retries=0, api_base=fake.base_url, api_key="k",
+                                   local=extra is not None, extra_body=extra)
+            asyncio.run(source.summarize(document))
+    assert [r.get("chat_template_kwargs") for r in fake.requests] == [{"enable_thinking": False}, None]
+
+
 def test_a_benchmark_folder_knows_which_prompt_its_rows_were_asked(tmp_path):
     """benchmark.json names the prompt (trainer.prompt). One written before that setting held facts's rows: resuming
     it with facts goes on; with Summary-RL's prompt it is refused, naming the prompt its rows had."""

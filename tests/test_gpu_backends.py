@@ -83,6 +83,41 @@ def test_serving_checkpoints_on_a_gpu_starts_one_vllm(monkeypatch):
     assert started == ["r"] and (server.base_url, server.api_key) == ("http://127.0.0.1:8001/v1", "key")
 
 
+def test_the_base_model_is_served_on_a_gpu_as_an_adapter_that_adds_nothing(shared_run, monkeypatch):
+    """ART's vLLM answers to <run>@<step> only: the base model's Hugging Face name was a 404, so step 0 of every
+    benchmark failed on a GPU. Step 0 is the run's adapter with every lora_B zero, loaded as <run>@0."""
+    import asyncio
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    from summrl.backends.serving import LocalGPUServer
+    from summrl.checkpoints import trained_run
+
+    loaded = {}
+
+    class Service:  # ART's UnslothService: register_lora_for_step loads the folder's adapter as <run>@<step>
+        async def register_lora_for_step(self, step, path):
+            loaded[step] = Path(path)
+
+    run = trained_run(shared_run.run_dir)
+    server = LocalGPUServer(compose_config(["backend=local_gpu", "storage.enabled=false"]), run)
+    server._service = Service()
+    names = asyncio.run(server.serve(0)), asyncio.run(server.serve(3)), asyncio.run(server.serve(0))
+    assert names == (f"{run.name}@0", f"{run.name}@3", f"{run.name}@0") and loaded[3] == run.checkpoint(3)
+    assert run.steps[-1] == 3  # the latest checkpoint's adapter: its shapes are the run's
+    zero, trained = load_file(loaded[0] / "adapter_model.safetensors"), load_file(run.checkpoint(3) /
+                                                                                   "adapter_model.safetensors")
+    assert zero.keys() == trained.keys() and any("lora_B" in k for k in zero)
+    for key, tensor in zero.items():  # B = 0: the delta B·A adds nothing; A is kept, so the shapes are the run's
+        assert torch.equal(tensor, torch.zeros_like(trained[key]) if "lora_B" in key else trained[key]), key
+    assert (loaded[0] / "adapter_config.json").read_bytes() == (run.checkpoint(3) / "adapter_config.json").read_bytes()
+    server.backend = type("Backend", (), {"close": lambda self: asyncio.sleep(0)})()
+    asyncio.run(server.close())
+    assert not loaded[0].exists()  # made for this server, removed with it
+
+
 def test_a_serverless_runs_history_is_written_in_its_run_folder(tmp_path):
     """ART's model writes history.jsonl and trajectories under its base_path, ".art" in the working folder unless the
     backend sets it; LocalBackend does, ServerlessBackend does not. The W&B mirror and summrl.report read the run's."""
@@ -96,6 +131,27 @@ def test_a_serverless_runs_history_is_written_in_its_run_folder(tmp_path):
     model = trainable_model(config)
     assert Path(model.base_path) == tmp_path / "art"
     assert Path(model._get_output_dir()) == model_dir(config) == tmp_path / "art" / config.project / "models" / "r"
+
+
+def test_art_opens_no_wandb_run_beside_summrls_tracker(tmp_path, monkeypatch):
+    """ART 0.5.18's LocalBackend.register (and its train, and ServerlessBackend.train) opened a W&B run whenever
+    WANDB_API_KEY was set, whatever report_metrics said, with the run's name as its id: a second writer to the
+    tracker's run. ART's own LocalBackend.register, which runs on this CPU."""
+    import asyncio
+
+    import wandb
+    from art.local import LocalBackend
+
+    from summrl.backends import art_dir
+    from summrl.loop import trainable_model
+
+    monkeypatch.setenv("WANDB_API_KEY", "not-a-key")
+    opened = []
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: opened.append(kwargs))
+    config = compose_config(["backend=local_gpu", "storage.enabled=false", f"run.dir={tmp_path}", "run.name=r"])
+    model = trainable_model(config)
+    asyncio.run(LocalBackend(path=art_dir(str(tmp_path))).register(model))
+    assert opened == [] and model._get_wandb_run() is None
 
 
 def test_engine_args_cannot_shadow_their_own_settings():

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import httpx
 import openai
@@ -39,16 +40,18 @@ def summarize(url: str, document: str, key: str | None = SERVE_KEY, **extra) -> 
     return httpx.post(f"{url}/v1/summarize", json={"document": document, **extra}, headers=headers, timeout=120)
 
 
-def in_front_of(fake: FakeLLM, monkeypatch) -> None:
+def in_front_of(fake: FakeLLM, monkeypatch, extra_body: Optional[dict] = None) -> None:
     """summrl.serve's app with the loopback fake as its backend's endpoint, and a word-splitting tokenizer."""
     import summrl.backends.serving as serving
     import summrl.serve.app as app
 
-    class Endpoint:  # what start_server returns
+    class Endpoint:  # what start_server returns (a CheckpointServer)
         base_url, api_key = fake.base_url, "none"
 
         async def serve(self, step: int) -> str:
             return "fake-policy"
+
+    Endpoint.extra_body = extra_body  # LocalGPUServer's: the model's chat_template_kwargs
 
     async def start_server(train, run):
         return Endpoint()
@@ -370,6 +373,34 @@ def test_a_checkpoint_that_cant_be_loaded_ends_the_server_with_one_line(run_copy
     assert line.startswith(f"summrl: config error: step=9: the model could not be loaded (ValueError: {checkpoints}/"
                            "0009/adapter_model.safetensors is not this model's adapter (1 tensors missing, 0 unknown")
     assert line.endswith("): serve another step, or check the run's model settings") and "Traceback" not in result.stderr
+
+
+def test_a_gpu_served_model_gets_its_chat_template_kwargs_in_every_request(monkeypatch, tmp_path):
+    """vLLM renders a chat with the chat_template_kwargs a request carries, and ART adds the model's only in
+    model.openai_client(): qwen3_8b, trained with thinking off, was served (and benchmarked) with it on."""
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    import summrl.serve.app as app
+    from summrl.backends.serving import LocalGPUServer
+    from summrl.serve.config import ServeConfig, ServeSection
+    from tests.conftest import compose_config
+
+    train = compose_config(["experiment=local", "backend=local_gpu", "model=qwen3_8b", "judge=lexical"])
+    extra = LocalGPUServer(train, None).extra_body
+    assert extra == {"chat_template_kwargs": {"enable_thinking": False}}
+    assert LocalGPUServer(compose_config(["backend=local_gpu"]), None).extra_body is None  # Qwen2.5: none
+    with FakeLLM() as fake:
+        in_front_of(fake, monkeypatch, extra_body=extra)
+        service = app.Service(ServeConfig(run=SimpleNamespace(name="r", run_dir=tmp_path), step=1, follow="fixed",
+                                          train=train, serve=ServeSection()))
+        with TestClient(app.build_app(service)) as client:
+            client.portal.call(service.start)
+            assert client.post("/v1/summarize", json={"document": "A short text."}).status_code == 200
+            chat = {"model": "r@1", "messages": [{"role": "user", "content": "hi"}]}
+            assert client.post("/v1/chat/completions", json=chat).status_code == 200
+    assert [r.get("chat_template_kwargs") for r in fake.requests] == [{"enable_thinking": False}] * 2
 
 
 def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch, tmp_path):

@@ -4,13 +4,16 @@
 ``backend=embedded``: the embedded engine (transformers + peft, CPU) behind the embedded server,
 one checkpoint's adapter at a time; the base model's name selects no adapter (also the endpoint of
 judge=embedded and judge=local). ``backend=local_gpu``: ART's LocalBackend (vLLM) on this machine's GPU, which loads
-each step's adapter as ``name@step``.
+each step's adapter as ``name@step``, the base model (step 0) as an adapter that adds nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from summrl.backends import internal_config
@@ -22,6 +25,7 @@ class CheckpointServer(Protocol):
     base_url: str
     api_key: str
     context_length: Optional[int]  # prompt and completion together, at most (None: not known here)
+    extra_body: Optional[dict]  # what every chat request must carry (None: nothing)
 
     async def serve(self, step: int) -> str:
         """Load ``step`` (0 = the base model) and return the name to request it by."""
@@ -32,6 +36,8 @@ class CheckpointServer(Protocol):
 
 class EmbeddedServer:
     """The embedded engine on 127.0.0.1: the base model and, after ``serve(step)``, that step's adapter."""
+
+    extra_body = None  # the engine renders every chat with the model's chat_template_kwargs itself
 
     def __init__(self, config: Any, run: Optional[TrainedRun]) -> None:
         self.config, self.run = config, run
@@ -88,30 +94,57 @@ class LocalGPUServer:
         self.config, self.run = config, run
         self.base_url = self.api_key = ""
         self.context_length = config.backend.max_model_len  # None: the model's own, which vLLM enforces itself
+        self._base: Optional[Path] = None  # step 0's adapter (serve)
+        # vLLM renders a chat with the kwargs a request carries: ART adds them in model.openai_client() only, so
+        # requests made here carry them too (qwen3_8b trained with thinking off; without them it thinks)
+        kwargs = dict(config.model.chat_template_kwargs)
+        self.extra_body = {"chat_template_kwargs": kwargs} if kwargs else None
 
     async def start(self) -> "LocalGPUServer":
-        import art
         from art.local import LocalBackend
 
+        from summrl.backends.art_model import TrainableModel  # imports ART: on use only
 
         # The ART layout is art/<project>/models/<name>: the project is the folder above models/.
         project = self.run.checkpoints_dir.parent.parent.parent.name
         self.backend = LocalBackend(path=str(self.run.run_dir / "art"))
-        self.model = art.TrainableModel(name=self.run.name, project=project, base_model=self.config.model.base_model,
-                                        _internal_config=internal_config(self.config))
+        self.model = TrainableModel(name=self.run.name, project=project, base_model=self.config.model.base_model,
+                                    _internal_config=internal_config(self.config))
         await self.model.register(self.backend)  # starts vLLM (a second _prepare_backend_for_training started another)
         self.base_url, self.api_key = self.model.inference_base_url, self.model.inference_api_key
         self._service = await self.backend._get_service(self.model)
         return self
 
     async def serve(self, step: int) -> str:
-        if step == 0:
-            return self.config.model.base_model  # vLLM serves the base model under its Hugging Face name
-        await self._service.register_lora_for_step(step, str(self.run.checkpoint(step)))
+        # ART's vLLM answers to <run>@<step> only (--served-model-name), not to the base model's Hugging Face name:
+        # step 0 is served as an adapter that adds nothing
+        path = self.run.checkpoint(step) if step else await asyncio.to_thread(self._zero_adapter)
+        await self._service.register_lora_for_step(step, str(path))
         return f"{self.run.name}@{step}"
+
+    def _zero_adapter(self) -> Path:
+        """The run's adapter with every lora_B zero (its delta B·A is then 0: the base model), in a folder of its own:
+        made from any checkpoint, since a run restored from S3 lacks ART's step 0."""
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        if self._base is not None:
+            return self._base
+        source = next((self.run.checkpoint(s) for s in [*reversed(self.run.steps), 0]
+                       if (self.run.checkpoint(s) / "adapter_model.safetensors").is_file()), None)
+        if source is None:
+            raise FileNotFoundError(f"{self.run.checkpoints_dir}: no checkpoint's adapter to serve step 0 with")
+        self._base = Path(tempfile.mkdtemp(prefix="summrl-step0-"))
+        tensors = load_file(str(source / "adapter_model.safetensors"))
+        save_file({k: torch.zeros_like(v) if "lora_B" in k else v for k, v in tensors.items()},
+                  str(self._base / "adapter_model.safetensors"))
+        shutil.copyfile(source / "adapter_config.json", self._base / "adapter_config.json")
+        return self._base
 
     async def close(self) -> None:
         await self.backend.close()
+        if self._base is not None:
+            shutil.rmtree(self._base, ignore_errors=True)
 
 
 async def start_server(config: Any, run: Optional[TrainedRun]) -> CheckpointServer:

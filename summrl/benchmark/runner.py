@@ -186,7 +186,8 @@ async def source_for(config: BenchmarkConfig, job: Job, server: Any, ruler_judge
         name = await server.serve(step)
         inner = LiteLLMSource(model=f"openai/{name}", prompt=SummaryPrompt.of(t), max_tokens=t.max_summary_tokens,
                               temperature=t.temperature, timeout_s=b.timeout_s, max_retries=b.max_retries,
-                              api_base=server.base_url, api_key=server.api_key, local=True)
+                              api_base=server.base_url, api_key=server.api_key, local=True,
+                              extra_body=server.extra_body)
     else:
         entry = job.entry.model if isinstance(job.entry, BestOfNEntry) else job.entry
         inner = litellm_source(config, entry)

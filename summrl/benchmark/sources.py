@@ -42,6 +42,7 @@ class LiteLLMSource:
     api_key_env: Optional[str] = None
     api_key: Optional[str] = None  # in memory only (the checkpoint server's key)
     local: bool = False  # served on this machine: costs $0
+    extra_body: Optional[dict] = None  # what the checkpoint server needs in every request (CheckpointServer)
 
     async def summarize(self, document: Document) -> Summary:
         import litellm
@@ -53,6 +54,7 @@ class LiteLLMSource:
                 temperature=self.temperature, api_base=self.api_base,
                 api_key=key or ("none" if self.api_base else None), timeout=self.timeout_s,
                 num_retries=self.max_retries, drop_params=True,  # reasoning models reject some sampling params
+                **({"extra_body": self.extra_body} if self.extra_body else {}),
             )
         except Exception as e:
             message = f"{type(e).__name__}: {e}"

@@ -200,7 +200,9 @@ class Service:
         if as_burst and self.arrivals is not None:
             burst = await self.arrivals.join(n)
             params.update(burst.request_fields())
-        return await self.client.chat.completions.create(model=self.inner, messages=messages, n=n, **params)
+        extra_body = {**(self.server.extra_body or {}), **params.pop("extra_body", {})}  # the server's, the burst's
+        return await self.client.chat.completions.create(model=self.inner, messages=messages, n=n,
+                                                         extra_body=extra_body or None, **params)
 
     async def summarize(self, request: SummarizeRequest) -> dict:
         s, t = self.config.serve, self.config.train.trainer

@@ -103,6 +103,7 @@ def run_config(run: TrainedRun, key: str = "run_dir"):
     from omegaconf import OmegaConf
 
     from summrl.config import KIND_SCHEMAS, Config, typed_config
+    from summrl.prompt import PROMPT_BEFORE_THE_OPTION
 
     path = run.run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
@@ -114,8 +115,8 @@ def run_config(run: TrainedRun, key: str = "run_dir"):
         if kind not in schemas:
             raise ConfigError(f"{key}: {path} has {group}.kind={kind!r}, which this summrl does not know")
         saved[group] = OmegaConf.merge(OmegaConf.structured(schemas[kind]), saved[group])
-    if OmegaConf.select(saved, "trainer.prompt") is None:  # a run from before trainer.prompt: it was asked facts's
-        OmegaConf.update(saved, "trainer.prompt", "facts", force_add=True)
+    if OmegaConf.select(saved, "trainer.prompt") is None:  # a run from before the option
+        OmegaConf.update(saved, "trainer.prompt", PROMPT_BEFORE_THE_OPTION, force_add=True)
     # Hydra saves the config unresolved: run.dir and run.name point at Hydra's runtime, which only a run has
     cfg = OmegaConf.merge(OmegaConf.structured(Config), saved, {"run": {"dir": str(run.run_dir), "name": run.name}})
     return typed_config(cfg, Config)

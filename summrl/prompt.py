@@ -27,6 +27,8 @@ PROMPTS: dict[str, tuple[str, str]] = {
         "Keep the concrete facts a reader could ask about: names, dates, numbers, places and outcomes.",
     ),
 }
+# What a run or a benchmark folder saved before trainer.prompt existed was asked (its config does not say)
+PROMPT_BEFORE_THE_OPTION = "facts"
 
 
 @dataclass(frozen=True)

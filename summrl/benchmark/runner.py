@@ -31,7 +31,7 @@ from summrl.job import write_json
 from summrl.judges import build_judge
 from summrl.rewards import Missing, build_reward
 from summrl.rewards.ruler import RulerReward
-from summrl.prompt import SummaryPrompt, word_count
+from summrl.prompt import PROMPT_BEFORE_THE_OPTION, SummaryPrompt, word_count
 from summrl.splits import load as load_documents
 
 log = logging.getLogger(__name__)
@@ -225,8 +225,8 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> None:
     mine = json.loads(json.dumps(identity(config)))
     if path.exists():
         saved = json.loads(path.read_text())
-        if isinstance(saved.get("prompt"), dict):  # written before trainer.prompt: every row then had facts's
-            saved["prompt"] = {"style": "facts", **saved["prompt"]}
+        if isinstance(saved.get("prompt"), dict):  # written before trainer.prompt
+            saved["prompt"] = {"style": PROMPT_BEFORE_THE_OPTION, **saved["prompt"]}
         for section in mine:
             if saved.get(section) != mine[section]:
                 raise ConfigError(

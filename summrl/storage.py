@@ -8,7 +8,9 @@ Layout, under ``s3://<bucket>/<prefix>/<project>/<run name>/``::
     sft/<files>                        sft=: the collected summaries, kept samples, teacher usage, stage record
 
 A checkpoint counts only once its marker exists, so an upload cut short (a crash, a preempted machine)
-is never restored. ``sft/`` goes up during collection (every ``SFT_BACKUP_S``) and before each checkpoint, so a
+is never restored. A KL reference checkpoint (``algorithm.kl_penalty_reference_step``) goes up as soon as it is
+written, whatever ``backup_every`` says, and comes back with the latest: a run resumed on a fresh machine needs it
+at its next step. ``sft/`` goes up during collection (every ``SFT_BACKUP_S``) and before each checkpoint, so a
 fresh machine never pays a teacher again; its ``record.json`` (SFT has trained) is restored only with its step's
 complete checkpoint, else SFT trains again from the restored samples. Credentials come from boto3's usual chain
 (AWS_* in the environment or .env); they are never logged or written.
@@ -113,6 +115,7 @@ class CheckpointBackup:
     max_steps: int
     sft_local: Optional[Path] = None  # the run's sft/ folder
     restore_enabled: bool = True
+    reference: Optional[int] = None  # the KL reference checkpoint's step (algorithm.kl_penalty_reference_step), if any
     uploaded: set[int] = field(default_factory=set)
     sft_uploaded: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (size, mtime) last uploaded
     sft_backed_up_at: float = 0.0
@@ -132,7 +135,7 @@ class CheckpointBackup:
         root = "/".join(p for p in (storage.prefix, config.project, config.run.name) if p)
         return cls(client=client, bucket=bucket, label=bucket_label(storage), root=root, local=model_dir(config),
                    every=storage.backup_every, max_steps=config.trainer.max_steps, sft_local=sft_dir(config),
-                   restore_enabled=storage.restore)
+                   restore_enabled=storage.restore, reference=reference_step(config))
 
     @property
     def url(self) -> str:
@@ -154,19 +157,49 @@ class CheckpointBackup:
 
     def restore(self) -> Optional[int]:
         """With no local checkpoint, download the latest complete backup; the backend then resumes at its step.
-        With no local sft/ folder, download the backed-up one (a collection continues without paying again)."""
+        The KL reference checkpoint, if the run has one before its latest step and lacks it, comes too. With no
+        local sft/ folder, download the backed-up one (a collection continues without paying again)."""
         if not self.restore_enabled:
             return None
         self._restore_sft()
-        if local_steps(self.local / "checkpoints"):
+        local = local_steps(self.local / "checkpoints")
+        if local:
+            self._restore_reference(max(local))  # (a restore cut short between the latest and the reference)
             return None
         steps = self.complete_steps()
         if not steps:
             return None
         step = steps[-1]
+        history = self._get("history.jsonl", missing_ok=True)  # before the checkpoint: restore ends once it is there
+        if history is not None and not (self.local / "history.jsonl").exists():
+            write_atomic(self.local / "history.jsonl", history)
+        self._download(step)
+        log.info(f"summrl: restored step {step} from {self.url}")
+        self._restore_reference(step, steps)
+        return step
+
+    def _restore_reference(self, latest: int, backed_up: Optional[list[int]] = None) -> None:
+        """The KL reference checkpoint, when the run has passed it and it is not on disk."""
+        reference = self.reference
+        if not reference or reference >= latest or reference in local_steps(self.local / "checkpoints"):
+            return
+        backed_up = self.complete_steps() if backed_up is None else backed_up
+        if reference not in backed_up:
+            raise StorageError(
+                f"algorithm.kl_penalty_reference_step={reference}: the run is at step {latest}, but neither this "
+                f"machine nor {self.url} (steps {backed_up}) has checkpoint {reference}, the KL reference of the next "
+                "step (runs made before summrl backed the reference up whatever storage.backup_every said lack it): "
+                f"resume where checkpoint {reference} is on disk, or set algorithm.kl_penalty_reference_step=null "
+                "to measure the penalty against the base model")
+        self._download(reference)
+        log.info(f"summrl: restored step {reference}, the KL reference, from {self.url}")
+
+    def _download(self, step: int) -> None:
+        """Checkpoint ``step`` into its folder, checked against its manifest; the folder appears only once whole."""
         manifest = json.loads(self._get(f"checkpoints/{step:04d}{COMPLETE}"))
         target = self.local / "checkpoints" / f"{step:04d}"
         partial = self.local / f".restoring-{step:04d}"
+        shutil.rmtree(partial, ignore_errors=True)  # a download cut short before
         for rel, meta in manifest["files"].items():
             path = partial / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,14 +207,9 @@ class CheckpointBackup:
             if path.stat().st_size != meta["size"] or _md5(path) != meta["md5"]:
                 raise StorageError(f"{self.url}/checkpoints/{step:04d}/{rel} does not match its manifest "
                                    "(size or md5): delete that step's marker to fall back to the previous one")
-        history = self._get("history.jsonl", missing_ok=True)  # before the checkpoint: restore ends once it is there
-        if history is not None and not (self.local / "history.jsonl").exists():
-            write_atomic(self.local / "history.jsonl", history)
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial.rename(target)  # the backend sees the folder only once it is whole
+        partial.rename(target)
         self.uploaded.add(step)
-        log.info(f"summrl: restored step {step} from {self.url}")
-        return step
 
     def restore_result(self, run_dir: str) -> Optional[dict]:
         """With no local result.json, the backed-up one: a fresh machine keeps the val scores (and wall time) its
@@ -244,8 +272,9 @@ class CheckpointBackup:
             self.sft_uploaded[path.name] = (stat.st_size, stat.st_mtime_ns)
 
     async def after_step(self, step: int, *, final: bool = False) -> None:
-        """Back up ``step`` every ``backup_every`` steps and at the end; history goes up each time."""
-        if step <= 0 or not (final or step % self.every == 0 or step >= self.max_steps):
+        """Back up ``step`` every ``backup_every`` steps, at the end, and when it is the KL reference; history goes
+        up each time."""
+        if step <= 0 or not (final or step % self.every == 0 or step >= self.max_steps or step == self.reference):
             return
         await asyncio.to_thread(self._backup, step)
 
@@ -313,6 +342,12 @@ class NoBackup:
 
     async def save_sft(self, *, force: bool = False) -> None:
         return None
+
+
+def reference_step(config: Any) -> Optional[int]:
+    """The checkpoint step the KL penalty is measured against, or None (no penalty, or the base model: step 0)."""
+    algorithm = config.algorithm
+    return algorithm.kl_penalty_reference_step or None if algorithm.kl_penalty_coef > 0 else None
 
 
 def fetch_result(config: Any) -> Optional[dict]:

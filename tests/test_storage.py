@@ -152,3 +152,50 @@ def test_sft_files_are_restored_whole_or_not_at_all(tmp_path, s3_endpoint, aws_e
     monkeypatch.setattr(fresh, "_get", real_get)
     fresh._restore_sft()
     assert sorted(p.name for p in fresh.sft_local.iterdir()) == ["collected.jsonl", "samples.jsonl", "summaries.jsonl"]
+
+
+def test_the_kl_reference_checkpoint_is_backed_up_off_schedule_and_restored_with_the_latest(
+        tmp_path, s3_endpoint, aws_env, caplog):
+    """A managed job recovered on a fresh machine needs its KL reference at its next step: before, only the latest
+    checkpoint came back (and the reference went up only if backup_every happened to reach it)."""
+    caplog.set_level(logging.INFO, logger="summrl")
+    config = storage_config(tmp_path, s3_endpoint, "klref", "algorithm=grpo_kl",
+                            "algorithm.kl_penalty_reference_step=2", "storage.backup_every=4", "trainer.max_steps=6")
+    backup = CheckpointBackup.open(config)
+    for step in range(1, 6):
+        write_checkpoint(config, step, f"weights {step}".encode())
+        asyncio.run(backup.after_step(step))
+    assert backup.complete_steps() == [2, 4]  # 2: the reference, off backup_every's schedule
+
+    shutil.rmtree(tmp_path / "run")  # the machine is gone
+    fresh = CheckpointBackup.open(config)
+    assert fresh.restore() == 4
+    checkpoints = fresh.local / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["0002", "0004"]
+    assert (checkpoints / "0002" / "adapter_model.safetensors").read_bytes() == b"weights 2"
+    assert "restored step 2, the KL reference" in said(caplog, logging.INFO)
+
+    # A restore cut short after the latest: the next invocation fetches the reference alone.
+    shutil.rmtree(checkpoints / "0002")
+    assert CheckpointBackup.open(config).restore() is None
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["0002", "0004"]
+
+    # Without a KL penalty (or against the base model), the reference is not fetched.
+    shutil.rmtree(tmp_path / "run")
+    plain = storage_config(tmp_path, s3_endpoint, "klref", "storage.backup_every=4", "trainer.max_steps=6")
+    assert CheckpointBackup.open(plain).restore() == 4
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["0004"]
+
+
+def test_a_kl_reference_missing_from_the_backup_is_named_before_the_model_loads(tmp_path, s3_endpoint, aws_env):
+    config = storage_config(tmp_path, s3_endpoint, "klold", "storage.backup_every=2", "trainer.max_steps=4")
+    backup = CheckpointBackup.open(config)  # a run backed up without the reference (as before this change)
+    for step in (1, 2):
+        write_checkpoint(config, step, f"weights {step}".encode())
+        asyncio.run(backup.after_step(step))
+    shutil.rmtree(tmp_path / "run")
+    kl = storage_config(tmp_path, s3_endpoint, "klold", "algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=1",
+                        "storage.backup_every=2", "trainer.max_steps=4")
+    with pytest.raises(StorageError, match=r"kl_penalty_reference_step=1: .*checkpoint 1.*"
+                                           r"kl_penalty_reference_step=null"):
+        CheckpointBackup.open(kl).restore()

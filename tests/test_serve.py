@@ -441,6 +441,12 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             assert error(client.post("/v1/chat/completions", headers=key, json={"messages": chat["messages"]}),
                          400) == "bad request: model: required, the served model's id (r@1)"
             assert client.post("/v1/chat/completions", headers=key, json={**chat, "temperature": 0}).status_code == 200
+            # "false" as a string was refused as if it asked to stream; a false boolean is what OpenAI's clients send
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stream": "false"}),
+                         400) == "bad request: stream: must be true or false, got 'false'"
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stream": True}),
+                         400) == "bad request: stream=true is not supported"
+            assert client.post("/v1/chat/completions", headers=key, json={**chat, "stream": False}).status_code == 200
             assert error(client.get("/v1/nothing"), 404) == "Not Found"
             assert error(client.get("/v1/summarize", headers=key), 405) == "Method Not Allowed"
             card = client.get("/v1/models/r@1", headers=key).json()

@@ -393,7 +393,9 @@ def build_app(service: Service) -> FastAPI:
             raise HTTPException(400, detail="bad request: the body is not JSON") from None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             raise HTTPException(400, detail="bad request: messages: a non-empty list of chat messages is required")
-        if body.get("stream") not in (None, False):
+        if body.get("stream") is not None and not isinstance(body["stream"], bool):
+            raise HTTPException(400, detail=f"bad request: stream: must be true or false, got {body['stream']!r}")
+        if body.get("stream"):
             raise HTTPException(400, detail="bad request: stream=true is not supported")
         # said, not silently dropped: a client relying on them would get text they did not ask for
         unsupported = [k for k in UNSUPPORTED_CHAT if body.get(k) not in (None, [], {}, False, 0)]

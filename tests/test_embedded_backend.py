@@ -411,6 +411,13 @@ def test_json_schema_replies_are_grammar_constrained(loop, session):
     parsed = json.loads(reply.choices[0].message.content)
     assert list(parsed) == ["answers"] and len(parsed["answers"]) == 3
     assert all(isinstance(a, str) and len(a) <= 20 for a in parsed["answers"])  # the schema's string bound
+    # A schema xgrammar can't compile is a 400 that says why, without xgrammar's "[time] file.cc:line:" location.
+    with pytest.raises(openai.BadRequestError) as refused:
+        loop.run_until_complete(model.openai_client().chat.completions.create(
+            model=backend.model_config.base_model, messages=[{"role": "user", "content": "Hi."}], max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "objekt"}}}))
+    assert refused.value.body["detail"] == ("response_format: json_schema.schema can't be compiled to a grammar: "
+                                            "Unsupported type \"objekt\"")
 
 
 def test_embedded_judge_grades_a_group(loop, session):

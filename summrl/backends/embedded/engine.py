@@ -13,6 +13,7 @@ import functools
 import hashlib
 import math
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -369,7 +370,11 @@ class Engine:
                 bounded = bound_strings(schema, self.max_string_chars)
                 # At most 2 whitespace characters in a row: with free whitespace a small model can emit newlines
                 # until max_tokens (seen with SmolLM2 as RULER judge: 630 blank lines, then a cut-off reply).
-                compiled = self._grammar_compiler.compile_json_schema(_json.dumps(bounded), max_whitespace_cnt=2)
+                try:
+                    compiled = self._grammar_compiler.compile_json_schema(_json.dumps(bounded), max_whitespace_cnt=2)
+                except RuntimeError as e:  # xgrammar's C++ message, after its "[time] file.cc:line: " location
+                    reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip())
+                    raise ValueError(f"json_schema.schema can't be compiled to a grammar: {reason}") from None
             else:
                 raise ValueError(f"unsupported response_format type {kind!r}; use json_object or json_schema")
             self._grammars[response_format] = compiled

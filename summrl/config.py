@@ -725,6 +725,9 @@ class JobRecoveryConfig:
                  f"must be >= 0, got {self.max_restarts_on_errors}")
         _require(all(0 <= c <= 255 for c in self.recover_on_exit_codes), "backend.job_recovery.recover_on_exit_codes",
                  f"must be exit codes in [0, 255], got {list(self.recover_on_exit_codes)}")
+        codes = list(self.recover_on_exit_codes)  # SkyPilot's schema refuses a repeated one, as it launches
+        _require(len(set(codes)) == len(codes), "backend.job_recovery.recover_on_exit_codes",
+                 f"lists an exit code twice: {codes}; list each once")
 
 
 @dataclass

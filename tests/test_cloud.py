@@ -283,7 +283,10 @@ def test_ctrl_c_while_provisioning_cancels_the_launch(cloud_env, monkeypatch, ca
     with pytest.raises(KeyboardInterrupt):
         run_on_cluster(launcher_config(), [], None)
     assert ("api_cancel", "launch-request") in fake.calls and "tail_logs" not in fake.names()
-    assert "python -m summrl.cluster down summrl" in said(caplog, logging.ERROR)
+    err = said(caplog, logging.ERROR)
+    # SkyPilot sets autostop after provisioning: the cluster is not said to go down by itself (it said so)
+    assert "before SkyPilot set its autostop" in err and "python -m summrl.cluster down summrl" in err
+    assert "idle minutes pass" not in err
 
 
 def test_preflight_lists_every_missing_item_before_provisioning(tmp_path, monkeypatch):

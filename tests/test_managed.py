@@ -117,6 +117,8 @@ def test_managed_without_storage_and_spot_without_managed_are_refused_in_one_lin
         default_config("backend.managed=true", "storage.enabled=false")
     with pytest.raises(ConfigError, match=r"^backend.use_spot: .* add backend.managed=true"):
         default_config("backend.use_spot=true")
+    with pytest.raises(ConfigError, match=r"^backend.job_recovery.recover_on_exit_codes: lists an exit code twice"):
+        default_config(*MANAGED, "backend.job_recovery.recover_on_exit_codes=[137,137]")
 
 
 # --------------------------------------------------------------------------- the cost before launch
@@ -359,8 +361,22 @@ def test_sweep_status_pull_cancel_then_report(cloud_env, monkeypatch, tmp_path, 
     assert curves["0"]["reward"] == [(0, 0.40), (1, 0.45), (2, 0.55)]
 
     assert sweep_cli.main(["cancel", str(folder)]) == 0
-    assert ("get cancel", ("cancel", [41, 42, 43])) in fake.calls
-    assert "cancelled managed jobs 41, 42, 43" in capsys.readouterr().out
+    assert ("get cancel", ("cancel", [42, 43])) in fake.calls  # 41 had ended: SkyPilot would skip it
+    assert "cancelled managed jobs 42, 43; already ended (or not in SkyPilot's queue): 41" in capsys.readouterr().out
+
+    # 10 idle minutes after the last job, the controller stops, and SkyPilot's queue and cancel raise (a traceback
+    # lost the whole table): the S3 columns still show, and there is nothing left to cancel.
+    def stopped(*args, **kwargs):
+        raise sky.exceptions.ClusterNotUpError("No in-progress managed jobs.")
+
+    monkeypatch.setattr(sky.jobs, "queue_v2", stopped)
+    monkeypatch.setattr(sky.jobs, "cancel", stopped)
+    assert sweep_cli.main(["status", str(folder)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["0", "abl-0", "41", "ENDED", "(controller", "stopped)", "2", "0.550", "-", "-"]
+    assert out[4] == "total so far: unknown" and "jobs controller has stopped" in out[5]
+    assert sweep_cli.main(["cancel", str(folder)]) == 0
+    assert "nothing to cancel; already ended (or not in SkyPilot's queue): 41, 42, 43" in capsys.readouterr().out
 
 
 # Runs summrl.train with a clock that moves a second each time Hydra's ${now} is resolved: every composition of a
@@ -449,6 +465,31 @@ def test_a_single_managed_run_streams_its_logs_and_returns_its_val_score(cloud_e
     assert record["final_val_score"] == 0.71 and record["recoveries"] == 1
     assert record["managed_job"]["id"] == 41  # summrl.sweep status still finds the job
     assert "streaming the logs of managed job 41" in said(caplog, logging.INFO)
+
+
+def test_ctrl_c_while_a_managed_job_is_submitted_cancels_the_request_and_says_how_to_find_the_job(
+        cloud_env, monkeypatch, tmp_path, caplog):
+    """SkyPilot's API server carries a submission on without the terminal that sent it: Ctrl-C left a job running
+    and billed, recorded nowhere, and nothing said so."""
+    fake = FakeJobs(monkeypatch)
+
+    def interrupted(request):
+        if request[0] == "launch":
+            raise KeyboardInterrupt
+        return fake.answer(request)
+
+    monkeypatch.setattr(sky, "stream_and_get", interrupted)
+    monkeypatch.setattr(sky, "api_cancel", lambda request, silent=False: ("api_cancel", request))
+    config = managed_config()
+    config.run.dir = str(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        run_on_cluster(config, [], None)
+    assert ("get api_cancel", ("api_cancel", ("launch", 41))) in fake.calls
+    err = said(caplog, logging.ERROR)
+    assert "cancelled the submission of managed job summrl-summary-rl" in err
+    assert "sky jobs queue" in err and "sky jobs cancel -n summrl-summary-rl" in err
+    assert not (tmp_path / "run" / "result.json").exists() or "managed_job" not in json.loads(
+        (tmp_path / "run" / "result.json").read_text())
 
 
 def test_a_failed_managed_run_exits_as_the_job_did_and_ctrl_c_only_stops_watching(cloud_env, monkeypatch, caplog):

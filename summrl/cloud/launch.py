@@ -5,7 +5,8 @@ and run the training program there on ART's LocalBackend. So the task's workdir 
 ``.skyignore`` lists: ``.env``, run outputs, environments), its setup installs the project with the
 ``[gpu]`` extra, and its run is ``python -m summrl.train <this job's overrides> run.name=<name>
 backend=local_gpu``. API keys and AWS credentials travel as SkyPilot *secrets* (redacted in SkyPilot's
-logs and dashboards), never as envs, never in a YAML on disk.
+logs and dashboards), never as envs, never in a file summrl writes. SkyPilot itself keeps the launch request (its
+API server's state under ``~/.sky``) and, for a managed job, the task's YAML on its jobs controller, secrets in clear.
 """
 
 from __future__ import annotations
@@ -478,11 +479,15 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
         if job_id is not None:
             sky.get(sky.cancel(cluster, job_ids=[job_id]))
             log.error(f"\nsummrl: cancelled job {job_id} on {cluster}.")
+            log.error(f"summrl: the cluster {cluster} stays up until {b.idle_minutes_to_autostop} idle minutes pass. "
+                      f"Take it down now: python -m summrl.cluster down {cluster}  (or: sky down {cluster})")
         elif request is not None:  # still provisioning: SkyPilot's API server would carry on without us
             sky.get(sky.api_cancel(request, silent=True))
-            log.error(f"\nsummrl: cancelled the launch of {cluster}.")
-        log.error(f"summrl: the cluster {cluster} stays up until {b.idle_minutes_to_autostop} idle minutes pass. "
-                  f"Take it down now: python -m summrl.cluster down {cluster}  (or: sky down {cluster})")
+            # SkyPilot sets autostop once the machine is provisioned and synced: a cluster this launch created may
+            # have none yet, and bill until it is taken down
+            log.error(f"\nsummrl: cancelled the launch of {cluster}, before SkyPilot set its autostop: if the "
+                      f"launch had created it, it stays up and bills until you take it down: python -m summrl.cluster "
+                      f"down {cluster}  (or: sky down {cluster}; `sky status` lists it)")
         raise
     if b.down_after_run:
         log.info(f"summrl: taking cluster {cluster} down (backend.down_after_run=true)")

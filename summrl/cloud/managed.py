@@ -38,7 +38,15 @@ def submit(config: Any, task: Any, name: str, estimate: Any, record: Optional[Ru
 
     record = record or RunRecord(config.run.dir)
     log.info(f"summrl: submitting run {config.run.name} as managed job {name}")
-    job_ids, _ = sky.stream_and_get(sky.jobs.launch(task, name=name))
+    request = sky.jobs.launch(task, name=name)
+    try:
+        job_ids, _ = sky.stream_and_get(request)
+    except KeyboardInterrupt:  # SkyPilot's API server carries on with the request without this terminal
+        sky.get(sky.api_cancel(request, silent=True))
+        log.error(f"\nsummrl: cancelled the submission of managed job {name}. If it had already reached SkyPilot's "
+                  f"jobs controller it runs anyway, unrecorded here: see `sky jobs queue`, and cancel it with "
+                  f"`sky jobs cancel -n {name}`")
+        raise
     job_id = int(job_ids[0])
     managed = submission(config, name, job_id, estimate)
     record.update(status="submitted", run_name=config.run.name, run_dir=config.run.dir, seed=config.seed,

@@ -64,19 +64,36 @@ def field(record: Any, name: str) -> Any:
     return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
 
 
-def queue(ids: list[int]) -> dict[int, Any]:
-    """SkyPilot's records of these managed jobs, by id (the controller is not woken up for it)."""
+def queue(ids: list[int]) -> Optional[dict[int, Any]]:
+    """SkyPilot's records of these managed jobs, by id (the controller is not woken up for it); None when SkyPilot's
+    jobs controller has stopped, which it does 10 idle minutes after its last job ended: every job has ended."""
     import sky
 
-    records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=ids))
+    try:
+        records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=ids))
+    except sky.exceptions.ClusterNotUpError:
+        return None
     return {int(field(r, "job_id")): r for r in records}
+
+
+def ended(record: Any) -> bool:
+    from sky.jobs.state import ManagedJobStatus
+
+    state = field(record, "status")
+    return ManagedJobStatus(getattr(state, "value", state)).is_terminal()
+
+
+CONTROLLER_STOPPED = ("SkyPilot's jobs controller has stopped (it stops 10 idle minutes after its last job ends): "
+                      "every job has ended, and their states and time run are not read without waking it "
+                      "(`sky jobs queue --refresh`)")
 
 
 def spent(managed: dict, record: Any) -> Optional[float]:
     """$ so far: the hourly price at submission x the time SkyPilot says the job has run (across recoveries)."""
-    hours = (field(record, "job_duration") or 0.0) / 3600 if record is not None else 0.0
     price = managed.get("usd_per_hour")
-    return None if price is None else price * hours
+    if price is None or record is None:  # not in SkyPilot's queue: its time run is not known
+        return None
+    return price * (field(record, "job_duration") or 0.0) / 3600
 
 
 def status(folder: Path) -> list[dict]:
@@ -84,9 +101,12 @@ def status(folder: Path) -> list[dict]:
     records = queue([m["id"] for _, m in jobs]) if jobs else {}
     rows = []
     for job, managed in jobs:
-        record = records.get(int(managed["id"]))
+        record = None if records is None else records.get(int(managed["id"]))
         step, val = progress(history_rows(fetch_file(backup_config(managed), "history.jsonl")))
-        state = field(record, "status") if record is not None else "UNKNOWN (not in SkyPilot's queue)"
+        if record is not None:
+            state = field(record, "status")
+        else:
+            state = "ENDED (controller stopped)" if records is None else "UNKNOWN (not in SkyPilot's queue)"
         rows.append({"job": job.name, "run": managed["backup"]["run_name"], "managed job": managed["id"],
                      "state": getattr(state, "value", state), "step": step, "last val": val,
                      "recoveries": field(record, "recovery_count") if record is not None else None,
@@ -129,13 +149,19 @@ def pull(folder: Path) -> list[str]:
     return missing
 
 
-def cancel(folder: Path) -> list[int]:
+def cancel(folder: Path) -> tuple[list[int], list[int]]:
+    """Cancel every job not yet ended; returns (cancelled, already ended or unknown to SkyPilot)."""
     import sky
 
     ids = [int(m["id"]) for _, m in submitted(folder)]
-    if ids:
-        sky.get(sky.jobs.cancel(job_ids=ids))
-    return ids
+    records = queue(ids)
+    live = [i for i in ids if records is not None and i in records and not ended(records[i])]
+    if live:
+        try:
+            sky.get(sky.jobs.cancel(job_ids=live))
+        except sky.exceptions.ClusterNotUpError:  # the controller stopped since: they have ended
+            live = []
+    return live, [i for i in ids if i not in live]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -154,7 +180,10 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 2
     if args.command == "status":
-        print(render(status(args.folder)))
+        rows = status(args.folder)
+        print(render(rows))
+        if any(r["state"] == "ENDED (controller stopped)" for r in rows):
+            print(f"summrl: {CONTROLLER_STOPPED}; `python -m summrl.sweep pull {args.folder}` brings their results")
     elif args.command == "pull":
         missing = pull(args.folder)
         for line in missing:
@@ -162,6 +191,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"summrl: pulled {len(submitted(args.folder)) - len(missing)} runs into {args.folder}; "
               f"python -m summrl.report {args.folder}")
     else:
-        ids = cancel(args.folder)
-        print(f"summrl: cancelled managed jobs {', '.join(map(str, ids))} ({time.strftime('%H:%M:%S')})")
+        cancelled, other = cancel(args.folder)
+        said = [f"cancelled managed jobs {', '.join(map(str, cancelled))}" if cancelled else "nothing to cancel"]
+        if other:
+            said.append(f"already ended (or not in SkyPilot's queue): {', '.join(map(str, other))}")
+        print(f"summrl: {'; '.join(said)} ({time.strftime('%H:%M:%S')})")
     return 0

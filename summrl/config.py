@@ -1267,6 +1267,11 @@ def check(config: Config) -> None:
                  "warm start belongs at a run's start; use sft=none")
         _require(config.backend.kind != "skypilot", "dataset", "dataset=inbox reads this machine's run folder "
                  "(runs/<name>/inbox): train with backend=embedded or backend=local_gpu where the server records")
+        # online steps come after trainer.max_steps, where a decaying schedule has reached min_lr_ratio * model.lr
+        _require(a.lr_schedule == "constant" or a.min_lr_ratio > 0, "algorithm.lr_schedule",
+                 f"is {a.lr_schedule}, which decays to 0 at trainer.max_steps ({config.trainer.max_steps}); "
+                 "dataset=inbox trains after it, so every online step would train at learning rate 0: set "
+                 "algorithm.lr_schedule=constant (model.lr), or algorithm.min_lr_ratio > 0 to train at that floor")
     # ART 0.5.18's train_sft raises NotImplementedError in dedicated mode: refused before the teacher is paid
     dedicated = config.model.gpus == 2 and config.backend.kind in ("local_gpu", "skypilot")
     _require(config.sft.kind == "none" or not dedicated, "sft", f"sft={config.sft.kind} with model={config.model.name} (model.gpus=2, ART's dedicated mode): ART "

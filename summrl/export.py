@@ -47,6 +47,8 @@ LICENSES: dict[str, dict[str, str]] = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": {"license": "apache-2.0"},
     "Qwen/Qwen2.5-3B-Instruct": {"license": "other", "license_name": "qwen-research",
                                  "license_link": "https://huggingface.co/Qwen/Qwen2.5-3B-Instruct/blob/main/LICENSE"},
+    **{name: {"license": "apache-2.0", "license_link": f"https://huggingface.co/{name}/blob/main/LICENSE"}
+       for name in ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-14B-Instruct", "Qwen/Qwen3-8B")},
 }
 
 

@@ -129,6 +129,11 @@ def read_result(run_dir: str | Path) -> Optional[dict]:
         return None
 
 
+# What save() writes itself, or what one invocation's failure says: not carried from an earlier invocation's record
+PER_INVOCATION = ("traceback", "error", "error_kind", "exit_code", "val_history", "attempts", "untrained_steps",
+                  "wall_s")
+
+
 class RunRecord:
     """A run folder's ``result.json`` across the invocations of one run (a rerun with the same run.name resumes).
 
@@ -147,6 +152,7 @@ class RunRecord:
         self.untrained_steps: list[int] = list(self.earlier.get("untrained_steps", []))  # no group trainable
         self.started = time.time()
         self.saved = False  # this invocation has written the record
+        self.timed = True  # this invocation's time counts in the run's wall_s (not when it trained nothing)
 
     def adopt(self, earlier: Optional[dict]) -> None:
         """A fresh machine: what the run's earlier invocations backed up (their result.json, restored from S3)."""
@@ -186,9 +192,16 @@ class RunRecord:
     def update(self, **fields: Any) -> None:
         self.fields.update(fields)
 
+    def nothing_to_train(self, **fields: Any) -> None:
+        """This invocation ends without training (dataset=inbox with too few new documents): the record keeps what
+        earlier invocations recorded (steps, val scores, rollouts), with ``fields``, and its time is not the run's."""
+        self.fields = {**{k: v for k, v in self.earlier.items() if k not in PER_INVOCATION}, **self.fields, **fields}
+        self.timed = False
+
     def save(self, *, timed: bool = True) -> None:
         """Write the record (atomically): this invocation's fields, the val history, the run's total wall time
         (this invocation's time not counted when ``timed`` is false: it trained nothing)."""
+        timed = timed and self.timed
         wall_s = round(self.earlier.get("wall_s", 0.0) + (time.time() - self.started if timed else 0.0), 1)
         attempts = {"attempts": self.attempts} if self.attempts else {}
         write_result(self.run_dir, {**self.fields, "val_history": self.val_history, **attempts,
@@ -212,8 +225,7 @@ class RunRecord:
         if not self.saved:
             if self.earlier and "status" not in self.fields:
                 return
-            self.fields = {**{k: v for k, v in self.earlier.items()
-                              if k not in ("traceback", "val_history", "attempts", "untrained_steps", "wall_s")},
+            self.fields = {**{k: v for k, v in self.earlier.items() if k not in PER_INVOCATION},
                            **self.fields, "status": "interrupted" if kind == "interrupted" else "failed",
                            "error": line, **self.job.record()}
         self.update(error_kind=kind, exit_code=exit_code)

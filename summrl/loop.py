@@ -395,7 +395,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             if len(online.new) < t.min_new_documents:
                 log.info(f"summrl: inbox: {len(online.new)} new document(s), fewer than trainer.min_new_documents="
                          f"{t.min_new_documents}: nothing to train (rerun when more have been recorded)")
-                record.update(status="completed")
+                record.nothing_to_train(status="completed")
                 return None
         sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend
         session = await open_session(config, tracker)

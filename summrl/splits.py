@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
@@ -126,8 +127,14 @@ async def load_inbox(config: Any) -> Splits:
     splits = await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True),
                                   train_required=False)
     splits.record.update(kind="inbox", recorded=len(got.rows), cut_short=got.cut_short)
-    splits.lines = {d.id: lines[d.id.split("#part")[0]] for d in [*splits.val, *splits.train]}
+    splits.lines = source_lines([*splits.val, *splits.train], lines)
     return splits
+
+
+def source_lines(documents: list[Document], lines: dict[str, int]) -> dict[str, int]:
+    """Each document's inbox line. A split document's parts are <id>#part<k> (summrl.data.documents), and an id may
+    hold "#part" itself ("memo#party": taken for a part of "memo", a KeyError, or another document's line)."""
+    return {d.id: lines[d.id] if d.id in lines else lines[re.sub(r"#part\d+$", "", d.id)] for d in documents}
 
 
 async def with_questions(config: Any, loaded: Loaded, val: list[Document], train: list[Document], *,

@@ -39,7 +39,7 @@ from summrl.backends.embedded.server import InferenceServer
 
 @dataclass
 class Reply:
-    content: Optional[str] = None  # the assistant message; None: answer like a judge
+    content: Optional[str] = None  # the assistant message; None: answer like a judge (status != 200: the error's)
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
@@ -205,6 +205,9 @@ class FakeLLM:
                 await asyncio.sleep(reply.delay_s)
             if reply.status != 200:
                 # A hostile server echoes the caller's credentials back in its error body.
+                if reply.content is not None:  # an error in vLLM's shape
+                    return JSONResponse({"object": "error", "message": reply.content, "type": "BadRequestError",
+                                         "code": reply.status}, status_code=reply.status, headers=reply.headers)
                 return JSONResponse({"error": {"message": f"scripted {reply.status} for {request.headers.get('authorization')}"}},
                                     status_code=reply.status, headers=reply.headers)
             prompt = body["messages"][-1]["content"]

@@ -439,3 +439,13 @@ def test_an_unreadable_inbox_watermark_stops_the_run_instead_of_training_every_d
         with pytest.raises(DataError):
             inbox.mark(tmp_path, 2, 16)  # not written over with a watermark that forgets step 1
         assert path.read_bytes() == damaged
+
+
+def test_an_inbox_documents_line_is_found_whatever_its_id_holds():
+    from summrl.data import Document
+    from summrl.splits import source_lines
+
+    lines = {"memo#party": 0, "memo": 1, "long": 2}
+    documents = [Document(id=i, topic="", text="t", questions=()) for i in ("memo#party", "memo", "long#part1",
+                                                                            "long#part2")]
+    assert source_lines(documents, lines) == {"memo#party": 0, "memo": 1, "long#part1": 2, "long#part2": 2}

@@ -369,3 +369,13 @@ def test_a_run_trained_on_a_gguf_file_is_exported_de_quantized_in_the_saved_dtyp
     assert not list(out.rglob("*.gguf"))
     model = AutoModelForCausalLM.from_pretrained(out / "merged", dtype="auto")
     assert model.dtype == torch.bfloat16 and model.config.num_hidden_layers == 30
+
+
+def test_every_shipped_base_model_has_a_license_for_the_model_card():
+    """Three of the five shipped models got a card without a license."""
+    import yaml
+
+    from summrl.export import LICENSES
+
+    shipped = {yaml.safe_load(path.read_text())["base_model"] for path in (ROOT / "conf" / "model").glob("*.yaml")}
+    assert len(shipped) >= 5 and shipped <= set(LICENSES), sorted(shipped - set(LICENSES))

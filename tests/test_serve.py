@@ -144,9 +144,12 @@ def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_
     assert config.train.judge == dataclasses.replace(saved.judge, max_retries=0)
     for override, message in [("+backend.device=gpu", "backend.device: must be auto, cpu, cuda, cuda:N or mps"),
                               ("+backend.max_batch_siz=8", "Did you mean backend.max_batch_size?"),
-                              ("+backend.kind=local_gpu", "choose it with backend=<option>")]:
+                              ("+backend.kind=local_gpu", "choose it with backend=<option>"),
+                              # it said it would follow the run, and served step 1 for ever
+                              ("serve.reload=auto step=1", "serve.reload=auto follows the run's new checkpoints, but "
+                                                           "step=1 is fixed")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
-            validate_serve(compose("serve", [run, override]))
+            validate_serve(compose("serve", [run, *override.split()]))
     result = subprocess.run([sys.executable, "-m", "summrl.serve", run, "backend.device=cpu"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
@@ -342,8 +345,14 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
             (run_copy / "inbox" / "documents.jsonl").write_text(  # what step 4 consumed; the probe above was new
                 "".join(line + "\n" for line in (run_copy / "inbox" / "documents.jsonl").read_text().splitlines()[:8]))
 
+            trained = json.loads((run_copy / "result.json").read_text())
             second = run_cli(online, cwd=ROOT)
             assert second.returncode == 0, second.stderr[-3000:]
+            # the run's record keeps its scores (it was rewritten with this invocation's fields alone, for report)
+            kept = json.loads((run_copy / "result.json").read_text())
+            for key in ("steps", "final_val_score", "best_val_score", "rollouts", "val_history", "wall_s"):
+                assert kept[key] == trained[key], key
+            assert kept["status"] == "completed" and kept["online"]["new_documents"] == 0
             assert "0 new document(s), fewer than trainer.min_new_documents=1: nothing to train" in second.stdout
             assert sorted(p.name for p in (run_copy / "art" / "summrl" / "models" / "shared" / "checkpoints").iterdir()
                           )[-1] == "0004"
@@ -456,6 +465,21 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             (tmp_path / "inbox" / "documents.jsonl").mkdir(parents=True)  # the inbox can't be written
             reply = client.post("/v1/summarize", headers=key, json={"document": "A short document."})
             assert reply.status_code == 200 and reply.json()["summary"] and reply.json()["recorded"] is False
+            # vLLM's refusal where the server can't count the context (local_gpu, max_model_len null): a 500 before
+            fake.script.append(Reply("This model's maximum context length is 32768 tokens. However, you requested "
+                                     "33000 tokens.", status=400))
+            assert error(client.post("/v1/summarize", headers=key, json={"document": "A long document."}), 413) == (
+                "document: 3 tokens; bad request: This model's maximum context length is 32768 tokens. However, you "
+                "requested 33000 tokens.; split it")
+            # a field /v1/summarize does not take was ignored, the server's settings answering; an id naming a part
+            assert error(client.post("/v1/summarize", headers=key, json={"document": "A text.", "temperature": 0}),
+                         400) == "bad request: temperature: Extra inputs are not permitted"
+            assert error(client.post("/v1/summarize", headers=key, json={"document": "A text.", "id": "memo#part2"}),
+                         400).startswith("bad request: id: Value error, must not end with #part<k>")
+            assert client.post("/v1/summarize", headers=key, json={"document": "A text.", "id": "memo#party"}
+                               ).status_code == 200
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "reasoning_effort": "low"}),
+                         400).startswith("bad request: reasoning_effort: not supported by this server")
 
 
 def test_requests_waiting_behind_a_reload_count_against_max_queue():

@@ -15,6 +15,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import time
 from typing import Any, Optional, Union
 
@@ -22,7 +23,7 @@ import openai
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from summrl.backends import takes_burst_tags
@@ -44,6 +45,16 @@ class SummarizeRequest(BaseModel):
     document: str
     id: Optional[str] = None  # recorded with the document (serve.record); default: the text's hash
     seed: Optional[Seed] = None  # checked here: the backend would refuse it only after its burst was announced
+
+    # a field of OpenAI's (temperature, n) was ignored without a word, the server's settings answering instead
+    model_config = {"extra": "forbid"}
+
+    @field_validator("id")
+    @classmethod
+    def not_a_part(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and re.search(r"#part\d+$", value):
+            raise ValueError("must not end with #part<k>, which names the parts of a document split for training")
+        return value
 
 
 class Service:
@@ -227,8 +238,16 @@ class Service:
                                                 f"more than the model's context of {context} tokens; split it")
         temperature = t.temperature if s.temperature is None else s.temperature
         step = self.step
-        response = await self.generate(messages, s.best_of_n, as_burst=True,
-                                       max_tokens=t.max_summary_tokens, temperature=temperature, seed=request.seed)
+        try:
+            response = await self.generate(messages, s.best_of_n, as_burst=True,
+                                           max_tokens=t.max_summary_tokens, temperature=temperature, seed=request.seed)
+        except openai.APIStatusError as e:  # vLLM's refusal where the context is not known here (max_model_len null)
+            if e.status_code not in (400, 422):
+                raise
+            refused = _refused_parameter(e)
+            if isinstance(refused, HTTPException) and "context" in str(refused.detail):
+                raise HTTPException(413, detail=f"document: {tokens} tokens; {refused.detail}; split it") from None
+            raise refused from None
         samples = [c.message.content or "" for c in response.choices]
         chosen, score, fallback, cost = await self.select(document, samples)
         recorded = None
@@ -284,7 +303,8 @@ ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_l
 
 # OpenAI chat parameters this server does not implement: refused by name (top_logprobs: its alternatives are not kept)
 UNSUPPORTED_CHAT = ("stop", "tools", "tool_choice", "functions", "function_call", "logit_bias", "frequency_penalty",
-                    "presence_penalty", "best_of", "top_logprobs", "parallel_tool_calls")
+                    "presence_penalty", "best_of", "top_logprobs", "parallel_tool_calls", "reasoning_effort",
+                    "modalities", "audio", "prediction", "web_search_options")
 
 
 def max_body_bytes(serve: Any) -> int:

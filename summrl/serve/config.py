@@ -63,7 +63,7 @@ class ServeSchema:
     serve: ServeSection = field(default_factory=ServeSection)
     judge: Any = None  # null: the run's judge
     backend: Any = None  # null: the run's backend
-    # With reload=auto and step=latest the served step follows training; otherwise reload serves `step`'s newest.
+    # With reload=auto the served step follows training: step=latest serves each new step, step=best the new best.
 
 
 @dataclass
@@ -123,6 +123,9 @@ def validate_serve(cfg: DictConfig) -> ServeConfig:
     text = str(schema.step).strip().lower()
     step = resolve_step(run, schema.step, "step")
     follow = text if text in ("latest", "best") else "fixed"
+    if s.reload == "auto" and follow == "fixed":
+        raise ConfigError(f"serve.reload=auto follows the run's new checkpoints, but step={schema.step} is fixed: use "
+                          "step=latest or step=best with it, or leave serve.reload off")
     return ServeConfig(run=run, step=step, follow=follow, train=train, serve=s)
 
 

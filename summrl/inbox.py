@@ -121,10 +121,16 @@ class Online:
     start: int  # lines consumed at the step the run resumes from
 
     def batches(self, step: int, size: int) -> list[Batch]:
-        out = []
-        for k in range(0, len(self.new), size):
-            chunk = self.new[k:k + size]
+        """``size`` documents a step, except that the parts of a split document (one inbox line) train in one step:
+        the watermark counts whole lines, so a part left to the next step was skipped after a crash between them."""
+        out, k = [], 0
+        while k < len(self.new):
+            end = min(k + size, len(self.new))
+            while end < len(self.new) and self.new[end][1] == self.new[end - 1][1]:
+                end += 1
+            chunk = self.new[k:end]
             out.append(Batch(step + len(out), [d for d, _ in chunk], chunk[-1][1] + 1))
+            k = end
         return out
 
     def before_step(self, batch: Batch) -> None:

@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -449,3 +450,14 @@ def test_an_inbox_documents_line_is_found_whatever_its_id_holds():
     documents = [Document(id=i, topic="", text="t", questions=()) for i in ("memo#party", "memo", "long#part1",
                                                                             "long#part2")]
     assert source_lines(documents, lines) == {"memo#party": 0, "memo": 1, "long#part1": 2, "long#part2": 2}
+
+
+def test_the_parts_of_a_split_inbox_document_train_in_one_step():
+    """The watermark counts whole inbox lines: a document's second part left to the next step was skipped by a run
+    resumed after a crash between the two steps."""
+    from summrl import inbox
+
+    new = [("a", 3), ("b#part1", 4), ("b#part2", 4), ("b#part3", 4), ("c", 5), ("d", 6)]
+    batches = inbox.Online(Path("."), new, 3).batches(2, 2)
+    assert [(b.step, b.items, b.consumed) for b in batches] == [
+        (2, ["a", "b#part1", "b#part2", "b#part3"], 5), (3, ["c", "d"], 7)]

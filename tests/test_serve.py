@@ -129,7 +129,8 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             served.stop()
 
 
-def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_training_checks_them(shared_run):
+def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_training_checks_them(shared_run,
+                                                                                                      monkeypatch):
     """The serve config has no backend or judge until the run's is read: ``+backend.<key>`` changes one setting of
     the run's own; without the ``+`` Hydra can't override it, and the line says to add it."""
     from summrl.checkpoints import run_config, trained_run
@@ -137,6 +138,7 @@ def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_
     from summrl.errors import ConfigError
     from summrl.serve.config import validate_serve
 
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
     run = f"run_dir={shared_run.run_dir}"
     saved = run_config(trained_run(str(shared_run.run_dir), "run_dir"))
     config = validate_serve(compose("serve", [run, "+backend.batch_window_ms=300", "+judge.max_retries=0"]))
@@ -146,8 +148,12 @@ def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_
                               ("+backend.max_batch_siz=8", "Did you mean backend.max_batch_size?"),
                               ("+backend.kind=local_gpu", "choose it with backend=<option>"),
                               # it said it would follow the run, and served step 1 for ever
-                              ("serve.reload=auto step=1", "serve.reload=auto follows the run's new checkpoints, but "
-                                                           "step=1 is fixed")]:
+                              ("serve.reload=auto step=2", "serve.reload=auto follows the run's new checkpoints, but "
+                                                           "step=2 is fixed"),
+                              # each request sampled 4 summaries, then fell back to the first for want of the key
+                              ("serve.best_of_n=4 serve.selector=ruler judge=gemini_flash",
+                               "serve.selector=ruler ranks the samples with the judge (gemini/gemini-2.5-flash), whose "
+                               "key GEMINI_API_KEY is not set")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             validate_serve(compose("serve", [run, *override.split()]))
     result = subprocess.run([sys.executable, "-m", "summrl.serve", run, "backend.device=cpu"], cwd=ROOT,

@@ -93,8 +93,8 @@ async def serve(config, sock: socket.socket) -> None:
 @hydra.main(config_path="../../conf", config_name="serve", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
+        load_dotenv()  # first: the judge's key may be there (validate_serve checks it)
         config = validate_serve(cfg)
-        load_dotenv()
         key_env = config.serve.api_key_env
         if key_env and not os.environ.get(key_env):
             raise ConfigError(f"serve.api_key_env={key_env}: the variable is not set; export {key_env}=<the key clients "

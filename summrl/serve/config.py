@@ -117,6 +117,12 @@ def validate_serve(cfg: DictConfig) -> ServeConfig:
     if s.best_of_n > 1 and s.selector == "ruler" and train.judge.kind == "lexical":
         raise ConfigError("serve.selector=ruler ranks the samples with an LLM judge; the run's judge is lexical: choose "
                           "judge=local (offline), judge=gemini_flash, or serve.selector=length")
+    if s.best_of_n > 1 and s.selector in ("ruler", "rubric"):  # else every request samples N, then falls back
+        from summrl.judges import missing_keys
+
+        for name in missing_keys(train.judge):
+            raise ConfigError(f"serve.selector={s.selector} ranks the samples with the judge ({train.judge.model}), "
+                              f"whose key {name} is not set: export it or put it in .env, or use serve.selector=length")
     if train.judge.kind in EMBEDDED_JUDGES and train.backend.kind != "embedded":
         raise ConfigError(f"judge={train.judge.kind} uses the embedded model: serve with backend=embedded, or choose "
                           "another judge")

@@ -15,11 +15,12 @@ for online learning (fixed as the inbox grows) and are never trained on.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any, Optional
 
 from summrl.data.split import DataError
 from summrl.job import append_jsonl, write_json
@@ -27,10 +28,29 @@ from summrl.job import append_jsonl, write_json
 INBOX = "inbox"
 DOCUMENTS = "documents.jsonl"
 WATERMARK = "watermark.json"
+TRAIN_LOCK = ".inbox-training.lock"  # in the run folder: the inbox folder's absence says nothing was recorded
 
 
 def inbox_dir(run_dir: Any) -> Path:
     return Path(run_dir) / INBOX
+
+
+def hold_training(run_dir: Any) -> IO:
+    """The run's lock for one dataset=inbox run at a time, held until the returned file closes (or the process ends):
+    two at once (a scheduled run overlapping the last) would both read the same watermark and train the same
+    documents twice."""
+    from summrl.errors import ConfigError
+
+    path = Path(run_dir) / TRAIN_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    held = path.open("a")
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held.close()
+        raise ConfigError(f"dataset=inbox: another process is training this run on its inbox ({path} is locked): "
+                          "two would train the same documents; run again once it has ended") from None
+    return held
 
 
 class Recorder:

@@ -7,6 +7,7 @@ train.py records a job that fails before anything loads, and summrl.report reads
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -106,6 +107,7 @@ def append_jsonl(path: Path, rows: Sequence[dict]) -> None:
     its own (a fresh line starts after it), which readers skip; the rows after it are kept."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("ab") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # another process appending (two servers recording one run): one at a time
         if f.tell():  # "ab" starts at the end: look at the last byte only
             with path.open("rb") as last:
                 last.seek(-1, os.SEEK_END)

@@ -369,6 +369,8 @@ def scored_at(history: list[dict], step: int) -> bool:
 async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[float]:
     """Run (or resume) one training job, keeping its ``result.json`` in ``record``. Returns the final val score."""
     record = record or RunRecord(config.run.dir)
+    # dataset=inbox: one online run of a run at a time, refused before anything is written to its folder
+    held = inbox.hold_training(config.run.dir) if config.dataset.kind == "inbox" else None
     # config: every resolved setting (as the W&B config has it), so a preset changed later can't blur what ran
     record.update(status="running", run_name=config.run.name, run_dir=config.run.dir, seed=config.seed,
                   algorithm=asdict(config.algorithm), config=flat_config(config, record.job), **record.job.record())
@@ -485,3 +487,5 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         tracker.finish(failed=record.fields["status"] != "completed")
         if session is not None:
             await session.backend.close()
+        if held is not None:
+            held.close()

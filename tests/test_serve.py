@@ -217,6 +217,29 @@ def test_an_inbox_run_with_no_checkpoint_and_no_inbox_is_refused_naming_run_name
         "(serve.record=true), e.g. run.name=local1 for runs/local1")
 
 
+def test_a_second_inbox_run_of_one_run_is_refused_while_the_first_trains(tmp_path):
+    """Two at once (a scheduled run overlapping the last) read the same watermark and trained the same documents
+    twice; the second must not touch the first's record either."""
+    from summrl import inbox
+
+    run_dir = tmp_path / "local1"
+    (run_dir / "inbox").mkdir(parents=True)
+    record = b'{"status": "running", "steps": 3}'
+    (run_dir / "result.json").write_bytes(record)
+    held = inbox.hold_training(run_dir)  # the first run
+    try:
+        result = run_cli(["experiment=local", "run.name=local1", "dataset=inbox", f"hydra.run.dir={run_dir}"],
+                         cwd=ROOT, timeout=300)
+    finally:
+        held.close()
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"summrl: config error: dataset=inbox: another process is training this run on its inbox "
+        f"({run_dir / inbox.TRAIN_LOCK} is locked): two would train the same documents; run again once it has ended")
+    assert (run_dir / "result.json").read_bytes() == record
+    inbox.hold_training(run_dir).close()  # released with its file
+
+
 def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(monkeypatch):
     """The first of concurrent requests reaches the engine's server well before the rest (it rides the one warm
     connection while this app and that server tokenize the others: 153 ms on a 2-core Zen 3, past the batcher's

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from summrl.errors import ConfigError
+from summrl.job import comparable
 from summrl.storage import SFT_DIR, SFT_RECORD
 
 
@@ -84,8 +85,9 @@ def resolve_step(run: TrainedRun, spec: Union[str, int], key: str = "step") -> i
             history = json.loads(result.read_text()).get("val_history") or []
         except (OSError, ValueError):
             history = []
-        scored = [(h["val_reward"], h["step"]) for h in history
-                  if isinstance(h, dict) and h.get("val_reward") is not None and h.get("step") in {0, *available}]
+        # after online learning, the best of the scores measured as the latest was (summrl.job.comparable)
+        scored = [(h["val_reward"], h["step"]) for h in comparable([h for h in history if isinstance(h, dict)])
+                  if h.get("val_reward") is not None and h.get("step") in {0, *available}]
         if not scored:
             raise ConfigError(f"{key}=best: {result} has no val score for a step with a checkpoint; name the step "
                               f"({key}=latest or {key}=<N>, available: {', '.join(map(str, available)) or 'none'})")

@@ -131,6 +131,16 @@ def read_result(run_dir: str | Path) -> Optional[dict]:
         return None
 
 
+def comparable(history: list[dict]) -> list[dict]:
+    """The val scores measured as the latest was: on the same val documents with the same reward. An online run
+    (dataset=inbox) scores its own val documents, often with another reward (``val_set``), so its scores and the
+    original run's don't compare."""
+    if not history:
+        return []
+    key = history[-1].get("val_set")
+    return [h for h in history if h.get("val_set") == key]
+
+
 # What save() writes itself, or what one invocation's failure says: not carried from an earlier invocation's record
 PER_INVOCATION = ("traceback", "error", "error_kind", "exit_code", "val_history", "attempts", "untrained_steps",
                   "wall_s")

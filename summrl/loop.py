@@ -30,7 +30,7 @@ from summrl.config import EMBEDDED_JUDGES, Config, reward_kinds
 from summrl.data import Document
 from summrl.errors import ConfigError
 from summrl.facts import hallucinates
-from summrl.job import RunRecord, peak_rss_gb
+from summrl.job import RunRecord, comparable, peak_rss_gb
 from summrl.judges import Judge, build_judge
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.prompt import SummaryPrompt
@@ -262,7 +262,8 @@ async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict
     session.tracker.log_history()
     session.tracker.log_samples(step, result.groups)
     scores = {"step": step, "val_reward": result.mean_reward(), "val_qa_accuracy": result.mean_metric("qa_accuracy"),
-              "val_hallucination_rate": result.mean_metric("hallucination_rate"), "per_doc": per_doc}
+              "val_hallucination_rate": result.mean_metric("hallucination_rate"), "per_doc": per_doc,
+              **({"val_set": key} if (key := val_set(session.config)) else {})}
     accuracy = "" if scores["val_qa_accuracy"] is None else f" | val qa accuracy {scores['val_qa_accuracy']:.3f}"
     invented = ("" if scores["val_hallucination_rate"] is None
                 else f" | val hallucination rate {scores['val_hallucination_rate']:.3f}")
@@ -362,8 +363,14 @@ def nothing_learned(config: Config, steps: list[int]) -> str:
             f"from differences within a group, and {why}")
 
 
-def scored_at(history: list[dict], step: int) -> bool:
-    return any(h["step"] == step for h in history)
+def val_set(config: Config) -> Optional[str]:
+    """What an online run's val scores are measured on (its own val documents, its reward); None: the run's val
+    split, as every other run measures it."""
+    return f"inbox:{config.reward.kind}" if config.dataset.kind == "inbox" else None
+
+
+def scored_at(history: list[dict], step: int, key: Optional[str] = None) -> bool:
+    return any(h["step"] == step and h.get("val_set") == key for h in history)
 
 
 async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[float]:
@@ -424,10 +431,14 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         batches = (online.batches(step, t.groups_per_step) if online is not None
                    else training_batches(train_docs, t, config.seed, initial_step=step - sft_steps))
         trained_steps: list[tuple[int, bool]] = []  # (step, no group trainable) of this invocation
+        key = val_set(config)
+        if online is not None and not scored_at(history, step, key):  # where online learning starts, on its val set
+            history.append(await evaluate(session, val, step))
+            record.save()
         for batch in batches:
             if batch.step >= t.max_steps and online is None:
                 break
-            if batch.step % t.eval_every == 0 and not scored_at(history, batch.step + sft_steps):
+            if batch.step % t.eval_every == 0 and not scored_at(history, batch.step + sft_steps, key):
                 history.append(await evaluate(session, val, batch.step + sft_steps))
                 record.save()  # survives a crash
             if online is not None:
@@ -450,18 +461,18 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                      f"{' | nothing trained: every group scored its summaries alike' if flat else ''}")
         if trained_steps and all(flat for _, flat in trained_steps):
             log.warning(nothing_learned(config, [s for s, _ in trained_steps]))
-        if not scored_at(history, step):
+        if not scored_at(history, step, key):
             history.append(await evaluate(session, val, step))
         await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
         record.update(
             status="completed",
             steps=step,
             final_val_score=history[-1]["val_reward"],
-            best_val_score=max(h["val_reward"] for h in history),
+            best_val_score=max(h["val_reward"] for h in comparable(history)),
             # the share of questions answered: the axis every reward is compared on
             final_val_qa_accuracy=history[-1]["val_qa_accuracy"],
-            best_val_qa_accuracy=max((h["val_qa_accuracy"] for h in history if h["val_qa_accuracy"] is not None),
-                                     default=None),
+            best_val_qa_accuracy=max((h["val_qa_accuracy"] for h in comparable(history)
+                                      if h["val_qa_accuracy"] is not None), default=None),
             # the share of val summaries stating a number, date or name absent from the document (None: not recorded)
             final_val_hallucination_rate=history[-1].get("val_hallucination_rate"),
         )

@@ -175,3 +175,15 @@ def test_a_run_whose_epochs_end_before_max_steps_says_so_when_it_starts(caplog):
         caplog.clear()
         warn_short_run(compose_config(["experiment=local", "trainer.num_epochs=1", "trainer.max_steps=16"]), 32)
         assert said(caplog, logging.WARNING) == ""
+
+
+def test_best_compares_the_val_scores_measured_as_the_latest_was():
+    """After online learning a run's history holds two val sets: the best of both mixed RULER on 4 inbox documents
+    with QA accuracy on the original split."""
+    from summrl.job import comparable
+
+    history = [{"step": 0, "val_reward": 0.3}, {"step": 3, "val_reward": 0.9},
+               {"step": 3, "val_reward": 0.5, "val_set": "inbox:ruler"}, {"step": 4, "val_reward": 0.6,
+                                                                         "val_set": "inbox:ruler"}]
+    assert [h["step"] for h in comparable(history)] == [3, 4]
+    assert [h["step"] for h in comparable(history[:2])] == [0, 3] and comparable([]) == []

@@ -342,6 +342,12 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
             assert first.returncode == 0, first.stderr[-3000:]
             assert "4 new inbox documents, 1 step(s) from step 3" in first.stdout
             assert json.loads((run_copy / "inbox" / "watermark.json").read_text()) == {"consumed": {"4": 8}}
+            # online val is its own val set and reward: step 3 scored again on it, and best compares like with like
+            # (it compared RULER on the inbox with QA on the original val split)
+            online_record = json.loads((run_copy / "result.json").read_text())
+            scored = [(h["step"], h.get("val_set")) for h in online_record["val_history"]]
+            assert scored[-2:] == [(3, "inbox:ruler"), (4, "inbox:ruler")] and (3, None) in scored
+            assert online_record["best_val_score"] == max(h["val_reward"] for h in online_record["val_history"][-2:])
             deadline = time.monotonic() + 30
             # reloaded with no request to prompt it (GET /health loads nothing), no restart
             while httpx.get(f"{served.url}/health").json()["step"] != 4:

@@ -250,7 +250,10 @@ def push(config: ExportConfig) -> None:
     api = HfApi()
     try:
         api.create_repo(repo_id=repo, repo_type="model", private=config.private, exist_ok=True)
+        # adapter/ and merged/ are replaced whole: an earlier push's files this export lacks (other shards) went on
+        # sitting beside the new ones; the repo's other files are left alone
         api.upload_folder(repo_id=repo, folder_path=str(config.dir), repo_type="model",
+                          delete_patterns=["adapter/*", "merged/*"],
                           commit_message=f"summrl export: {config.run.name} step {config.step}")
     except HfHubHTTPError as e:
         raise PushFailed(f"export.push_to_hub={repo}: the Hub refused the upload ({str(e).splitlines()[0]}); the "

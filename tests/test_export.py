@@ -306,6 +306,7 @@ def test_push_to_hub_uploads_the_export_folder(trained, tmp_path, monkeypatch):
     name, upload = calls[1]
     assert name == "upload_folder" and len(calls) == 2
     assert (upload["repo_id"], upload["folder_path"], upload["repo_type"]) == ("me/summarizer", str(out), "model")
+    assert upload["delete_patterns"] == ["adapter/*", "merged/*"]  # an earlier push's other shards stayed
     assert {"README.md", "export.json", "adapter/adapter_model.safetensors", "merged/model.safetensors"} <= set(
         upload["listing"])
     assert json.loads((out / "export.json").read_text())["step"] == 2

@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
             status = getattr(r["status"], "value", r["status"])
             resources = getattr(r.get("handle"), "launched_resources", "")
             down = " (down)" if r.get("to_down") else ""
-            print(f"{r['name']}\t{status}\t{resources}\tautostop {r.get('autostop')} min{down}")
+            minutes = r.get("autostop")  # -1: none (a launch stopped before SkyPilot set it): it bills until down
+            autostop = f"autostop {minutes} min{down}" if minutes is not None and minutes >= 0 else "no autostop"
+            print(f"{r['name']}\t{status}\t{resources}\t{autostop}")
         return 0
     name = args.name or DEFAULT_CLUSTER
     try:

@@ -484,3 +484,6 @@ def test_cluster_command_takes_down_and_tails_the_named_cluster(monkeypatch, cap
     monkeypatch.setattr(sky, "get", lambda request: [record] if request == ("status", None) else [])
     assert cluster.main(["status"]) == 0
     assert "summrl\tUP\t\tautostop 10 min (down)" in capsys.readouterr().out
+    record.autostop, record.to_down = -1, False  # SkyPilot's none (it printed "autostop -1 min")
+    assert cluster.main(["status"]) == 0
+    assert "summrl\tUP\t\tno autostop" in capsys.readouterr().out

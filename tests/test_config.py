@@ -197,7 +197,7 @@ def test_bad_values_name_the_key(override, message):
     (["dataset=inbox", "reward=ruler", "dataset.max_document_tokens=0"], r"dataset.max_document_tokens: must be > 0"),
     # online steps come after trainer.max_steps: a schedule decayed to 0 there trained every one at lr 0
     (["dataset=inbox", "reward=ruler", "algorithm.lr_schedule=cosine"],
-     r"algorithm.lr_schedule: is cosine, which decays to 0 at trainer.max_steps \(40\); dataset=inbox trains after"),
+     r"algorithm.lr_schedule: is cosine, which decays to 0 at trainer.max_steps \(16\); dataset=inbox trains after"),
     (["backend.packed_sequence_length=0"], r"backend.packed_sequence_length: must be > 0 or null"),
     (["backend.json_max_string_chars=0"], r"backend.json_max_string_chars: must be > 0"),
     (["backend.device=cuda:abc"], r"backend.device: must be auto, cpu, cuda, cuda:N or mps"),

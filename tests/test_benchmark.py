@@ -525,3 +525,26 @@ def test_ctrl_c_stops_the_benchmark_with_one_line_exit_130_and_a_rerun_does_only
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert f"{6 - kept} of 6 summaries to do ({kept} already in rows.csv)" in rerun.stdout
         assert len(fake.requests) - asked == 6 - kept and len(read_rows(rows_file)) == 6
+
+
+def test_a_model_error_carrying_a_key_it_was_not_given_is_masked(monkeypatch):
+    """A default entry names no key (litellm finds GEMINI_API_KEY itself, and puts it in the request URL): its error
+    went to benchmark.log unmasked."""
+    import litellm
+
+    from summrl.benchmark.sources import LiteLLMSource, SummaryError
+    from summrl.data import Document
+    from summrl.prompt import SummaryPrompt
+
+    monkeypatch.setenv("GEMINI_API_KEY", "AIza-planted-4411")
+
+    async def refused(**kwargs):
+        raise litellm.BadRequestError(f"POST https://generativelanguage.googleapis.com/v1/x?key=AIza-planted-4411 "
+                                      "failed", model="gemini/gemini-2.5-flash", llm_provider="gemini")
+
+    monkeypatch.setattr(litellm, "acompletion", refused)
+    source = LiteLLMSource(model="gemini/gemini-2.5-flash", prompt=SummaryPrompt("facts", 350), max_tokens=8,
+                           temperature=1.0, timeout_s=5, max_retries=0)
+    with pytest.raises(SummaryError) as failed:
+        asyncio.run(source.summarize(Document(id="d", topic="", text="A text.", questions=())))
+    assert "AIza-planted-4411" not in str(failed.value) and "key=" in str(failed.value)

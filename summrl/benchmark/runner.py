@@ -31,6 +31,7 @@ from summrl.job import write_json
 from summrl.judges import build_judge
 from summrl.rewards import Missing, build_reward
 from summrl.rewards.ruler import RulerReward
+from summrl.secrets import redact_text
 from summrl.prompt import PROMPT_BEFORE_THE_OPTION, SummaryPrompt, word_count
 from summrl.splits import load as load_documents
 
@@ -285,7 +286,7 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
     log.info(f"summrl: benchmark output in {out_dir}")
     publish(config, out_dir)
     if failures:
-        log.error(f"summrl: {len(failures)} summaries could not be made or scored (first: {failures[0]}); rerun the same "
+        log.error(f"summrl: {len(failures)} summaries could not be made or scored (first: {redact_text(str(failures[0]))}); rerun the same "
                   "command to retry only those")
         return 1
     return 0

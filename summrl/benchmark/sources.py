@@ -16,6 +16,7 @@ from summrl.data import Document
 from summrl.rewards import Missing
 from summrl.rewards.ruler import RulerReward
 from summrl.prompt import SummaryPrompt
+from summrl.secrets import redact_text
 
 
 @dataclass
@@ -60,7 +61,8 @@ class LiteLLMSource:
             message = f"{type(e).__name__}: {e}"
             if key:
                 message = message.replace(key, "***")
-            raise SummaryError(f"{self.model}: {message[:500]}") from None
+            # every known secret, and a key in a URL (litellm puts gemini/* keys in the request URL as ?key=)
+            raise SummaryError(f"{self.model}: {redact_text(message)[:500]}") from None
         text = response.choices[0].message.content or ""
         return Summary(text=text, model_calls=1, model_cost_usd=0.0 if self.local else call_cost(response))
 

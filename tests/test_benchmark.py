@@ -28,7 +28,7 @@ from summrl.data import load_splits
 from summrl.errors import ConfigError
 from summrl.judges.lexical import LexicalJudge
 from summrl.testing import FakeLLM, Reply
-from tests.conftest import CONF, ROOT, keys, said, wandb_records
+from tests.conftest import CONF, ROOT, compose_config, keys, said, wandb_records
 
 T_975 = {1: 12.7062, 2: 4.3027, 3: 3.1824}  # Student-t quantiles from a printed table, for the hand computation
 
@@ -548,3 +548,37 @@ def test_a_model_error_carrying_a_key_it_was_not_given_is_masked(monkeypatch):
     with pytest.raises(SummaryError) as failed:
         asyncio.run(source.summarize(Document(id="d", topic="", text="A text.", questions=())))
     assert "AIza-planted-4411" not in str(failed.value) and "key=" in str(failed.value)
+
+
+@pytest.mark.parametrize("reward", ["qa", "length_penalized", "qa_rubric"])
+def test_the_full_documents_qa_baseline_is_never_paid_for_whatever_wraps_the_qa_reward(reward):
+    """length_penalized and qa_rubric keep their QA reward among a weighted reward's terms: the benchmark paid the
+    judge for the whole document once per model or step, a call its cost estimate leaves out."""
+    from summrl.benchmark.runner import skip_full_document_baseline
+    from summrl.data import Document
+    from summrl.judges import build_judge
+    from summrl.prompt import SummaryPrompt
+    from summrl.rewards import build_reward
+
+    config = compose_config(["experiment=local", f"reward={reward}", "judge=lexical"])
+    built = build_reward(config.reward, build_judge(config.judge), SummaryPrompt.of(config.trainer))
+    document = Document(id="d1", topic="", text="A text.", questions=())
+    skip_full_document_baseline(built, document)
+
+    def qa_rewards(r):
+        if r is None:
+            return []
+        own = [r] if hasattr(r, "baselines") else []
+        return own + qa_rewards(getattr(r, "base", None)) + [q for _, t in (getattr(r, "terms", None) or {}).values()
+                                                             for q in qa_rewards(t)]
+
+    found = qa_rewards(built)
+    assert found and all(q.baselines == {"d1": None} for q in found)
+
+
+def test_dataset_inbox_is_refused_naming_the_way_to_benchmark_recorded_documents(tmp_path):
+    from summrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^dataset=inbox is online learning's .*dataset=documents "
+                                          r"dataset.path=runs/<name>/inbox/documents.jsonl$"):
+        compose_benchmark(["experiment=local", "dataset=inbox"], tmp_path / "out")  # it was a traceback

@@ -241,6 +241,10 @@ def _trained_run(run_dir: Any, steps: Any, every: int) -> Optional[TrainedRun]:
 
 def _check_cross(config: BenchmarkConfig) -> None:
     settings = config.benchmark
+    if config.dataset.kind == "inbox":  # it reads a training run's folder, which a benchmark has not (a traceback)
+        raise ConfigError("dataset=inbox is online learning's (python -m summrl.train run.name=<name> dataset=inbox); "
+                          "benchmark recorded documents with dataset=documents dataset.path=runs/<name>/inbox/"
+                          "documents.jsonl")
     uses_ruler = any(isinstance(m, BestOfNEntry) for m in settings.models) or "ruler" in reward_kinds(config.reward)
     if uses_ruler and config.judge.kind == "lexical":
         raise ConfigError("best_of_n and reward=ruler rank summaries with RULER, which needs an LLM judge; got judge=lexical: "

@@ -129,10 +129,15 @@ class RecordingJudge:
 
 def skip_full_document_baseline(reward: Any, document: Document) -> None:
     """The QA reward also grades the full document once per document (training's percent_full metric);
-    the benchmark does not report it, so it does not pay for it."""
-    for qa in (reward, getattr(reward, "base", None)):
-        if qa is not None and hasattr(qa, "baselines"):
-            qa.baselines.setdefault(document.id, None)
+    the benchmark does not report it, so it does not pay for it: wherever a QA reward sits in ``reward`` (itself, a
+    wrapper's ``base``, a weighted reward's terms, as length_penalized and qa_rubric build it)."""
+    if reward is None:
+        return
+    if hasattr(reward, "baselines"):
+        reward.baselines.setdefault(document.id, None)
+    skip_full_document_baseline(getattr(reward, "base", None), document)
+    for _, term in (getattr(reward, "terms", None) or {}).values():
+        skip_full_document_baseline(term, document)
 
 
 @dataclass

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
@@ -25,7 +24,8 @@ from summrl.config import FREE_JUDGES, reward_kinds
 from summrl.cost import Calls, confirmed
 from summrl.data import Document, all_documents, load_splits, split
 from summrl import inbox
-from summrl.data.documents import Loaded, limit_length, policy_token_counter, read, text_hash
+from summrl.data.documents import (PART, Loaded, by_source, limit_length, policy_token_counter, read,
+                                   source_id, text_hash)
 from summrl.errors import ConfigError, ExpectedFailure
 from summrl.judges import build_judge, missing_keys
 from summrl.judges.cache import JsonCache
@@ -95,7 +95,8 @@ async def load(config: Any, *, every_document: bool = False, val_only: bool = Fa
         val, train = load_splits(dataset)
         return Splits(val, train, {"kind": "repliqa", "val": len(val), "train": len(train)})
     loaded = read_documents(config)
-    val, train = ((list(loaded.documents), []) if every_document else split(loaded.documents, dataset, loaded.source))
+    val, train = ((list(loaded.documents), []) if every_document else split_whole(loaded.documents, dataset,
+                                                                                     loaded.source))
     return await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True) and not val_only,
                                 train_required=not every_document)
 
@@ -114,14 +115,15 @@ async def load_inbox(config: Any) -> Splits:
             continue
         seen.add(digest)
         doc_id = str(row.get("id") or digest[:16])
-        if doc_id in lines:  # one id for two texts: keep both, apart
+        if doc_id in lines or PART.search(doc_id):  # one id for two texts, or a part's name: keep both, apart
             doc_id = f"{doc_id}~{row['line']}"
         documents.append(Document(id=doc_id, topic="", text=text, questions=()))
         lines[doc_id] = row["line"]
     loaded = limit_length(Loaded(str(inbox.inbox_dir(config.run.dir) / inbox.DOCUMENTS), documents), config.dataset,
                           LazyCounter(config.model))
+    groups = by_source(loaded.documents)  # the first val_size recorded documents, each with all its parts
     n_val = config.dataset.val_size
-    val, train = loaded.documents[:n_val], loaded.documents[n_val:]
+    val, train = [d for g in groups[:n_val] for d in g], [d for g in groups[n_val:] for d in g]
     if not val:
         return Splits([], [], {"kind": "inbox", "recorded": len(got.rows), "documents": 0}, lines={})
     splits = await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True),
@@ -134,7 +136,14 @@ async def load_inbox(config: Any) -> Splits:
 def source_lines(documents: list[Document], lines: dict[str, int]) -> dict[str, int]:
     """Each document's inbox line. A split document's parts are <id>#part<k> (summrl.data.documents), and an id may
     hold "#part" itself ("memo#party": taken for a part of "memo", a KeyError, or another document's line)."""
-    return {d.id: lines[d.id] if d.id in lines else lines[re.sub(r"#part\d+$", "", d.id)] for d in documents}
+    return {d.id: lines[d.id] if d.id in lines else lines[source_id(d.id)] for d in documents}
+
+
+def split_whole(documents: Sequence[Document], dataset: Any, source: str) -> tuple[list[Document], list[Document]]:
+    """The seeded val/train split, a long document's parts kept on one side (a split of the parts put some of one
+    document in val and the rest in train). The sizes count documents as given; without parts, as ``split``."""
+    val, train = split(by_source(documents), dataset, source)
+    return [d for g in val for d in g], [d for g in train for d in g]
 
 
 async def with_questions(config: Any, loaded: Loaded, val: list[Document], train: list[Document], *,
@@ -205,7 +214,7 @@ def cached_question_files(config: Any, report: bool = True) -> tuple[list[Path],
     """dataset=documents: the files of this machine's question cache that the run would read, and how many of its
     documents have none yet (their questions are still to be written). Reads the documents; calls nothing."""
     loaded = read_documents(config, report=report)
-    val, train = split(loaded.documents, config.dataset, loaded.source)
+    val, train = split_whole(loaded.documents, config.dataset, loaded.source)
     bank = question_bank(config, lookup_only=True)
     need = needing_questions(val, train, needs_questions(config, True))
     files = [bank.path(d) for d in need if bank.cached(d) is not None]

@@ -461,3 +461,38 @@ def test_the_parts_of_a_split_inbox_document_train_in_one_step():
     batches = inbox.Online(Path("."), new, 3).batches(2, 2)
     assert [(b.step, b.items, b.consumed) for b in batches] == [
         (2, ["a", "b#part1", "b#part2", "b#part3"], 5), (3, ["c", "d"], 7)]
+
+
+def test_a_long_documents_parts_stay_on_one_side_of_the_split():
+    """The parts were shuffled one by one: for about half the seeds a document had parts in both val and train."""
+    from types import SimpleNamespace
+
+    from summrl.data import Document
+    from summrl.splits import split_whole
+
+    documents = [Document(id=f"d{i}", topic="", text=f"text {i}", questions=()) for i in range(20)]
+    documents[7:8] = [Document(id=f"memo#part{k}", topic="", text=f"part {k}", questions=()) for k in (1, 2, 3)]
+    for seed in range(100):
+        dataset = SimpleNamespace(train_size="all", val_size=0.2, seed=seed, name="documents")
+        val, train = split_whole(documents, dataset, "docs")
+        in_val = {d.id for d in val if d.id.startswith("memo")}
+        assert in_val in (set(), {"memo#part1", "memo#part2", "memo#part3"}), (seed, in_val)
+        assert sorted(d.id for d in val + train) == sorted(d.id for d in documents)
+    # without parts, the split is the one every recorded result was made with
+    plain = [d for d in documents if not d.id.startswith("memo")]
+    dataset = SimpleNamespace(train_size="all", val_size=0.2, seed=80, name="documents")
+    from summrl.data import split
+
+    assert split_whole(plain, dataset, "docs") == split(plain, dataset, "docs")
+
+
+def test_an_id_that_names_a_part_is_refused_before_splitting(tmp_path):
+    from summrl.data import DataError
+    from summrl.data.documents import limit_length, read
+
+    table = tmp_path / "docs.jsonl"
+    table.write_text(json.dumps({"id": "memo#part1", "text": "A short memo."}) + "\n"
+                     + json.dumps({"id": "memo", "text": "A long memo. " * 50}) + "\n")
+    dataset = compose_config(["experiment=local", "dataset=documents", f"dataset.path={table}"]).dataset
+    with pytest.raises(DataError, match=r"^document memo#part1: an id may not end in #part<k>"):
+        limit_length(read(dataset), dataset, lambda text: len(text.split()))

@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from summrl.data.document import UNANSWERABLE, Document, Question, rubric_list
 from summrl.data.split import DataError
@@ -274,6 +274,23 @@ def _questions(value: Any, doc_id: str, where: str, column: str) -> tuple[Questi
 
 # --------------------------------------------------------------------------- long documents
 
+PART = re.compile(r"#part\d+$")  # the suffix of a split document's parts: <id>#part<k>
+
+
+def source_id(document_id: str) -> str:
+    """The id of the document a part was split from (the id itself for a whole document)."""
+    return PART.sub("", document_id)
+
+
+def by_source(documents: Sequence[Document]) -> list[list[Document]]:
+    """The documents grouped by the document they were split from, in order: a split keeps a document's parts on
+    one side (val or train), not some in each."""
+    groups: dict[str, list[Document]] = {}
+    for document in documents:
+        groups.setdefault(source_id(document.id), []).append(document)
+    return list(groups.values())
+
+
 _PARAGRAPHS = re.compile(r"\n\s*\n")
 _SENTENCES = re.compile(r"(?<=[.!?])\s+")
 
@@ -285,6 +302,10 @@ def limit_length(loaded: Loaded, dataset: "DocumentsDatasetConfig", count_tokens
     ``loaded.long``. Parts are named ``<id>#part<k>``."""
     limit, mode = dataset.max_document_tokens, dataset.long_documents
     loaded.long = {"limit": limit, "mode": mode, "over_limit": 0, "parts": 0}
+    named = next((d.id for d in loaded.documents if PART.search(d.id)), None)
+    if named is not None:  # it would pass for a part of another document: questions and splits mixed up
+        raise DataError(f"document {named}: an id may not end in #part<k>, which names the parts of a long document "
+                        f"split by dataset.long_documents=split: rename it in {loaded.source}")
     if limit is None:
         return loaded
     documents = []

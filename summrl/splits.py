@@ -267,12 +267,28 @@ async def fill(bank: QuestionBank, documents: Sequence[Document], settings: Any,
             checked[document.id] = bank.cached(document)  # type: ignore[assignment]
             bank.hits += 1
     over_budget: list[str] = []
+    # The budget while writing: a document starts only if what is spent, plus a document's cost for it and for each
+    # one in flight (the estimate's, or the mean so far where that is higher), stays within it; at most the
+    # writer's max_concurrency are in flight. (Every document passed the check as they all started at once: an
+    # estimate $5 short of the real cost spent it twice over.)
+    estimate = (calls.usd or 0.0) / len(pending) if pending else 0.0
+    slots = asyncio.Semaphore(getattr(client, "max_concurrency", None) or 8)
+    in_flight, done = 0, 0
 
     async def one(document: Document) -> None:
-        if budget is not None and client is not None and client.usage.cost_usd >= budget:
-            over_budget.append(document.id)
-            return
-        result = await bank.get(document)
+        nonlocal in_flight, done
+        async with slots:
+            if budget is not None and client is not None:
+                spent = client.usage.cost_usd
+                each = max(estimate, spent / done if done else 0.0)
+                if spent + (in_flight + 1) * each > budget:
+                    over_budget.append(document.id)
+                    return
+            in_flight += 1
+            try:
+                result = await bank.get(document)
+            finally:
+                in_flight, done = in_flight - 1, done + 1
         if result is not None:
             checked[document.id] = result
 

@@ -496,3 +496,28 @@ def test_an_id_that_names_a_part_is_refused_before_splitting(tmp_path):
     dataset = compose_config(["experiment=local", "dataset=documents", f"dataset.path={table}"]).dataset
     with pytest.raises(DataError, match=r"^document memo#part1: an id may not end in #part<k>"):
         limit_length(read(dataset), dataset, lambda text: len(text.split()))
+
+
+def test_the_question_budget_holds_while_writing_when_the_estimate_was_short(monkeypatch):
+    """Every document passed the budget check as they all started at once: an estimate of $5 against a budget of
+    $5, at a real $1 a document, spent $10 without a word."""
+    from types import SimpleNamespace
+
+    import summrl.splits as splits
+    from summrl.data import Document
+
+    client = SimpleNamespace(model="gpt-4o-mini", usage=SimpleNamespace(cost_usd=0.0), max_concurrency=4)
+
+    async def write(document):
+        await asyncio.sleep(0.01)
+        client.usage.cost_usd += 1.0
+        return f"questions of {document.id}"
+
+    bank = SimpleNamespace(writer=SimpleNamespace(client=client), cached=lambda d: None, get=write, hits=0,
+                           failures={}, written=0)
+    documents = [Document(id=f"d{i}", topic="", text="t", questions=()) for i in range(10)]
+    estimate = SimpleNamespace(usd=5.0, local=False, line=lambda: "$5.00", price=lambda: "$5.00")
+    monkeypatch.setattr(splits, "plan", lambda bank, documents, model: (list(documents), estimate))
+    with pytest.raises(splits.QuestionsNotConfirmed, match=r"max_cost_usd=5 reached \(\$5\.0000 spent\): 5 documents"):
+        asyncio.run(splits.fill(bank, documents, SimpleNamespace(max_cost_usd=5.0, confirm=False)))
+    assert client.usage.cost_usd == 5.0

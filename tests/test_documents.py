@@ -252,6 +252,14 @@ def test_split_sizes_are_counts_fractions_or_all(train, val, expected):
     assert split_counts(10, split_size(train, "t"), split_size(val, "v"), "src") == expected
 
 
+def test_fractions_that_add_up_to_one_fit_every_document_count():
+    """Each rounded alone (half to even), 0.9 + 0.1 of 195 documents was 176 + 20, and refused."""
+    for n in range(2, 400):
+        for train, val in ((0.9, 0.1), (0.5, 0.5), (0.8, 0.2)):
+            counted_val, counted_train = split_counts(n, train, val, "src")
+            assert counted_val + counted_train <= n and counted_val >= 1 and counted_train >= 1, (n, train, val)
+
+
 def test_split_sizes_the_data_cannot_meet_or_bad_values_are_refused():
     from summrl.errors import ConfigError
 
@@ -521,3 +529,26 @@ def test_the_question_budget_holds_while_writing_when_the_estimate_was_short(mon
     with pytest.raises(splits.QuestionsNotConfirmed, match=r"max_cost_usd=5 reached \(\$5\.0000 spent\): 5 documents"):
         asyncio.run(splits.fill(bank, documents, SimpleNamespace(max_cost_usd=5.0, confirm=False)))
     assert client.usage.cost_usd == 5.0
+
+
+def test_a_table_that_is_not_utf8_or_holds_half_a_character_is_one_line_naming_it(tmp_path):
+    """Both were tracebacks (UnicodeDecodeError, UnicodeEncodeError), which the CLI shows as a bug."""
+    from summrl.data import DataError
+    from summrl.data.documents import _table_rows
+    from summrl.data.repliqa import _read_rows
+
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(json.dumps({"text": "fine"}).encode() + b"\n" + '{"text": "caf\xe9"}'.encode("latin-1") + b"\n")
+    with pytest.raises(DataError, match=r"latin.jsonl, line 2: not UTF-8 \(byte 0xe9 at offset \d+\)"):
+        _table_rows(latin)
+    half = tmp_path / "half.jsonl"
+    half.write_text('{"text": "an emoji cut \\ud83d short"}\n')
+    with pytest.raises(DataError, match=r"half.jsonl, line 1: a \\u escape of half a character"):
+        _table_rows(half)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"text": "saved by Notepad"}).encode() + b"\n")
+    assert _table_rows(bom)[0] == [{"text": "saved by Notepad"}]
+    for name, data in (("bad.jsonl", b'{"document_id": "a"\n'), ("bad.parquet", b"not parquet")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(DataError, match=rf"{name}: can't be read as \.\w+ \("):
+            _read_rows(tmp_path / name)

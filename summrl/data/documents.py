@@ -173,7 +173,14 @@ def _table_rows(path: Path) -> tuple[list[dict], list[str]]:
     """(rows, columns). A .jsonl line that is not a JSON object is named by its line number."""
     if path.suffix.lower() == ".jsonl":
         rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8-sig")  # a BOM, as the .txt, .md and .csv readers take it
+        except UnicodeDecodeError as e:
+            line = data[: e.start].count(b"\n") + 1
+            raise DataError(f"{path}, line {line}: not UTF-8 (byte {data[e.start]:#04x} at offset {e.start}): re-save "
+                            "it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+        for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -182,6 +189,11 @@ def _table_rows(path: Path) -> tuple[list[dict], list[str]]:
                 raise DataError(f"{path}, line {number}: not JSON ({e.msg}): each line must be one JSON object") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object with the columns")
+            try:
+                json.dumps(row, ensure_ascii=False).encode()  # a \ud83d escape decodes to a lone surrogate
+            except UnicodeEncodeError:
+                raise DataError(f"{path}, line {number}: a \\u escape of half a character (a lone surrogate, as "
+                                "text cut mid-emoji is escaped): fix or remove it") from None
             rows.append(row)
         columns = list(dict.fromkeys(k for row in rows for k in row))
         return rows, columns

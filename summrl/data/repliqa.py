@@ -32,12 +32,14 @@ def _read_rows(path: Path) -> list[dict]:
 
     if not path.exists():
         raise DataError(f"{path}: no such file (dataset.files lists it)")
-    if path.suffix == ".parquet":
-        frame = pd.read_parquet(path)
-    elif path.suffix in (".jsonl", ".json"):
-        frame = pd.read_json(path, lines=path.suffix == ".jsonl", dtype=False)
-    else:
+    if path.suffix not in (".parquet", ".jsonl", ".json"):
         raise DataError(f"{path}: unsupported file type {path.suffix!r}; use .parquet or .jsonl")
+    try:
+        frame = (pd.read_parquet(path) if path.suffix == ".parquet"
+                 else pd.read_json(path, lines=path.suffix == ".jsonl", dtype=False, encoding="utf-8"))
+    except Exception as e:  # pandas' and pyarrow's many parse errors (a bad line, not UTF-8, a damaged file)
+        raise DataError(f"{path}: can't be read as {path.suffix} ({type(e).__name__}: {str(e)[:200]}): check the "
+                        "file, or fetch it again") from None
     missing = [c for c in REPLIQA_COLUMNS if c not in frame.columns]
     if missing:
         raise DataError(

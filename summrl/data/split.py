@@ -32,6 +32,8 @@ def split_counts(n: int, train_size: Union[int, float, str], val_size: Union[int
         return int(size) if size != "all" else -1
 
     val, train = count(val_size, "val_size"), count(train_size, "train_size")
+    if isinstance(val_size, float) and isinstance(train_size, float):  # each rounded alone, 0.9 + 0.1 could pass n
+        train = min(train, n - val)
     if val < 0:
         val = n - train
     if train < 0:

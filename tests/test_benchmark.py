@@ -324,7 +324,7 @@ def trained_run(tmp_path_factory, tiny_weights):
     from tests.conftest import run_cli
 
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    result = run_cli(["experiment=local", tiny_weights, "trainer.max_steps=1", "trainer.max_summary_tokens=8", "dataset.val_size=1",
+    result = run_cli(["experiment=local", tiny_weights, "trainer.max_steps=1", "trainer.max_summary_tokens=8", "dataset.val_size=2",
                       "dataset.train_size=2", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
                       "trainer.val_rollouts_per_doc=1", "run.name=tiny", f"hydra.run.dir={run_dir}"], cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -582,3 +582,39 @@ def test_dataset_inbox_is_refused_naming_the_way_to_benchmark_recorded_documents
     with pytest.raises(ConfigError, match=r"^dataset=inbox is online learning's .*dataset=documents "
                                           r"dataset.path=runs/<name>/inbox/documents.jsonl$"):
         compose_benchmark(["experiment=local", "dataset=inbox"], tmp_path / "out")  # it was a traceback
+
+
+def test_a_runs_checkpoints_are_scored_on_its_own_val_documents_and_prompt(tmp_path, caplog):
+    """Only the base model and the LoRA shape were checked: another dataset.seed, or a larger val_size (VAL_SIZE),
+    scored the checkpoints on documents they were trained on, and another prompt on one they never saw."""
+    import logging
+
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    checkpoint = run / "art" / "summrl" / "models" / "r" / "checkpoints" / "0002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"")
+    ours = compose_benchmark(["experiment=local"], tmp_path / "o")
+    d = ours.dataset
+    trained = {"dataset": {"kind": d.kind, "files": list(d.files), "path": None, "hf_path": d.hf_path,
+                           "hf_split": d.hf_split, "seed": d.seed, "val_size": 6},
+               "trainer": {"prompt": ours.trainer.prompt, "max_words": ours.trainer.max_words}}
+    (run / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create(trained), run / ".hydra" / "config.yaml")
+    at = f"benchmark.run_dir={run}"
+    compose_benchmark(["experiment=local", at, "dataset.val_size=6"], tmp_path / "o")
+    compose_benchmark(["experiment=local", at, "dataset.val_size=4"], tmp_path / "o")  # a part of the run's val
+    for override, message in (("dataset.val_size=8", r"dataset.val_size: the run in .* was trained with "
+                                                     r"dataset.val_size=6, the benchmark has 8: a larger val takes in"),
+                              ("dataset.seed=3", rf"dataset.seed: .* dataset.seed={d.seed}, the benchmark has 3"),
+                              ("trainer.prompt=summary_rl", r"trainer.prompt: .* trainer.prompt=facts, the benchmark "
+                                                            r"has summary_rl")):
+        with pytest.raises(ConfigError, match=message):
+            compose_benchmark(["experiment=local", at, "dataset.val_size=6", override], tmp_path / "o")
+    with caplog.at_level(logging.WARNING, logger="summrl"):
+        compose_benchmark(["experiment=local", at, "benchmark.split=all"], tmp_path / "o")
+    assert "scores the run's checkpoints on its training documents too" in caplog.text
+    # other documents than the run's: nothing of its val to keep
+    compose_benchmark(["experiment=local", at, "dataset.seed=3", "dataset=repliqa", "dataset.hf_split=repliqa_1"],
+                      tmp_path / "o")

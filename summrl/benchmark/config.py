@@ -8,6 +8,7 @@ parsed here into :class:`ModelEntry` / :class:`BestOfNEntry`, and ``benchmark.ru
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -21,6 +22,9 @@ from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.preflight import missing_model_keys, unknown_provider
 from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, sft_step
+from summrl.prompt import PROMPT_BEFORE_THE_OPTION
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -294,6 +298,44 @@ def _check_run_matches(config: BenchmarkConfig, run: TrainedRun) -> None:
             if OmegaConf.to_container(lora).get(key) != getattr(config.model.lora, key):
                 raise ConfigError(f"model.lora.{key}: the run in {run.run_dir} trained its adapters with "
                                   f"{key}={lora[key]}, the benchmark has {getattr(config.model.lora, key)}; {fix}")
+    _check_same_val_and_prompt(config, trained, run.run_dir)
+
+
+DATASET_SOURCE = ("kind", "files", "path", "hf_path", "hf_split")  # which documents: the same ones, or others
+
+
+def _check_same_val_and_prompt(config: BenchmarkConfig, trained: Any, run_dir: Path) -> None:
+    """The checkpoints scored on the run's own val documents, with the prompt they were trained on. Val is the first
+    val_size documents of a seeded shuffle: another seed, or a larger val_size (VAL_SIZE), took in documents the run
+    trained on, and nothing said so."""
+    def saved(key: str) -> Any:
+        value = OmegaConf.select(trained, key, default=None)
+        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+    def refuse(key: str, ours: Any, theirs: Any, why: str) -> None:
+        raise ConfigError(f"{key}: the run in {run_dir} was trained with {key}={theirs}, the benchmark has {ours}: "
+                          f"{why}; pass {key}={theirs}")
+
+    d = config.dataset
+    same_documents = all(saved(f"dataset.{k}") == getattr(d, k, None) for k in DATASET_SOURCE)
+    if same_documents and config.benchmark.split == "val":
+        if saved("dataset.seed") != d.seed:
+            refuse("dataset.seed", d.seed, saved("dataset.seed"), "another shuffle puts the run's training documents "
+                   "in val")
+        theirs = saved("dataset.val_size")
+        prefix = isinstance(theirs, int) and isinstance(d.val_size, int) and d.val_size <= theirs  # a part of its val
+        if theirs != d.val_size and not prefix:
+            refuse("dataset.val_size", d.val_size, theirs, "a larger val takes in documents the run trained on (a "
+                   "smaller count is a part of its val)")
+    elif same_documents:
+        log.warning("summrl: benchmark.split=all scores the run's checkpoints on its training documents too: their "
+                    "scores are not held-out scores")
+    prompt = saved("trainer.prompt") or PROMPT_BEFORE_THE_OPTION
+    if prompt != config.trainer.prompt:
+        refuse("trainer.prompt", config.trainer.prompt, prompt, "its checkpoints learned to answer the other prompt")
+    if saved("trainer.max_words") is not None and saved("trainer.max_words") != config.trainer.max_words:
+        refuse("trainer.max_words", config.trainer.max_words, saved("trainer.max_words"), "the prompt and the length "
+               "rewards read it")
 
 
 def _saved_choice(run_dir: Path, group: str) -> Optional[str]:

@@ -133,6 +133,9 @@ def advice(result: Paired) -> str:
     share = f"{100 * result.shares[biggest]:.0f}% of the noise"
     if biggest == "seeds":
         return f"{share} is between training seeds: add seeds"
+    if biggest == "documents" and result.seeds == 1:  # one seed: documents and sampling within them are one spread
+        return ("all of the noise is between val documents and sampling within them (one seed can't tell them "
+                "apart): raise dataset.val_size (VAL_SIZE) or trainer.val_rollouts_per_doc, or add seeds")
     if biggest == "documents":
         return f"{share} is between val documents: raise dataset.val_size (VAL_SIZE)"
     return f"{share} is sampling noise within documents: raise trainer.val_rollouts_per_doc or dataset.val_size"

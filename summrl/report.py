@@ -245,14 +245,15 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
     for configuration, arm in scores.items():
         if configuration == baseline:
             continue
-        note = list(notes.get(configuration, []))
+        note = list(notes.get(configuration, [])) + [f"baseline: {n}" for n in notes.get(baseline, [])]
         seeds = sorted(set(arm) & set(base))
         for name, only in (("this arm", set(arm) - set(base)), ("the baseline", set(base) - set(arm))):
             if only:
                 note.append(f"seed {', '.join(sorted(only))} only in {name}")
         every = [set(arm[s]) & set(base[s]) for s in seeds]
         docs = sorted(set.intersection(*every)) if every else []
-        dropped = len(set.union(*every)) - len(docs) if every else 0
+        # every document either side scored for a paired seed: one scored by one side alone was not counted
+        dropped = len(set().union(*(set(arm[s]) | set(base[s]) for s in seeds))) - len(docs)
         if dropped:
             note.append(f"{dropped} document(s) not scored in every job (missing rewards, or val sets that differ: "
                         "dataset.seed, dataset.val_size)")

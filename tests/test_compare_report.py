@@ -175,3 +175,21 @@ def test_arms_that_scored_every_pair_alike_say_so_instead_of_a_noise_source():
     assert advice(same) == "none: every pair differs by the same amount"
     assert advice(paired(np.array([[0.1, 0.3], [0.2, 0.2]]))).endswith("raise trainer.val_rollouts_per_doc or "
                                                                        "dataset.val_size")
+    # one seed: the spread across documents holds the sampling noise within them too (it said "100% ... between
+    # val documents", and named only val_size)
+    assert advice(paired(np.array([[0.1, 0.3, 0.0, 0.5]]))).startswith(
+        "all of the noise is between val documents and sampling within them (one seed can't tell them apart)")
+
+
+def test_a_document_one_side_alone_scored_is_counted_with_one_seed():
+    """With one seed the count was always 0: a document the arm scored and the baseline never did was not named."""
+    from summrl.report import paired_table
+
+    def job(scores):
+        return {"val_history": [{"step": 4, "per_doc": {d: {"qa_accuracy": v} for d, v in scores.items()}}]}
+
+    table = pd.DataFrame({"job": ["0", "1"], "seed": [1, 1], "status": ["completed"] * 2,
+                          "configuration": ["reward=qa", "reward=ruler"]})
+    results = {"0": job({"a": 0.2, "b": 0.4}), "1": job({"a": 0.3, "b": 0.5, "c": 0.9})}
+    (row,) = paired_table(table, results, "qa_accuracy", "reward=qa").itertuples()
+    assert row.documents == 2 and "1 document(s) not scored in every job" in row.note

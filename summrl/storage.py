@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from summrl.errors import ExpectedFailure
+from summrl.errors import ExpectedFailure, is_network
 from summrl.job import read_result, write_atomic
 
 log = logging.getLogger(__name__)
@@ -368,6 +368,15 @@ def fetch_file(config: Any, rel: str) -> Optional[bytes]:
         return client.get_object(Bucket=bucket, Key=f"{root}/{rel}")["Body"].read()
     except client.exceptions.NoSuchKey:
         return None
+    except Exception as e:
+        if is_network(e):
+            raise
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if not isinstance(e, (BotoCoreError, ClientError)):
+            raise
+        label = bucket_label(storage)  # a credential error, a bucket that does not exist or refuses: one line
+        raise StorageError(f"{rel} from s3://{label}/{root}: {_describe(e, bucket, label)}") from None
 
 
 def upload_verified(client: Any, bucket: str, label: str, path: Path, key: str) -> dict:

@@ -614,3 +614,24 @@ def test_a_preempted_managed_job_resumes_from_s3_with_no_step_repeated_or_lost(c
     trained = [row["training_step"] for row in map(json.loads, history.read_text().splitlines())
                if any(k.startswith("train/") for k in row)]
     assert trained == [1, 2, 3, 4]  # each step trained once: none repeated, none lost
+
+
+def test_sweep_status_without_the_bucket_or_with_one_s3_refuses_says_so_in_one_line(cloud_env, monkeypatch, tmp_path,
+                                                                                    s3_endpoint, capsys):
+    """The bucket named by $BACKUP_BUCKET is not written down: unset, every run read as "not trained a step yet";
+    a bucket S3 refuses was a traceback."""
+    fake = FakeJobs(monkeypatch)
+    fake.endpoint = s3_endpoint
+    s3(s3_endpoint).create_bucket(Bucket="runs")
+    folder = submit_sweep(tmp_path, fake, seeds=(1,))
+    record = json.loads((folder / "0" / "result.json").read_text())
+    record["managed_job"]["backup"]["bucket"] = None  # as a job submitted with BACKUP_BUCKET records it
+    (folder / "0" / "result.json").write_text(json.dumps(record))
+    monkeypatch.delenv("BACKUP_BUCKET", raising=False)
+    monkeypatch.setattr("dotenv.load_dotenv", lambda *a, **k: False)
+    assert sweep_cli.main(["status", str(folder)]) == 2
+    assert "export BACKUP_BUCKET=<that bucket>" in capsys.readouterr().err
+    monkeypatch.setenv("BACKUP_BUCKET", "no-such-bucket")
+    with pytest.raises(SystemExit) as ended:
+        sweep_cli.main(["status", str(folder)])
+    assert ended.value.code == 6  # summrl's S3 error, one line

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from summrl.errors import exit_on
 from summrl.job import jsonl_rows, read_result, write_result
 from summrl.storage import fetch_file
 
@@ -179,6 +181,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"summrl: no managed job was submitted from {args.folder} (backend.managed=true records one per job)",
               file=sys.stderr)
         return 2
+    if args.command != "cancel" and not os.environ.get("BACKUP_BUCKET") and any(
+            not m["backup"]["bucket"] for _, m in submitted(args.folder)):
+        # the jobs were backed up to $BACKUP_BUCKET (not written down): every run read as "not trained a step yet"
+        print("summrl: the jobs back up to the bucket $BACKUP_BUCKET named when they were submitted, and it is not set "
+              "here: export BACKUP_BUCKET=<that bucket> (or put it in .env)", file=sys.stderr)
+        return 2
+    try:
+        return _command(args)
+    except Exception as e:  # S3 or SkyPilot refusing (credentials, a bucket, the API server): one line, its code
+        exit_on(e)
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "status":
         rows = status(args.folder)
         print(render(rows))

@@ -618,3 +618,36 @@ def test_a_runs_checkpoints_are_scored_on_its_own_val_documents_and_prompt(tmp_p
     # other documents than the run's: nothing of its val to keep
     compose_benchmark(["experiment=local", at, "dataset.seed=3", "dataset=repliqa", "dataset.hf_split=repliqa_1"],
                       tmp_path / "o")
+
+
+def test_a_paid_summary_is_kept_when_its_sibling_fails_and_the_rerun_pays_only_for_the_rest(tmp_path):
+    """One failed model call threw away the document's other summaries, already paid for; the rerun bought them
+    again."""
+    with FakeLLM() as fake:
+        fake.script = [Reply(status=400), Reply("A summary.")]
+        config = compose_benchmark(["experiment=local", "dataset.val_size=1", "benchmark.rollouts_per_doc=2",
+                                    "benchmark.max_retries=0", "benchmark.confirm=false",
+                                    f"benchmark.models=[{fake_model(fake)}]"], tmp_path / "out")
+        assert asyncio.run(run(config)) == 1
+        assert list(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary."]
+        fake.script = [Reply("Another summary.")]
+        assert asyncio.run(run(config)) == 0
+        assert len(fake.requests) == 3  # 2, then only the failed one again
+    assert sorted(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary.", "Another summary."]
+
+
+def test_a_summary_whose_judge_failed_is_scored_on_the_rerun_without_paying_the_model_again(tmp_path):
+    with FakeLLM() as policy, FakeLLM() as judge:
+        policy.script = [Reply("A summary.")]
+        judge.script = [Reply(status=500)] * 20  # the judge is down for this run, whatever it retries
+        config = compose_benchmark(
+            ["experiment=local", "judge=openai_compatible", f"judge.api_base={judge.base_url}",
+             "judge.model=openai/fake-judge", "judge.max_retries=0", "judge.cache_dir=null", "dataset.val_size=1",
+             "benchmark.rollouts_per_doc=1", f"benchmark.models=[{fake_model(policy)}]", "benchmark.confirm=false"],
+            tmp_path / "out")
+        assert asyncio.run(run(config)) == 1
+        assert len(read_rows(tmp_path / "out" / "rows.csv")) == 0 and len(policy.requests) == 1
+        judge.script = []  # back up
+        assert asyncio.run(run(config)) == 0
+        assert len(policy.requests) == 1  # kept in generated.jsonl: not bought again
+    assert list(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary."]

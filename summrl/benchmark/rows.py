@@ -17,6 +17,7 @@ from typing import Optional
 import pandas as pd
 
 from summrl.errors import ConfigError
+from summrl.job import append_jsonl, jsonl_rows
 
 
 @dataclass
@@ -128,3 +129,23 @@ def read_rows(path: Path) -> pd.DataFrame:
                         na_values={"step": [""], "model_cost_usd": [""], "judge_cost_usd": [""]})
     frame["step"] = frame["step"].astype("Int64")
     return frame
+
+
+class KeptSummaries:
+    """Summaries paid for but not yet scored into rows.csv (``generated.jsonl``, appended and flushed as each comes
+    back): a judge that fails, or a sibling rollout's model call that does, no longer throws them away, and the rerun
+    scores them without calling the model again. Keyed as rows are (model label, step, document, rollout)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.kept: dict[tuple, dict] = {}
+        for record in jsonl_rows(self.path.read_text(encoding="utf-8", errors="replace")) if self.path.exists() else []:
+            self.kept[row_key(*record["key"])] = record
+
+    def get(self, model: str, step: Optional[int], document_id: str, rollout: int) -> Optional[dict]:
+        return self.kept.get(row_key(model, step, document_id, rollout))
+
+    def add(self, model: str, step: Optional[int], document_id: str, rollout: int, summary: dict) -> None:
+        record = {"key": [model, step, document_id, rollout], **summary}
+        append_jsonl(self.path, [record])
+        self.kept[row_key(model, step, document_id, rollout)] = record

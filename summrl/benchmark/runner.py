@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, Union
 from summrl.benchmark.charts import bar_chart, step_chart
 from summrl.benchmark.config import BenchmarkConfig, BestOfNEntry, ModelEntry
 from summrl.benchmark.publish import publish
-from summrl.benchmark.rows import Row, RowStore, correctness, read_rows, row_key
+from summrl.benchmark.rows import KeptSummaries, Row, RowStore, correctness, read_rows, row_key
 from summrl.backends.serving import start_server
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
 from summrl.benchmark.summary import markdown, summarize
@@ -146,10 +146,33 @@ class Scorer:
     judge_config: Any  # config.judge, or its lexical half when judge=local runs no RULER (no model to serve)
     endpoint: Optional[tuple[str, str, str]]  # judge=embedded or local: (base model, URL, key)
     judge_cost_known: bool  # False: a paid judge whose price (or RULER's) cannot be counted
+    kept: Optional[KeptSummaries] = None  # summaries paid for, kept until scored (a rerun scores them)
+
+    async def summaries(self, job: Job, source: Any, document: Document) -> tuple[list[tuple[int, Summary]], list[str]]:
+        """(rollout, summary) for each rollout whose summary was made now or kept from before, and the errors of
+        those that failed: one failed model call no longer throws its paid siblings away."""
+        async def one(rollout: int) -> Summary:
+            kept = self.kept.get(job.label, job.step, document.id, rollout) if self.kept else None
+            if kept is not None:
+                return Summary(kept["text"], kept["model_calls"], kept["model_cost_usd"], kept.get("ranking_calls", 0))
+            made = await source.summarize(document)
+            if self.kept is not None:
+                self.kept.add(job.label, job.step, document.id, rollout, asdict(made))
+            return made
+
+        rollouts = job.pending[document.id]
+        results = await asyncio.gather(*(one(r) for r in rollouts), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, SummaryError):
+                raise result
+        return ([(r, s) for r, s in zip(rollouts, results) if isinstance(s, Summary)],
+                [str(s) for s in results if isinstance(s, SummaryError)])
 
     async def score(self, job: Job, source: Any, document: Document) -> tuple[list[Row], list[str]]:
-        rollouts = job.pending[document.id]
-        summaries: list[Summary] = await asyncio.gather(*(source.summarize(document) for _ in rollouts))
+        made, failed = await self.summaries(job, source, document)
+        if not made:
+            return [], failed
+        rollouts, summaries = [r for r, _ in made], [s for _, s in made]
         judge = RecordingJudge(build_judge(self.judge_config, self.endpoint))  # a fresh judge: its usage is this document's
         reward = build_reward(self.config.reward, judge, SummaryPrompt.of(self.config.trainer))
         skip_full_document_baseline(reward, document)
@@ -159,7 +182,7 @@ class Scorer:
         usage = judge.usage_metrics()
         calls = usage.get("judge/calls", 0.0) / len(texts)
         judge_cost = usage.get("judge/cost_usd", 0.0) / len(texts) if self.judge_cost_known else math.nan
-        rows, errors = [], []
+        rows, errors = [], list(failed)
         for rollout, summary, score, verdict in zip(rollouts, summaries, scores, verdicts):
             if isinstance(score, Missing) or isinstance(verdict, Exception):
                 errors.append(score.error if isinstance(score, Missing) else str(verdict))
@@ -208,6 +231,7 @@ async def source_for(config: BenchmarkConfig, job: Job, server: Any, ruler_judge
 
 
 IDENTITY_FILE = "benchmark.json"
+GENERATED_FILE = "generated.jsonl"  # summaries paid for and not yet scored (rows.KeptSummaries)
 
 
 def identity(config: BenchmarkConfig) -> dict:
@@ -319,7 +343,8 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
         if judge_config.kind in EMBEDDED_JUDGES:
             endpoint = (config.model.base_model, server.base_url, server.api_key)
         known = judge_local(config) or (not _uses_ruler(config) and token_price(config.judge.model, 1, 1) is not None)
-        scorer = Scorer(config, judge_config, endpoint, judge_cost_known=known)
+        kept = KeptSummaries(store.path.with_name(GENERATED_FILE))
+        scorer = Scorer(config, judge_config, endpoint, judge_cost_known=known, kept=kept)
         ruler_judge = build_judge(judge_config, endpoint) if any(isinstance(j.entry, BestOfNEntry) for j in jobs) else None
         by_id = {d.id: d for d in documents}
         failures: list[str] = []
@@ -327,7 +352,8 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
         for job in jobs:
             source = await source_for(config, job, server, ruler_judge)
             if isinstance(job.entry, BestOfNEntry) and not judge_local(config):
-                scorer_for_job = Scorer(config, judge_config, endpoint, judge_cost_known=False)  # RULER's cost is unreported
+                scorer_for_job = Scorer(config, judge_config, endpoint, judge_cost_known=False,  # RULER's cost: unreported
+                                        kept=kept)
             else:
                 scorer_for_job = scorer
             limit = asyncio.Semaphore(config.benchmark.max_concurrency)

@@ -114,3 +114,23 @@ def test_shipped_sample_is_repliqa_shaped():
     unanswerable = sum(not q.answerable for d in docs for q in d.questions) / (5 * len(docs))
     assert 0.15 <= unanswerable <= 0.25
     assert len({d.topic for d in docs}) >= 10
+
+
+def test_a_repeated_question_id_is_refused_and_a_document_whose_rows_disagree_is_named(caplog):
+    """One file listed twice in dataset.files counted every question twice; a row with another text for the same
+    document had its question asked of the first row's text, silently."""
+    import logging
+
+    from summrl.data import DataError
+    from summrl.data.repliqa import group_documents
+
+    def row(doc, qid, text="The text."):
+        return {"document_id": doc, "document_topic": "t", "document_extracted": text, "question_id": qid,
+                "question": "Q?", "answer": "A", "long_answer": ""}
+
+    with pytest.raises(DataError, match=r"^f, row 2 \(document a\): question_id q1 is also row 0's; list each file once"):
+        group_documents([row("a", "q1"), row("a", "q2"), row("a", "q1")], "f")
+    with caplog.at_level(logging.WARNING, logger="summrl"):
+        (document,) = group_documents([row("a", "q1"), row("a", "q2", text="Another text.")], "f")
+    assert document.text == "The text." and len(document.questions) == 2
+    assert "f, row 1 (document a): document_extracted differs from row 0's" in caplog.text

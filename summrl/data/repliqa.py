@@ -7,11 +7,14 @@ with a seeded ``random.Random``, val is the first ``val_size``, train the next `
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from summrl.data.document import UNANSWERABLE, Document, Question, resolve_path, rubric_list
 from summrl.data.split import DataError, split
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from summrl.config import RepliqaDatasetConfig
@@ -53,6 +56,9 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
     texts: dict[str, tuple[str, str]] = {}
     rubrics: dict[str, dict[str, tuple[tuple[str, ...], int]]] = {}  # document -> column -> (rubrics, first row)
     questions: dict[str, list[Question]] = {}
+    first_row: dict[str, int] = {}
+    question_rows: dict[str, int] = {}
+    differing: set[str] = set()
     for index, row in enumerate(rows):
         where = f"{source}, row {index}"
         doc_id = str(row.get("document_id") or "").strip()
@@ -71,6 +77,17 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
             texts[doc_id] = (str(row.get("document_topic") or ""), text)
             questions[doc_id] = []
             rubrics[doc_id] = {}
+            first_row[doc_id] = index
+        elif text != texts[doc_id][1] and doc_id not in differing:
+            differing.add(doc_id)  # its questions are asked of the first row's text
+            log.warning(f"summrl: {where} (document {doc_id}): document_extracted differs from row "
+                        f"{first_row[doc_id]}'s for the same document; the first is used")
+        question_id = row.get("question_id")
+        if question_id:
+            seen = question_rows.setdefault(str(question_id), index)
+            if seen != index:  # e.g. one file listed twice in dataset.files: every question counted twice
+                raise DataError(f"{where} (document {doc_id}): question_id {question_id} is also row {seen}'s; list "
+                                "each file once in dataset.files, or give each question its own id")
         for column in RUBRIC_COLUMNS:  # a document's rows that give its rubrics must agree; the others leave them out
             value = rubric_list(row.get(column), column, f"{where} (document {doc_id})")
             if value is None:

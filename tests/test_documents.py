@@ -552,3 +552,14 @@ def test_a_table_that_is_not_utf8_or_holds_half_a_character_is_one_line_naming_i
         (tmp_path / name).write_bytes(data)
         with pytest.raises(DataError, match=rf"{name}: can't be read as \.\w+ \("):
             _read_rows(tmp_path / name)
+
+
+def test_text_with_no_space_to_cut_at_is_cut_between_characters_within_the_limit():
+    """Chinese text (。 and no spaces) or a URL stayed one part, over the limit: "split into 1 parts"."""
+    chinese = "今天市政府宣布新的交通计划。" * 40
+    count = len  # a token per character
+    parts = split_text(chinese, 100, count)
+    assert len(parts) == 6 and all(count(p) <= 100 for p in parts) and "".join(parts) == chinese
+    url = "https://example.com/" + "a" * 300
+    parts = split_text(f"See {url} now.", 100, count)
+    assert all(count(p) <= 100 for p in parts) and "".join(parts).replace(" ", "") == f"See{url}now."

@@ -309,8 +309,8 @@ _SENTENCES = re.compile(r"(?<=[.!?])\s+")
 
 def limit_length(loaded: Loaded, dataset: "DocumentsDatasetConfig", count_tokens: Callable[[str], int]) -> Loaded:
     """Apply ``dataset.max_document_tokens`` (``count_tokens``: the policy's tokenizer). Over the limit, a document is
-    split at paragraph boundaries (a paragraph over the limit at sentence ends, a sentence over it at spaces: never
-    cut mid-word, nothing dropped), skipped, or refused, as ``dataset.long_documents`` says; the counts are kept in
+    split at paragraph boundaries (a paragraph over the limit at sentence ends, a sentence over it at spaces, a run
+    with no space between characters: nothing dropped), skipped, or refused, as ``dataset.long_documents`` says; the counts are kept in
     ``loaded.long``. Parts are named ``<id>#part<k>``."""
     limit, mode = dataset.max_document_tokens, dataset.long_documents
     loaded.long = {"limit": limit, "mode": mode, "over_limit": 0, "parts": 0}
@@ -392,9 +392,27 @@ def _pieces(text: str, limit: int, count_tokens: Callable[[str], int]) -> list[t
                     chunk.append(word)
                 runs.append(" ".join(chunk))
             for run in runs:
-                out.append((run, count_tokens(run), "\n\n" if first else " "))
+                for k, cut in enumerate(_between_characters(run, limit, count_tokens)):
+                    out.append((cut, count_tokens(cut), ("\n\n" if first else " ") if k == 0 else ""))
                 first = False
     return out
+
+
+def _between_characters(run: str, limit: int, count_tokens: Callable[[str], int]) -> list[str]:
+    """A run with no space to cut at (Chinese or Japanese text, a URL, a long word) over the limit: its longest
+    prefixes within the limit, cut between characters (it passed the limit whole, as one part)."""
+    out = []
+    while count_tokens(run) > limit and len(run) > 1:
+        low, high = 1, len(run) - 1  # the longest prefix within the limit (at least one character)
+        while low < high:
+            middle = (low + high + 1) // 2
+            if count_tokens(run[:middle]) <= limit:
+                low = middle
+            else:
+                high = middle - 1
+        out.append(run[:low])
+        run = run[low:]
+    return out + [run]
 
 
 def policy_token_counter(model: Any) -> Callable[[str], int]:

@@ -190,7 +190,7 @@ def test_fake_frontier_rows_table_confidence_intervals_resume_and_charts(tmp_pat
         (out / "rows.csv").write_bytes(data[: len(data) - len(last_summary) // 2])
         fake.script = scripted_summaries(docs, 1)
         assert asyncio.run(run(config, stdin=io.StringIO("y\n"))) == 0
-        assert len(fake.requests) == 7
+        assert len(fake.requests) == 6  # its summary was kept (generated.jsonl): scored again, not bought again
         again = read_rows(out / "rows.csv")
         assert len(again) == 6 and len(set(zip(again.document_id, again.rollout))) == 6
         written = {r.content for r in scripted_summaries(docs, 6)}
@@ -651,3 +651,23 @@ def test_a_summary_whose_judge_failed_is_scored_on_the_rerun_without_paying_the_
         assert asyncio.run(run(config)) == 0
         assert len(policy.requests) == 1  # kept in generated.jsonl: not bought again
     assert list(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary."]
+
+
+def test_a_label_that_now_names_another_model_is_refused_in_a_resumed_folder(tmp_path):
+    """Rows are matched by label: changing a labelled entry's model mixed the new model's rows with the old one's
+    under one name in summary.md."""
+    from summrl.benchmark.runner import check_identity
+
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def config(model, label="mine"):
+        return compose_benchmark(["experiment=local", f"benchmark.models=[{{model: {model}, label: {label}}}]"], out)
+
+    check_identity(out, config("openai/a"))
+    check_identity(out, config("openai/a"))  # the same: resumes
+    with pytest.raises(ConfigError, match=r"holds rows labelled 'mine' made by \{\"model\": \"openai/a\".*not "
+                                          r"\{\"model\": \"openai/b\""):
+        check_identity(out, config("openai/b"))
+    check_identity(out, config("openai/b", "other"))  # another label joins the folder
+    assert set(json.loads((out / "benchmark.json").read_text())["sources"]) == {"mine", "other"}

@@ -250,9 +250,27 @@ def identity(config: BenchmarkConfig) -> dict:
     }
 
 
+def sources(config: BenchmarkConfig) -> dict[str, dict]:
+    """What each label's rows were made by: a resumed folder's rows are matched by label, so a label that now names
+    another model (or another run, or another n) would have mixed its rows with the earlier ones."""
+    out: dict[str, dict] = {}
+    for entry in config.benchmark.models:
+        if isinstance(entry, BestOfNEntry):
+            inner = entry.model
+            out[entry.label] = {"best_of_n": entry.n, "step": entry.step,
+                                "model": None if inner is None else {"model": inner.model, "api_base": inner.api_base}}
+        else:
+            out[entry.label] = {"model": entry.model, "api_base": entry.api_base}
+    run = config.benchmark.run
+    if run is not None:
+        out[run.name] = {"run_dir": str(Path(run.run_dir).resolve())}
+    return out
+
+
 def check_identity(out_dir: Path, config: BenchmarkConfig) -> None:
     path = out_dir / IDENTITY_FILE
     mine = json.loads(json.dumps(identity(config)))
+    labels = json.loads(json.dumps(sources(config)))
     if path.exists():
         saved = json.loads(path.read_text())
         if isinstance(saved.get("prompt"), dict):  # written before trainer.prompt
@@ -262,8 +280,16 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> None:
                 raise ConfigError(
                     f"{out_dir} holds rows scored with another {section} ({json.dumps(saved.get(section))}); "
                     f"rerun with that config to resume, or pick a new benchmark.name")
+        known = saved.get("sources", {})  # (a folder from before this record: each label is recorded from now on)
+        for label, source in labels.items():
+            if label in known and known[label] != source:
+                raise ConfigError(f"{out_dir} holds rows labelled {label!r} made by {json.dumps(known[label])}, not "
+                                  f"{json.dumps(source)}: give this one another label (its entry's label), or pick a "
+                                  "new benchmark.name")
+        if any(label not in known for label in labels):
+            write_json(path, {**saved, "sources": {**known, **labels}})
     else:
-        write_json(path, mine)  # whole or not at all: a cut one would stop every resume
+        write_json(path, {**mine, "sources": labels})  # whole or not at all: a cut one would stop every resume
 
 
 def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -> Optional[Any]:

@@ -185,17 +185,24 @@ class Work:
 
 
 def estimate(work: Sequence[Work], documents: Sequence[Document], judge: Calls, *, prompt: SummaryPrompt,
-             max_summary_tokens: int, reward_uses_ruler: bool, qa_calls: bool) -> list[Calls]:
-    """Fill in each entry's model calls and the judge's calls (answering, grading, RULER) for the pending rows.
-    The QA baseline (percent_full) is not counted: the benchmark does not pay for it."""
+             max_summary_tokens: int, reward_uses_ruler: bool, qa_calls: bool,
+             rubric_rewards: Sequence[Any] = ()) -> list[Calls]:
+    """Fill in each entry's model calls and the judge's calls (answering, grading, RULER, and each rubric reward's
+    scoring and, once per document, or per entry and document where it keeps no cache, its rubric writing) for the
+    pending rows. The QA baseline (percent_full) is not counted: the benchmark does not pay for it."""
     by_id = {d.id: d for d in documents}
     counts: dict[str, Sized] = {}
     judged = Tally()
     for w in work:
         for doc_id, rollouts in w.pending.items():
-            if doc_id not in counts:
+            first = doc_id not in counts
+            if first:
                 counts[doc_id] = sized(by_id[doc_id], prompt)
             d = counts[doc_id]
+            for r in rubric_rewards:  # (rubric rewards are LLM-judged: judge=lexical writes its own, offline)
+                judged.plus(rubric_group(r.max_rubrics, rollouts, max_summary_tokens))
+                if first or not r.cache_dir:
+                    judged.plus(first_calls([r], d))
             calls = rollouts * w.candidates
             w.model_calls.calls += calls
             w.model_calls.input_tokens += calls * d.prompt

@@ -671,3 +671,26 @@ def test_a_label_that_now_names_another_model_is_refused_in_a_resumed_folder(tmp
         check_identity(out, config("openai/b"))
     check_identity(out, config("openai/b", "other"))  # another label joins the folder
     assert set(json.loads((out / "benchmark.json").read_text())["sources"]) == {"mine", "other"}
+
+
+def test_the_benchmark_estimate_counts_the_rubric_rewards_calls():
+    """Rubric scoring (a call per group) and rubric writing (a call per document, or per entry and document with no
+    cache) were left out of the estimate the cost guard shows."""
+    from summrl.config import RubricRewardConfig
+    from summrl.cost import Calls, Work, estimate
+    from summrl.data import load_splits
+    from summrl.prompt import SummaryPrompt
+
+    config = compose_config(["experiment=local", "dataset.val_size=3"])
+    val, _ = load_splits(config.dataset)
+
+    def judge_calls(rubrics, entries=2):
+        work = [Work(Calls(f"model m{i}", None), 1, {d.id: 2 for d in val}) for i in range(entries)]
+        *_, judge = estimate(work, val, Calls("judge j", None), prompt=SummaryPrompt("facts", 350), max_summary_tokens=64,
+                             reward_uses_ruler=False, qa_calls=True, rubric_rewards=rubrics)
+        return judge.calls
+
+    plain, kept, unkept = (judge_calls([]), judge_calls([RubricRewardConfig()]),
+                           judge_calls([RubricRewardConfig(cache_dir=None)]))
+    assert kept - plain == 2 * 3 + 3  # a scoring call per entry and document, and the rubrics written once each
+    assert unkept - plain == 2 * 3 + 2 * 3  # no cache: written again for each entry

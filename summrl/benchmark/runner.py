@@ -22,7 +22,8 @@ from summrl.benchmark.rows import KeptSummaries, Row, RowStore, correctness, rea
 from summrl.backends.serving import start_server
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
 from summrl.benchmark.summary import markdown, summarize
-from summrl.config import EMBEDDED_JUDGES, FREE_JUDGES, LexicalJudgeConfig, RulerRewardConfig, reward_kinds
+from summrl.config import (EMBEDDED_JUDGES, FREE_JUDGES, LexicalJudgeConfig, RulerRewardConfig, reward_kinds,
+                           rubric_rewards)
 from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
 from summrl.data import Document, Question
 from summrl.errors import ConfigError
@@ -95,9 +96,10 @@ def cost_plan(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[
         work.append(Work(calls, candidates, {d: len(r) for d, r in job.pending.items()}))
     judge_id = getattr(config.judge, "model", None) or f"{config.model.base_model} (judge={config.judge.kind})"
     judge = Calls(f"judge {judge_id}", None if judge_local(config) else config.judge.model)
+    llm_judge = config.judge.kind not in ("lexical", "local")
     return estimate(work, documents, judge, prompt=SummaryPrompt.of(config.trainer),
                     max_summary_tokens=config.trainer.max_summary_tokens, reward_uses_ruler=_uses_ruler(config),
-                    qa_calls=config.judge.kind not in ("lexical", "local"))
+                    qa_calls=llm_judge, rubric_rewards=list(rubric_rewards(config.reward).values()) if llm_judge else [])
 
 
 # ------------------------------------------------------------------ scoring

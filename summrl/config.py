@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import os
 import re
 import shlex
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -142,8 +143,14 @@ class SplitConfig:
     val_size: Any = 91  # SPLIT_SIZE_HELP; conf/dataset/repliqa.yaml reads VAL_SIZE
 
     def __post_init__(self) -> None:
-        self.train_size = split_size(self.train_size, "dataset.train_size")
-        self.val_size = split_size(self.val_size, "dataset.val_size")
+        for key, variable in (("train_size", "TRAIN_SIZE"), ("val_size", "VAL_SIZE")):
+            try:
+                setattr(self, key, split_size(getattr(self, key), f"dataset.{key}"))
+            except ConfigError as e:  # the value may have come from the environment (dataset=repliqa reads it)
+                given = os.environ.get(variable)
+                if given is None or str(getattr(self, key)).strip() != given.strip():
+                    raise
+                raise ConfigError(f"{e} (from the environment variable {variable}={given!r})") from None
         _require(not (self.train_size == "all" and self.val_size == "all"), "dataset.val_size",
                  "train_size and val_size can't both be all: give val a count or a fraction, e.g. dataset.val_size=0.1")
         fractions = [s for s in (self.train_size, self.val_size) if isinstance(s, float)]

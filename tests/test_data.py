@@ -134,3 +134,14 @@ def test_a_repeated_question_id_is_refused_and_a_document_whose_rows_disagree_is
         (document,) = group_documents([row("a", "q1"), row("a", "q2", text="Another text.")], "f")
     assert document.text == "The text." and len(document.questions) == 2
     assert "f, row 1 (document a): document_extracted differs from row 0's" in caplog.text
+
+
+def test_a_bad_size_from_the_environment_names_the_variable(monkeypatch):
+    from summrl.errors import ConfigError
+
+    monkeypatch.setenv("TRAIN_SIZE", "abc")  # it said "dataset.train_size ... got 'abc'", which no command line held
+    with pytest.raises(ConfigError, match=r"^dataset.train_size: .*got 'abc' \(from the environment variable "
+                                          r"TRAIN_SIZE='abc'\)$"):
+        compose_config(["dataset=repliqa"])
+    with pytest.raises(ConfigError, match=r"got 'xyz'$"):  # given on the command line: no variable named
+        compose_config(["dataset=repliqa", "dataset.train_size=xyz"])

@@ -74,6 +74,7 @@ def test_a_folder_is_read_with_relative_paths_as_ids_html_and_pdf_included_and_o
     (folder / "scan.pdf").write_bytes(minimal_pdf("The Quarry Lane depot opened on May 3, 2021."))
     (folder / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     (folder / ".DS_Store").write_bytes(b"\x00\x01")
+    (folder / "moved.md").symlink_to(folder / "no-longer-here.md")  # dropped without a word, before
     loaded = read(dataset(folder))
     ids = [d.id for d in loaded.documents]
     assert "incidents/2024-03-outage.md" in ids and "contracts/supply-agreement.md" in ids and len(ids) == 12
@@ -81,8 +82,9 @@ def test_a_folder_is_read_with_relative_paths_as_ids_html_and_pdf_included_and_o
     assert "52,000 dollars" in html.text and "secret" not in html.text and "p {}" not in html.text
     pdf = next(d for d in loaded.documents if d.id == "scan.pdf")
     assert pdf.text == "The Quarry Lane depot opened on May 3, 2021."
-    assert dict(loaded.skipped_files) == {".DS_Store": "hidden", "logo.png": "not txt/md/markdown/html/htm/pdf"}
-    assert any("skipped 2 file(s)" in line and "logo.png" in line for line in loaded.lines())
+    assert dict(loaded.skipped_files) == {".DS_Store": "hidden", "logo.png": "not txt/md/markdown/html/htm/pdf",
+                                          "moved.md": "a broken link"}
+    assert any("skipped 3 file(s)" in line and "logo.png" in line for line in loaded.lines())
     assert all(not d.questions for d in loaded.documents)
 
 

@@ -108,8 +108,11 @@ def read(dataset: "DocumentsDatasetConfig") -> Loaded:
 
 def _read_folder(folder: Path) -> Loaded:
     documents, skipped = [], []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() or (p.is_symlink() and not p.exists())):
         relative = path.relative_to(folder).as_posix()
+        if not path.exists():  # a link to nothing: listed, as every file left out is
+            skipped.append((relative, "a broken link"))
+            continue
         if any(part.startswith(".") for part in path.relative_to(folder).parts):
             skipped.append((relative, "hidden"))
             continue

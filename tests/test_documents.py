@@ -565,3 +565,10 @@ def test_text_with_no_space_to_cut_at_is_cut_between_characters_within_the_limit
     url = "https://example.com/" + "a" * 300
     parts = split_text(f"See {url} now.", 100, count)
     assert all(count(p) <= 100 for p in parts) and "".join(parts).replace(" ", "") == f"See{url}now."
+
+
+def test_offline_questions_checked_at_another_min_recall_are_cached_apart():
+    from summrl.judges.questions import OFFLINE_WRITER, OfflineQuestionWriter
+
+    assert OfflineQuestionWriter().writer == OFFLINE_WRITER  # the caches written so far stay valid
+    assert OfflineQuestionWriter(min_recall=1.0).writer != OFFLINE_WRITER  # their verdicts differ: not reused

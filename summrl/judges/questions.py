@@ -163,6 +163,9 @@ class OfflineQuestionWriter:
 
     def __init__(self, min_recall: float = 0.6) -> None:
         self.lexical = LexicalJudge(min_recall=min_recall)
+        # the cache key: its checks' verdicts depend on min_recall (another one reused stale ones); the default
+        # keeps the key caches were written under
+        self.writer = OFFLINE_WRITER if min_recall == 0.6 else f"{OFFLINE_WRITER}-min-recall-{min_recall:g}"
 
     @staticmethod
     def sentences(text: str) -> list[str]:

@@ -411,6 +411,21 @@ def test_ruler_replies_of_the_wrong_shape_are_retried(fake, secret_env):
     assert (reward.client.usage.retries, reward.client.usage.failures) == (2, 0)
 
 
+def test_ruler_scores_out_of_range_or_nan_are_retried_not_taken_as_rewards(fake, secret_env):
+    """ART checks the count only: 7.5, -1 or NaN became the reward (a NaN poisoned the group's advantages)."""
+    def reply(*values):
+        return Reply(json.dumps({"scores": [{"trajectory_id": str(i + 1), "explanation": "", "score": v}
+                                            for i, v in enumerate(values)]}).replace('"NaN"', "NaN"))
+
+    fake.script = [reply(7.5, 0.2), reply("NaN", 0.4), reply(0.9, 0.1)]
+    reward = RulerReward(client(fake, max_retries=2), rubric="r", prompt=FACTS)
+    scores = asyncio.run(reward.score_group(DOC, ["one", "two"]))
+    assert [s.reward for s in scores] == [0.9, 0.1] and len(fake.requests) == 3
+    fake.script = [reply(-1, 0.5)]
+    (first, _) = asyncio.run(ruler_reward(fake).score_group(DOC, ["one", "two"]))
+    assert isinstance(first, Missing) and "RULER scores must lie in [0, 1], got [-1.0]" in first.error
+
+
 def test_ruler_retries_http_errors_on_the_clients_own_loop_and_counts_them(fake, secret_env):
     """One budget of attempts for RULER too: litellm retries nothing itself (the server sees each attempt once),
     Retry-After is waited for, and every retry is counted, like a QA judge call's."""
@@ -485,3 +500,12 @@ def test_structured_ruler_requests_exactly_one_score_per_summary(fake, secret_en
     schema = fake.requests[0]["response_format"]["json_schema"]["schema"]["properties"]["scores"]
     assert (schema["minItems"], schema["maxItems"]) == (3, 3)
     assert [item["properties"]["trajectory_id"]["const"] for item in schema["prefixItems"]] == ["1", "2", "3"]
+
+
+def test_answers_given_as_booleans_are_a_wrong_shape_not_the_answer_true():
+    from summrl.judges.client import ReplyShapeError, list_of
+
+    assert list_of({"answers": ["a", 3, 2.5]}, "answers", 3, (str, int, float)) == ["a", 3, 2.5]
+    with pytest.raises(ReplyShapeError):
+        list_of({"answers": [True, "b", "c"]}, "answers", 3, (str, int, float))
+    assert list_of({"correct": [True, False]}, "correct", 2, bool) == [True, False]  # verdicts are booleans

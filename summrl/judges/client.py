@@ -327,7 +327,10 @@ def _strip_fences(text: str) -> str:
 def list_of(reply: Any, key: str, n: int, types: Union[type, tuple[type, ...]]) -> list:
     """``reply[key]`` when it is a list of exactly ``n`` items of ``types``; otherwise ReplyShapeError (retried)."""
     items = reply.get(key) if isinstance(reply, dict) else None
-    if not isinstance(items, list) or len(items) != n or not all(isinstance(i, types) for i in items):
+    wants_bool = bool in (types if isinstance(types, tuple) else (types,))
+    # true/false is an int to isinstance: an answer given as a boolean was graded as the answer "True"
+    if (not isinstance(items, list) or len(items) != n or not all(isinstance(i, types) for i in items)
+            or (not wants_bool and any(isinstance(i, bool) for i in items))):
         raise ReplyShapeError(f"expected {{\"{key}\": [{n} items]}}, got {json.dumps(reply)[:200]}")
     return items
 

@@ -9,12 +9,13 @@ counted. A group RULER still cannot score comes back missing: the loop leaves it
 
 from __future__ import annotations
 
+import math
 from typing import Sequence, Union
 
 import art
 
 from summrl.data import Document
-from summrl.judges.client import JudgeClient, JudgeError
+from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.rewards.base import Missing, Score
 from summrl.prompt import SummaryPrompt
 
@@ -59,6 +60,13 @@ class RulerReward:
             async with client.slot():
                 try:
                     scored = await ruler_score_group(group, client.model, self._litellm_params(n_scores), self.rubric)
+                    # ART checks the count only (its schema bounds nothing for a hosted judge): a score out of
+                    # [0, 1] or NaN was taken as the reward, and a NaN poisoned the group's advantages
+                    bad = [t.reward for t in scored.trajectories
+                           if not isinstance(t.reward, (int, float)) or not math.isfinite(t.reward)
+                           or not 0.0 <= t.reward <= 1.0]
+                    if bad:
+                        raise ReplyShapeError(f"RULER scores must lie in [0, 1], got {bad[:3]}")
                 except ValueError:
                     client.usage.calls += 1  # answered, with the wrong shape
                     raise

@@ -48,7 +48,9 @@ class JobInfo:
         return ",".join(kept) or "defaults"
 
     def record(self) -> dict[str, Any]:
-        return {"overrides": self.overrides, "choices": self.choices, "sweep": self.sweep, "job_num": self.num}
+        from summrl.secrets import redact  # (a secret's value never reaches result.json, whatever carried it)
+
+        return {"overrides": redact(self.overrides), "choices": self.choices, "sweep": self.sweep, "job_num": self.num}
 
 
 def _key(override: str) -> str:

@@ -19,7 +19,8 @@ from urllib.parse import parse_qsl, urlsplit
 SECRET_NAME = re.compile(r"(API_KEY|SECRET|TOKEN|PASSWORD|ACCESS_KEY)", re.IGNORECASE)
 # Config keys whose values would be secrets, as a whole word of the key (hf_token, aws_secret_access_key; not
 # max_summary_tokens); ``*_env`` keys hold a variable's name, which is not a secret.
-SECRET_KEY = re.compile(r"^(?!.*_env$).*(?:^|_)(?:api_?key|secret|token|password|access_key)(?:_|$)", re.IGNORECASE)
+SECRET_KEY = re.compile(r"^(?!.*_env$).*(?:^|[._])(?:api_?key|secret|token|password|access_key)(?:[._]|$)",
+                        re.IGNORECASE)  # (a flattened key's words part at "." too: model.init_args.token)
 # A URL's query parameters that carry a credential (Google's ?key=, signed URLs' sig=, ?access_token=)
 SECRET_PARAM = r"(?:api[_-]?)?key|(?:access|auth|id)?[_-]?token|auth|sig|signature|password|passwd|secret"
 URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")

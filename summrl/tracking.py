@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 from summrl.config import Config
 from summrl.job import JobInfo, jsonl_rows
-from summrl.secrets import redact
+from summrl.secrets import redact, redact_text
 
 TAG_GROUPS = ("reward", "judge", "model", "backend", "algorithm", "sft")
 
@@ -63,7 +63,7 @@ class WandbTracker(Tracker):
             id=wandb_id(config.run.name),
             resume="allow",
             group=job.sweep,
-            name=job.name,
+            name=redact_text(job.name),
             tags=[f"{g}={job.choices[g]}" for g in TAG_GROUPS if job.choices.get(g)],
             config=flat_config(config, job),
             dir=config.run.dir,

@@ -496,6 +496,9 @@ PLANTED = "QSECRET-9f3a"  # a credential no message, log or file may show
     ("judge.api_base='https://llm.example.com/v1?key=${oc.env:SUMMRL_PLANTED}'", "judge.api_base", "judge.api_key_env"),
     (f"storage.endpoint_url='http://ak:{PLANTED}@localhost:9000'", "storage.endpoint_url", "AWS_SECRET_ACCESS_KEY"),
     (f"judge.api_key_env={PLANTED}", "judge.api_key_env", "export MY_KEY=<the key> and set judge.api_key_env=MY_KEY"),
+    # a setting named for a secret, with the secret itself (Unsloth takes token=): it reached result.json, the W&B
+    # run name and config (the "." before token was no word boundary to the mask)
+    (f"+model.init_args.token={PLANTED}", "model.init_args.token", "${oc.env:THE_VARIABLE}"),
 ])
 def test_a_secret_in_the_config_is_refused_naming_the_key_and_where_a_key_goes_never_the_secret(override, key, fix,
                                                                                              monkeypatch):
@@ -528,7 +531,13 @@ def test_a_sweeps_overrides_are_read_for_credentials_in_urls_only():
     from summrl.config import refuse_secrets
 
     refuse_secrets(OmegaConf.create({}), ["~judge.api_key_env", "judge.api_key_env='MY_KEY'", "sft.teacher.api_key_env=",
-                                          "judge.api_base=http://a:8000/v1,'https://b/v1?model=x'"])
+                                          "judge.api_base=http://a:8000/v1,'https://b/v1?model=x'",
+                                          "+model.init_args.token=${oc.env:HF_TOKEN}", "trainer.max_summary_tokens=64"])
+    with pytest.raises(ConfigError, match=r"^model\.init_args\.token: a secret typed into the config"):
+        refuse_secrets(OmegaConf.create({}), [f"+model.init_args.token={PLANTED}"])
+    with pytest.raises(ConfigError) as unknown:  # without the +: the fix it offers does not echo the value
+        compose_config([*LOCAL, f"model.init_args.token={PLANTED}"])
+    assert str(unknown.value).endswith("add it with +model.init_args.token=<value>") and PLANTED not in str(unknown.value)
     with pytest.raises(ConfigError, match=r"^sft\.teacher\.api_base: the URL carries a credential in its query \(sig=\)"):
         refuse_secrets(OmegaConf.create({}), [f"sft.teacher.api_base=http://a/v1,'https://b/v1?sig={PLANTED}'"])
 

@@ -463,6 +463,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             log.warning(nothing_learned(config, [s for s, _ in trained_steps]))
         if not scored_at(history, step, key):
             history.append(await evaluate(session, val, step))
+            record.save()  # before the final upload: a machine lost during it would pay for this val pass again
         await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
         record.update(
             status="completed",
@@ -487,10 +488,11 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
     finally:
         if session is not None:
             session.judge_usage()  # the calls since the last log (a failed step's too) join the totals
-            record.update(judge_calls=session.judge_totals.get("judge/calls", 0.0),
-                          judge_cost_usd=session.judge_totals.get("judge/cost_usd", 0.0),
-                          judge_retries=session.judge_totals.get("judge/retries", 0.0),
-                          rollouts=session.missing.record())  # type: ignore[union-attr]
+            # the run's spend: its earlier invocations' too (a resumed run recorded only its own, a recovered one
+            # almost nothing)
+            spent = {name: record.earlier.get(name, 0.0) + session.judge_totals.get(f"judge/{name[6:]}", 0.0)
+                     for name in ("judge_calls", "judge_cost_usd", "judge_retries")}
+            record.update(**spent, rollouts=session.missing.record())  # type: ignore[union-attr]
         record.update(peak_rss_gb=peak_rss_gb())
         record.save()
         if backup is not None:

@@ -116,6 +116,7 @@ class CheckpointBackup:
     sft_local: Optional[Path] = None  # the run's sft/ folder
     restore_enabled: bool = True
     reference: Optional[int] = None  # the KL reference checkpoint's step (algorithm.kl_penalty_reference_step), if any
+    sft_step: Optional[int] = None  # sft=: the SFT checkpoint's step (1), backed up whatever backup_every says
     uploaded: set[int] = field(default_factory=set)
     sft_uploaded: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (size, mtime) last uploaded
     sft_backed_up_at: float = 0.0
@@ -135,7 +136,8 @@ class CheckpointBackup:
         root = "/".join(p for p in (storage.prefix, config.project, config.run.name) if p)
         return cls(client=client, bucket=bucket, label=bucket_label(storage), root=root, local=model_dir(config),
                    every=storage.backup_every, max_steps=config.trainer.max_steps, sft_local=sft_dir(config),
-                   restore_enabled=storage.restore, reference=reference_step(config))
+                   restore_enabled=storage.restore, reference=reference_step(config),
+                   sft_step=1 if config.sft.kind != "none" else None)
 
     @property
     def url(self) -> str:
@@ -238,8 +240,8 @@ class CheckpointBackup:
             if "/" in name:
                 continue
             body = self._get(f"sft/{name}")
-            if name == SFT_RECORD and json.loads(body).get("step") not in self.complete_steps():
-                continue  # SFT trained, but its checkpoint never finished uploading: it trains again
+            if name == SFT_RECORD and not any(s >= (json.loads(body).get("step") or 0) for s in self.complete_steps()):
+                continue  # SFT trained, but no checkpoint from it on finished uploading: it trains again
             write_atomic(partial / name, body)
             restored.append(name)
         if restored:
@@ -274,17 +276,27 @@ class CheckpointBackup:
     async def after_step(self, step: int, *, final: bool = False) -> None:
         """Back up ``step`` every ``backup_every`` steps, at the end, and when it is the KL reference; history goes
         up each time."""
-        if step <= 0 or not (final or step % self.every == 0 or step >= self.max_steps or step == self.reference):
+        if step <= 0 or not (final or step % self.every == 0 or step >= self.max_steps or step in self.kept_steps()):
             return
         await asyncio.to_thread(self._backup, step)
+
+    def kept_steps(self) -> set[int]:
+        """Steps a resumed run needs whatever backup_every says: the KL reference, and the SFT checkpoint (without it a
+        fresh machine trained SFT again on a GRPO checkpoint, then every GRPO step again)."""
+        return {s for s in (self.reference, self.sft_step) if s}
 
     def _backup(self, step: int) -> None:
         try:
             if self.sft_local is not None:  # before the checkpoint: a record.json counts only with its checkpoint
                 self._upload_sft(sft_files(self.sft_local))
-            if step not in self.uploaded and (self.local / "checkpoints" / f"{step:04d}").is_dir():
-                self._upload_checkpoint(step)
-                self.uploaded.add(step)
+            # this step, and a kept step whose upload failed before (it was never tried again)
+            missing = [s for s in sorted(self.kept_steps()) if s < step and s not in self.uploaded]
+            if missing:  # (an earlier invocation's upload counts: asked once, then remembered)
+                self.uploaded.update(set(missing) & set(self.complete_steps()))
+            for due in sorted({s for s in missing if s not in self.uploaded} | {step}):
+                if due not in self.uploaded and (self.local / "checkpoints" / f"{due:04d}").is_dir():
+                    self._upload_checkpoint(due)
+                    self.uploaded.add(due)
             history = self.local / "history.jsonl"
             if history.exists():
                 self._upload(history, f"{self.root}/history.jsonl")

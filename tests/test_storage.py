@@ -101,6 +101,10 @@ def test_embedded_run_backs_up_each_step_and_resumes_from_s3(shared_run):
     assert "resuming at step 2 of 3" in second.stdout
     result = shared_run.result()
     assert result["status"] == "completed" and result["steps"] == 3
+    # the run's judge spend: the first invocation's calls too (the resumed one recorded only its own)
+    earlier = shared_run.after_first["result"]
+    assert earlier["judge_calls"] > 0 and result["judge_calls"] > earlier["judge_calls"]
+    assert result["judge_cost_usd"] >= earlier["judge_cost_usd"]
     stored_result = s3(endpoint).get_object(Bucket="shared", Key=f"{prefix}result.json")
     assert json.loads(stored_result["Body"].read()) == result
     # The restored history carries step 1 and 2's training rows into the resumed run's history.
@@ -199,3 +203,32 @@ def test_a_kl_reference_missing_from_the_backup_is_named_before_the_model_loads(
     with pytest.raises(StorageError, match=r"kl_penalty_reference_step=1: .*checkpoint 1.*"
                                            r"kl_penalty_reference_step=null"):
         CheckpointBackup.open(kl).restore()
+
+
+def test_the_sft_checkpoint_is_backed_up_off_schedule_and_a_failed_upload_of_it_is_tried_again(
+        tmp_path, s3_endpoint, aws_env, monkeypatch):
+    """With backup_every > 1 step 1 (SFT's) never went up, or went up once and failed for good: a fresh machine
+    dropped sft/record.json, trained SFT again on a GRPO checkpoint, then every GRPO step again."""
+    config = storage_config(tmp_path, s3_endpoint, "sftkept", "sft=best_of_n", "storage.backup_every=4",
+                            "trainer.max_steps=8")
+    backup = CheckpointBackup.open(config)
+    real, calls = backup._upload_checkpoint, []
+
+    def fails_once(step):
+        calls.append(step)
+        if len(calls) == 1:
+            raise ConnectionResetError("the network dropped")
+        real(step)
+
+    monkeypatch.setattr(backup, "_upload_checkpoint", fails_once)
+    for step in range(1, 5):
+        write_checkpoint(config, step, f"weights {step}".encode())
+        asyncio.run(backup.after_step(step))
+    assert calls == [1, 1, 4] and backup.complete_steps() == [1, 4]  # step 1 again with step 4's backup
+    # a record of SFT counts with any complete checkpoint from its step on
+    backup.sft_local.mkdir(parents=True)
+    (backup.sft_local / "record.json").write_text(json.dumps({"step": 1}))
+    backup._upload_sft(sft_files(backup.sft_local))
+    shutil.rmtree(tmp_path / "run")
+    fresh = CheckpointBackup.open(config)
+    assert fresh.restore() == 4 and json.loads((fresh.sft_local / "record.json").read_text())["step"] == 1

@@ -314,6 +314,8 @@ async def sft_stage(session: Session, val: Sequence[Document], train_docs: Seque
     Returns the step GRPO continues from and result.json's ``sft`` record. A resumed run never redoes SFT."""
     config = session.config
     record = sft.saved_record(config)  # written as soon as SFT has trained
+    if not record and step == 1 and any(h.get("stage") == "before_sft" for h in history):
+        record = sft.record_after_stop(config, step)  # this run's step 1 is SFT's: only its record was missing
     if not record:
         if not scored_at(history, 0):
             history.append({**await evaluate(session, val, 0), "stage": "before_sft"})

@@ -70,6 +70,17 @@ def saved_record(config: Config) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def record_after_stop(config: Config, step: int) -> dict:
+    """The record of an SFT stage whose checkpoint (``step``) was saved but whose run stopped before the record was
+    written (Ctrl-C, a kill): the checkpoint is SFT's, so SFT is not trained again (it was, a second pass on top)."""
+    collected = read_jsonl(sft_dir(config) / COLLECTED)
+    record = {"kind": config.sft.kind, "step": step, "documents": len(collected),
+              "samples_kept": len(training_samples(config)),
+              "note": "the run stopped after SFT trained, before this record was written: rebuilt from sft/"}
+    write_json(sft_dir(config) / RECORD, record)
+    return record
+
+
 def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []

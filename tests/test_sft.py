@@ -489,6 +489,19 @@ def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tm
     assert "sft collection" not in third.stdout and "resuming at step 2" in third.stdout
     assert json.loads((run_dir / "result.json").read_text())["sft"]["samples_kept"] == 6
 
+    # stopped once SFT had saved its checkpoint, before its record was written: SFT is not trained a second time
+    for later in ("0002", "0003"):
+        shutil.rmtree(checkpoints / later)
+    (run_dir / "sft" / "record.json").unlink()
+    record = json.loads((run_dir / "result.json").read_text())
+    record["val_history"] = record["val_history"][:1]  # only the pass before SFT had been scored then
+    (run_dir / "result.json").write_text(json.dumps(record))
+    fourth = run_cli(args, cwd=ROOT)
+    assert fourth.returncode == 0, fourth.stderr[-3000:]
+    assert "epoch(s) in" not in fourth.stdout  # no SFT training
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["0001", "0002"]
+    assert "before this record was written" in json.loads((run_dir / "result.json").read_text())["sft"]["note"]
+
 
 @pytest.mark.slow
 def test_distill_run_killed_during_collection_pays_the_teacher_only_for_what_is_not_on_disk(tmp_path, tiny_weights):

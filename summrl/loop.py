@@ -365,6 +365,20 @@ def nothing_learned(config: Config, steps: list[int]) -> str:
             f"from differences within a group, and {why}")
 
 
+def val_summary(history: list[dict]) -> dict:
+    """result.json's val figures from the val history: the last pass's, and the best of those comparable to it."""
+    return dict(
+        final_val_score=history[-1]["val_reward"],
+        best_val_score=max(h["val_reward"] for h in comparable(history)),
+        # the share of questions answered: the axis every reward is compared on
+        final_val_qa_accuracy=history[-1]["val_qa_accuracy"],
+        best_val_qa_accuracy=max((h["val_qa_accuracy"] for h in comparable(history)
+                                  if h["val_qa_accuracy"] is not None), default=None),
+        # the share of val summaries stating a number, date or name absent from the document (None: not recorded)
+        final_val_hallucination_rate=history[-1].get("val_hallucination_rate"),
+    )
+
+
 def val_set(config: Config) -> Optional[str]:
     """What an online run's val scores are measured on (its own val documents, its reward); None: the run's val
     split, as every other run measures it."""
@@ -467,18 +481,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             history.append(await evaluate(session, val, step))
             record.save()  # before the final upload: a machine lost during it would pay for this val pass again
         await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
-        record.update(
-            status="completed",
-            steps=step,
-            final_val_score=history[-1]["val_reward"],
-            best_val_score=max(h["val_reward"] for h in comparable(history)),
-            # the share of questions answered: the axis every reward is compared on
-            final_val_qa_accuracy=history[-1]["val_qa_accuracy"],
-            best_val_qa_accuracy=max((h["val_qa_accuracy"] for h in comparable(history)
-                                      if h["val_qa_accuracy"] is not None), default=None),
-            # the share of val summaries stating a number, date or name absent from the document (None: not recorded)
-            final_val_hallucination_rate=history[-1].get("val_hallucination_rate"),
-        )
+        record.update(status="completed", steps=step, **val_summary(history))
         return history[-1]["val_reward"]
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C: asyncio.run cancels this task, then raises
         record.update(status="interrupted", error="interrupted (Ctrl-C or SIGINT)")
@@ -496,6 +499,10 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                      for name in ("judge_calls", "judge_cost_usd", "judge_retries")}
             record.update(**spent, rollouts=session.missing.record())  # type: ignore[union-attr]
         record.update(peak_rss_gb=peak_rss_gb())
+        if record.fields.get("status") in ("failed", "interrupted") and record.val_history:
+            # what the run reached before it stopped, for summrl.report (it showed nothing)
+            record.update(**val_summary(record.val_history),
+                          steps=record.attempts[-1]["end_step"] if record.attempts else record.val_history[-1]["step"])
         record.save()
         if backup is not None:
             backup.save_result(config.run.dir)

@@ -432,6 +432,9 @@ def test_ctrl_c_stops_training_with_one_line_exit_130_and_the_checkpoints_kept(t
     assert (result["status"], result["error_kind"], result["exit_code"]) == ("interrupted", "interrupted", 130)
     assert 1 <= step == result["attempts"][-1]["end_step"] < 50
     assert (run_dir / "art" / "summrl" / "models" / "interrupted" / "checkpoints" / f"{step:04d}").is_dir()
+    # what it reached, for summrl.report (an interrupted or failed run showed no steps or val scores)
+    assert result["steps"] == step and result["final_val_score"] == result["val_history"][-1]["val_reward"]
+    assert result["best_val_score"] == max(h["val_reward"] for h in result["val_history"])
 
 
 def test_the_w_and_b_mirror_sends_whole_history_lines_only_and_skips_one_a_crash_cut_short(tmp_path):

@@ -82,12 +82,14 @@ def resolve_step(run: TrainedRun, spec: Union[str, int], key: str = "step") -> i
     if text == "best":
         result = run.run_dir / "result.json"
         try:
-            history = json.loads(result.read_text()).get("val_history") or []
+            record = json.loads(result.read_text())
         except (OSError, ValueError):
-            history = []
+            record = {}
+        history = record.get("val_history") or []
+        axis = record.get("best_by") or "val_reward"  # RULER runs: val_qa_accuracy (see summrl.loop.best_by)
         # after online learning, the best of the scores measured as the latest was (summrl.job.comparable)
-        scored = [(h["val_reward"], h["step"]) for h in comparable([h for h in history if isinstance(h, dict)])
-                  if h.get("val_reward") is not None and h.get("step") in {0, *available}]
+        scored = [(h[axis], h["step"]) for h in comparable([h for h in history if isinstance(h, dict)])
+                  if h.get(axis) is not None and h.get("step") in {0, *available}]
         if not scored:
             raise ConfigError(f"{key}=best: {result} has no val score for a step with a checkpoint; name the step "
                               f"({key}=latest or {key}=<N>, available: {', '.join(map(str, available)) or 'none'})")

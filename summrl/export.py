@@ -263,7 +263,9 @@ def push(config: ExportConfig) -> None:
 
 def why(config: ExportConfig) -> str:
     if config.chosen == "best":
-        return f"step=best: the best val reward ({_fmt(val_reward(config.run, config.step))}) in result.json"
+        axis = result(config.run).get("best_by") or "val_reward"
+        return (f"step=best: the best {axis.replace('val_', 'val ').replace('_', ' ')} "
+                f"({_fmt(val_reward(config.run, config.step, axis))}) in result.json")
     if config.chosen == "latest":
         return "step=latest: the last checkpoint"
     return f"step={config.step}, as asked"
@@ -276,8 +278,8 @@ def result(run: TrainedRun) -> dict:
         return {}
 
 
-def val_reward(run: TrainedRun, step: int) -> Any:
-    return next((h.get("val_reward") for h in result(run).get("val_history") or [] if h.get("step") == step), None)
+def val_reward(run: TrainedRun, step: int, axis: str = "val_reward") -> Any:
+    return next((h.get(axis) for h in reversed(result(run).get("val_history") or []) if h.get("step") == step), None)
 
 
 # --------------------------------------------------------------------------- the model card

@@ -365,6 +365,13 @@ def nothing_learned(config: Config, steps: list[int]) -> str:
             f"from differences within a group, and {why}")
 
 
+def best_by(config: Config) -> str:
+    """The val figure step=best (serve, export, benchmark) ranks checkpoints by: the val reward, except where RULER
+    scores it, whose scores compare only within one group (a pass's mean is the same whatever the checkpoint): QA
+    accuracy, which every RULER run measures beside it."""
+    return "val_qa_accuracy" if "ruler" in reward_kinds(config.reward) else "val_reward"
+
+
 def val_summary(history: list[dict]) -> dict:
     """result.json's val figures from the val history: the last pass's, and the best of those comparable to it."""
     return dict(
@@ -395,7 +402,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
     # dataset=inbox: one online run of a run at a time, refused before anything is written to its folder
     held = inbox.hold_training(config.run.dir) if config.dataset.kind == "inbox" else None
     # config: every resolved setting (as the W&B config has it), so a preset changed later can't blur what ran
-    record.update(status="running", run_name=config.run.name, run_dir=config.run.dir, seed=config.seed,
+    record.update(status="running", best_by=best_by(config), run_name=config.run.name, run_dir=config.run.dir,
+                  seed=config.seed,
                   algorithm=asdict(config.algorithm), config=flat_config(config, record.job), **record.job.record())
     session: Optional[Session] = None
     tracker = open_tracker(config, record.job, history_path(config))  # first: any failure shows on the W&B run

@@ -192,8 +192,11 @@ def test_step_best_latest_and_a_number(trained, tmp_path):
 
     run = copy_run(trained, tmp_path / "run")
     record = json.loads((run / "result.json").read_text())
+    # a RULER run: its val reward is a mean of scores that compare only within a group; best is by QA accuracy
+    assert record["best_by"] == "val_qa_accuracy"
     for h in record["val_history"]:
-        h["val_reward"] = {0: 0.1, 1: 0.9, 2: 0.6, 3: 0.4}[h["step"]]  # step 1 has no checkpoint left
+        h["val_qa_accuracy"] = {0: 0.1, 1: 0.9, 2: 0.6, 3: 0.4}[h["step"]]  # step 1 has no checkpoint left
+        h["val_reward"] = {0: 0.1, 1: 0.9, 2: 0.4, 3: 0.6}[h["step"]]
     (run / "result.json").write_text(json.dumps(record))
 
     def config(*overrides):
@@ -201,6 +204,9 @@ def test_step_best_latest_and_a_number(trained, tmp_path):
 
     best = config()
     assert (best.step, best.chosen, best.dir) == (2, "best", run / "export" / "step-2")
+    (run / "result.json").write_text(json.dumps({**record, "best_by": "val_reward"}))  # a run of another reward
+    assert config().step == 3
+    (run / "result.json").write_text(json.dumps(record))
     latest = config("step=latest")
     assert (latest.step, latest.chosen, latest.dir) == (3, "latest", run / "export" / "step-3")
     asked = config("step=3", f"export.dir={tmp_path / 'out'}", "export.dtype=bfloat16", "export.private=false")
@@ -211,7 +217,7 @@ def test_step_best_latest_and_a_number(trained, tmp_path):
     with pytest.raises(ConfigError, match=r"step=0: step 0 is the base model; there is no adapter"):
         config("step=0")
     for h in record["val_history"]:
-        h["val_reward"] = {0: 0.9, 1: 0.6, 2: 0.6, 3: 0.4}[h["step"]]
+        h["val_qa_accuracy"] = {0: 0.9, 1: 0.6, 2: 0.6, 3: 0.4}[h["step"]]
     (run / "result.json").write_text(json.dumps(record))
     with pytest.raises(ConfigError, match=r"step=best: step 0 is the base model \(it scored best\).*one of 2, 3\)$"):
         config()

@@ -31,7 +31,7 @@ from summrl.data import Document
 from summrl.errors import ConfigError
 from summrl.facts import hallucinates
 from summrl.job import RunRecord, comparable, peak_rss_gb
-from summrl.judges import Judge, build_judge
+from summrl.judges import Judge, build_judge, embedded_endpoint
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.prompt import SummaryPrompt
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
@@ -145,7 +145,7 @@ async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Ses
     try:
         await model.register(backend)
         # judge=embedded: the same endpoint, base weights (the base model's name selects no LoRA)
-        endpoint = (config.model.base_model, model.inference_base_url, model.inference_api_key)
+        endpoint = embedded_endpoint(config, model.inference_base_url, model.inference_api_key)
         judge = build_judge(config.judge, endpoint if config.judge.kind in EMBEDDED_JUDGES else None)
         reward = build_reward(config.reward, judge, SummaryPrompt.of(config.trainer))
         val_reward = build_val_reward(config.reward, judge, SummaryPrompt.of(config.trainer))

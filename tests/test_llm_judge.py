@@ -509,3 +509,17 @@ def test_answers_given_as_booleans_are_a_wrong_shape_not_the_answer_true():
     with pytest.raises(ReplyShapeError):
         list_of({"answers": [True, "b", "c"]}, "answers", 3, (str, int, float))
     assert list_of({"correct": [True, False]}, "correct", 2, bool) == [True, False]  # verdicts are booleans
+
+
+def test_the_embedded_judges_replies_are_cached_by_its_model_weights_and_dtype_not_its_port():
+    """The loopback URL has a new port each run: the cache never hit across runs, and a reused port with other
+    weights under the same model name would have read their verdicts."""
+    from summrl.judges import build_judge, embedded_endpoint
+
+    def key(port, *overrides):
+        config = compose_config(["experiment=local", "judge=embedded", *overrides])
+        client = build_judge(config.judge, embedded_endpoint(config, f"http://127.0.0.1:{port}/v1", "k")).client
+        return client._cache_key([{"role": "user", "content": "Q"}], {"temperature": 0})
+
+    assert key(4001) == key(4999)
+    assert key(4001) != key(4001, "model.weights=/tmp/other.gguf") != key(4001, "backend.dtype=bfloat16")

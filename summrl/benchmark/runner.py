@@ -29,7 +29,7 @@ from summrl.data import Document, Question
 from summrl.errors import ConfigError
 from summrl.facts import hallucinates
 from summrl.job import write_json
-from summrl.judges import build_judge
+from summrl.judges import build_judge, embedded_endpoint
 from summrl.rewards import Missing, build_reward
 from summrl.rewards.ruler import RulerReward
 from summrl.secrets import redact_text
@@ -369,7 +369,7 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
             judge_config = LexicalJudgeConfig(min_recall=config.judge.min_recall)  # judge=local's QA grader
         endpoint = None
         if judge_config.kind in EMBEDDED_JUDGES:
-            endpoint = (config.model.base_model, server.base_url, server.api_key)
+            endpoint = embedded_endpoint(config, server.base_url, server.api_key)
         known = judge_local(config) or (not _uses_ruler(config) and token_price(config.judge.model, 1, 1) is not None)
         kept = KeptSummaries(store.path.with_name(GENERATED_FILE))
         scorer = Scorer(config, judge_config, endpoint, judge_cost_known=known, kept=kept)

@@ -4,6 +4,7 @@ lexical judge (judge=lexical, and judge=local's rubric half) writes and scores t
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Iterable, Sequence
 
@@ -58,12 +59,21 @@ def build_judge(config: Any, endpoint: Any = None) -> Judge:
     raise ValueError(f"judge.kind={config.kind} is not available yet")
 
 
+def embedded_endpoint(config: Any, base_url: str, api_key: str) -> tuple[str, str, str, str]:
+    """judge=embedded or local's endpoint: the served base model (its name selects no LoRA), and what its replies are
+    cached by: the model, its weights and dtype, not the port it is served on this time."""
+    model = config.model
+    identity = json.dumps({"embedded": model.base_model, "weights": model.weights,
+                           "dtype": getattr(config.backend, "dtype", None)}, sort_keys=True)
+    return model.base_model, base_url, api_key, identity
+
+
 def _embedded_client(config: Any, endpoint: Any):
     if endpoint is None:
         raise ValueError(f"judge={config.kind} needs the embedded backend's endpoint")
-    name, base_url, key = endpoint
+    name, base_url, key, *identity = endpoint
     return JudgeClient(model=f"openai/{name}", api_base=base_url, api_key=key, structured=True,
-                       **_call_settings(config))
+                       cache_identity=identity[0] if identity else None, **_call_settings(config))
 
 
 def _call_settings(config: Any) -> dict[str, Any]:

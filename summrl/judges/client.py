@@ -160,6 +160,9 @@ class JudgeClient:
     # Send exact-count JSON schemas (json_schema) instead of json_object: the embedded judge decodes them
     # with a grammar, so a small model cannot return the wrong number of answers.
     structured: bool = False
+    # what the reply cache keys the model by where api_base does not name it: the embedded judge's loopback URL has a
+    # new port each run (its cache never hit) and says nothing of the weights behind it
+    cache_identity: Optional[str] = None
     api_key: Optional[str] = field(default=None, repr=False)  # in memory only (the embedded endpoint's key)
     usage: JudgeUsage = field(default_factory=JudgeUsage)
 
@@ -216,7 +219,7 @@ class JudgeClient:
         return text
 
     def _cache_key(self, messages: list[dict], params: dict) -> str:
-        blob = json.dumps([self.model, self.api_base, messages, params], sort_keys=True)
+        blob = json.dumps([self.model, self.cache_identity or self.api_base, messages, params], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     async def complete_json(self, messages: list[dict], schema: Optional[dict] = None, max_tokens: int = 1024,

@@ -123,9 +123,9 @@ class Service:
         s, train = self.config.serve, self.config.train
         if s.best_of_n == 1 or s.selector == "length":
             return None
-        from summrl.judges import build_judge
+        from summrl.judges import build_judge, embedded_endpoint
 
-        endpoint = (train.model.base_model, self.server.base_url, self.server.api_key)  # base weights: the judge
+        endpoint = embedded_endpoint(train, self.server.base_url, self.server.api_key)  # base weights: the judge
         judge = build_judge(train.judge, endpoint if train.judge.kind in EMBEDDED_JUDGES else None)
         if s.selector == "ruler":
             from summrl.rewards.ruler import RulerReward

@@ -7,6 +7,7 @@ run stays off (``report_metrics=[]`` and ``backends.art_model.TrainableModel``):
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -54,7 +55,11 @@ class WandbTracker(Tracker):
 
         self.wandb = wandb
         self.history_path = history_path
-        self.offset = 0
+        # A resumed run's earlier rows were mirrored by the invocations that wrote them: from the end of the history
+        # on this machine, and past the last step the resumed W&B run holds (a fresh machine restores its history
+        # from S3 after this). Each resume sent every earlier row again.
+        self.offset = whole_lines(history_path)
+        self.sent_through: Optional[float] = None
         logger = config.logger
         self.run = wandb.init(
             project=logger.project,
@@ -74,6 +79,8 @@ class WandbTracker(Tracker):
         self.run.define_metric("training_step")
         self.run.define_metric("*", step_metric="training_step")
         self.samples = logger.log_samples
+        if getattr(self.run, "resumed", False):
+            self.sent_through = self.run.summary.get("training_step")
 
     def log_history(self) -> None:
         """Send the lines ART appended to history.jsonl since the last call."""
@@ -85,6 +92,8 @@ class WandbTracker(Tracker):
         whole = data[: data.rfind(b"\n") + 1]  # complete lines only: a line still being written is read next time
         self.offset += len(whole)
         for record in jsonl_rows(whole.decode(errors="replace")):  # a line a crash cut short is skipped
+            if self.sent_through is not None and record.get("training_step", math.inf) <= self.sent_through:
+                continue  # the resumed W&B run has it
             record.pop("recorded_at", None)
             record.pop("step", None)  # ART's copy of training_step; W&B's own step stays monotonic
             # Per-document val scores (val/doc/<id>/*, two panels per val document) stay in history.jsonl and
@@ -107,6 +116,14 @@ class WandbTracker(Tracker):
 
     def finish(self, failed: bool) -> None:
         self.run.finish(exit_code=1 if failed else 0)
+
+
+def whole_lines(path: Path) -> int:
+    """The bytes of ``path``'s complete lines (0 when there is none)."""
+    if not path.is_file():
+        return 0
+    data = path.read_bytes()
+    return data.rfind(b"\n") + 1
 
 
 def wandb_mode(logger) -> str:

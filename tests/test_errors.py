@@ -448,6 +448,7 @@ def test_the_w_and_b_mirror_sends_whole_history_lines_only_and_skips_one_a_crash
     tracker = WandbTracker.__new__(WandbTracker)  # its mirroring alone: no W&B run
     sent: list[dict] = []
     tracker.history_path, tracker.offset, tracker.run = history, 0, SimpleNamespace(log=sent.append)
+    tracker.sent_through = None
     history.write_bytes(b'{"training_step": 1, "train/reward": 0.5}\n{"training_step": 2, "tra')
     tracker.log_history()
     assert sent == [{"training_step": 1, "train/reward": 0.5}]
@@ -455,3 +456,24 @@ def test_the_w_and_b_mirror_sends_whole_history_lines_only_and_skips_one_a_crash
         f.write(b'in/reward": 0.6}\n{"training_st\n{"training_step": 3, "train/reward": 0.7}\n')
     tracker.log_history()
     assert [r["training_step"] for r in sent] == [1, 2, 3]
+
+
+def test_a_resumed_runs_w_and_b_mirror_sends_only_the_rows_the_w_and_b_run_lacks(tmp_path):
+    """Each resume sent every earlier history row again: the charts held each step two or more times."""
+    from types import SimpleNamespace
+
+    from summrl.tracking import WandbTracker, whole_lines
+
+    history = tmp_path / "history.jsonl"
+    history.write_bytes(b'{"training_step": 1, "train/reward": 0.5}\n{"training_step": 2, "train/reward": 0.6}\n')
+    # on this machine: from the end of what the earlier invocation wrote (and mirrored)
+    assert whole_lines(history) == history.stat().st_size and whole_lines(tmp_path / "none.jsonl") == 0
+    # a fresh machine, its history restored from S3 after the tracker opened: past the W&B run's last step
+    tracker = WandbTracker.__new__(WandbTracker)
+    sent: list[dict] = []
+    tracker.history_path, tracker.offset, tracker.run = history, 0, SimpleNamespace(log=sent.append)
+    tracker.sent_through = 2
+    with history.open("ab") as f:
+        f.write(b'{"training_step": 3, "train/reward": 0.7}\n')
+    tracker.log_history()
+    assert [r["training_step"] for r in sent] == [3]

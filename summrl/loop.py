@@ -472,12 +472,12 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             if flat:
                 record.untrained(trained.step)  # saved with the step below
             trained_steps.append((trained.step, flat))
+            step = trained.step
+            record.trained(step)  # its checkpoint is written: a Ctrl-C from here on names this step (it named the last)
             await session.model.log(scored.groups, split="train", step=trained.step,
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
             session.tracker.log_history()
-            step = trained.step
             await backup.after_step(step)
-            record.trained(step)
             record.save()  # with the checkpoint's backup: a preempted machine leaves its attempt's steps in S3
             backup.save_result(config.run.dir)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())

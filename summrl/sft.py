@@ -164,7 +164,8 @@ class Policy:
 
     async def write(self, document: Document, index: int) -> str:
         t = self.trainer
-        # Seeded like the loop's rollouts: the same run collects the same samples, whatever is batched with them.
+        # Seeded like the loop's rollouts. Not sent as one burst (documents start as slots free): what is batched
+        # with them can differ between runs, and their logits with it, at float rounding.
         trajectory = await rollout(self.model, document, prompt=SummaryPrompt.of(t), max_tokens=t.max_summary_tokens,
                                    temperature=t.temperature, seed=sample_seed(self.seed, "sft", document.id, index))
         return summary_of(trajectory)

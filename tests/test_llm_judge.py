@@ -523,3 +523,24 @@ def test_the_embedded_judges_replies_are_cached_by_its_model_weights_and_dtype_n
 
     assert key(4001) == key(4999)
     assert key(4001) != key(4001, "model.weights=/tmp/other.gguf") != key(4001, "backend.dtype=bfloat16")
+
+
+def test_a_callers_own_judge_cost_is_its_calls_not_what_concurrent_callers_spent(fake, secret_env):
+    """summrl.serve read one request's judge $ off the client's shared counter: concurrent requests' spending too."""
+    from summrl.judges.client import REQUEST_COST
+
+    shared = client(fake)
+
+    async def request(calls: int) -> float:
+        spent = [0.0]
+        REQUEST_COST.set(spent)  # this task's context only
+        for i in range(calls):
+            await shared._call([{"role": "user", "content": f"call {calls}-{i}"}], {"temperature": 0})
+        return spent[0]
+
+    async def both():
+        return await asyncio.gather(request(1), request(3))
+
+    one, three = asyncio.run(both())
+    assert one > 0 and three == pytest.approx(3 * one, rel=0.2)
+    assert one + three == pytest.approx(shared.usage.cost_usd)

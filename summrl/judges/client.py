@@ -15,6 +15,7 @@ constrain the JSON replies of the judge prompts (QA, grading, rubrics).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import json
 import logging
@@ -41,6 +42,12 @@ class JudgeError(ExpectedFailure, RuntimeError):
     def __init__(self, message: str, kind: str = "JudgeError") -> None:
         super().__init__(message)
         self.kind = kind
+
+
+# The judge $ of the calls made in this asyncio context, where a caller set it ([0.0]): a client's usage is shared by
+# every caller, so concurrent requests read each other's spending from it.
+REQUEST_COST: contextvars.ContextVar[Optional[list[float]]] = contextvars.ContextVar("summrl_request_cost",
+                                                                                       default=None)
 
 
 class ReplyShapeError(ValueError):
@@ -315,9 +322,13 @@ class JudgeClient:
         self.usage.input_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
         self.usage.output_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
         try:
-            self.usage.cost_usd += float(litellm.completion_cost(completion_response=response) or 0.0)
+            cost = float(litellm.completion_cost(completion_response=response) or 0.0)
         except Exception:  # a model missing from litellm's cost map costs what we can't know: 0
-            pass
+            cost = 0.0
+        self.usage.cost_usd += cost
+        spent = REQUEST_COST.get()
+        if spent is not None:  # one caller's own share of a client many share (summrl.serve's requests)
+            spent[0] += cost
         return response.choices[0].message.content or ""
 
 

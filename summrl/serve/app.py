@@ -33,6 +33,7 @@ from summrl.config import EMBEDDED_JUDGES, RubricRewardConfig, RulerRewardConfig
 from summrl.data import Document
 from summrl.data.tokenizer import load_tokenizer
 from summrl.inbox import Recorder
+from summrl.judges.client import REQUEST_COST
 from summrl.prompt import SummaryPrompt, chat_token_ids, word_count
 from summrl.rewards.base import Missing
 from summrl.secrets import redact_text
@@ -73,7 +74,6 @@ class Service:
         self.gate = asyncio.Lock()  # held by a reload: new requests wait; it waits for those in flight
         self.failed_reloads: set[int] = set()
         self.selector: Any = None
-        self.judge_usage: Any = None
         self.recorder = Recorder(config.run.run_dir) if config.serve.record else None
         self.tokenizer: Any = None
         self.arrivals: Any = None  # serve.arrivals.Arrivals, for the embedded server: concurrent summaries as one burst
@@ -130,13 +130,11 @@ class Service:
         if s.selector == "ruler":
             from summrl.rewards.ruler import RulerReward
 
-            self.judge_usage = judge.client.usage
             rubric = getattr(train.reward, "rubric", None) or RulerRewardConfig().rubric
             return RulerReward(judge.client, rubric=rubric, prompt=SummaryPrompt.of(train.trainer))
         from summrl.rewards.rubric import RubricReward
 
         rubric = train.reward if train.reward.kind == "rubric" else RubricRewardConfig()
-        self.judge_usage = judge.client.usage if getattr(judge, "client", None) else None
         return RubricReward(judge, max_rubrics=rubric.max_rubrics, positive_weight=rubric.positive_weight,
                             negative_weight=rubric.negative_weight, cache_dir=rubric.cache_dir)
 
@@ -262,7 +260,8 @@ class Service:
                 "best_of_n": s.best_of_n, "selector": s.selector if s.best_of_n > 1 else None, "chosen": chosen,
                 "rank_score": score, "judge_cost_usd": cost, "fallback": fallback, "recorded": recorded}
 
-    async def select(self, document: Document, samples: list[str]) -> tuple[int, Optional[float], Optional[str], float]:
+    async def select(self, document: Document, samples: list[str]) -> tuple[int, Optional[float], Optional[str],
+                                                                              Optional[float]]:
         """(index of the best sample, its score, why the first was returned instead (None), the judge's $)."""
         s, max_words = self.config.serve, self.config.train.trainer.max_words
         if len(samples) == 1:
@@ -272,14 +271,18 @@ class Service:
             within = [i for i, w in enumerate(words) if w <= max_words] or list(range(len(samples)))
             best = min(within, key=lambda i: (words[i], i))
             return best, 1.0 - words[best] / max_words, None, 0.0
-        spent = self.judge_usage.cost_usd if self.judge_usage is not None else 0.0
+        spent = [0.0]  # this request's own calls (the client's usage is every request's)
+        token = REQUEST_COST.set(spent)
         try:
             scores: list[Union[Any, Missing]] = await self.selector.score_group(document, samples)
         except Exception as e:  # a judge failure is never a 500: the first sample, and why
             scores, reason = [], f"{type(e).__name__}: {str(e)[:200]}"
         else:
             reason = next((m.error for m in scores if isinstance(m, Missing)), "")
-        cost = (self.judge_usage.cost_usd - spent) if self.judge_usage is not None else 0.0
+        finally:
+            REQUEST_COST.reset(token)
+        # RULER's calls go through ART, which reports no price: unknown, not $0
+        cost = None if s.selector == "ruler" else spent[0]
         ranked = [(x.reward, -i) for i, x in enumerate(scores) if not isinstance(x, Missing)]
         if not ranked:
             log.warning(f"summrl: warning: best-of-{len(samples)} selection failed, returned the first sample: {reason}")

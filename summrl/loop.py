@@ -509,8 +509,11 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         record.update(peak_rss_gb=peak_rss_gb())
         if record.fields.get("status") in ("failed", "interrupted") and record.val_history:
             # what the run reached before it stopped, for summrl.report (it showed nothing)
-            record.update(**val_summary(record.val_history),
-                          steps=record.attempts[-1]["end_step"] if record.attempts else record.val_history[-1]["step"])
+            try:
+                record.update(**val_summary(record.val_history), steps=record.attempts[-1]["end_step"]
+                              if record.attempts else record.val_history[-1]["step"])
+            except (TypeError, ValueError, KeyError):  # a pass with no score: the record, not the run's error
+                pass
         record.save()
         if backup is not None:
             backup.save_result(config.run.dir)

@@ -8,11 +8,11 @@ Layout, under ``s3://<bucket>/<prefix>/<project>/<run name>/``::
     sft/<files>                        sft=: the collected summaries, kept samples, teacher usage, stage record
 
 A checkpoint counts only once its marker exists, so an upload cut short (a crash, a preempted machine)
-is never restored. A KL reference checkpoint (``algorithm.kl_penalty_reference_step``) goes up as soon as it is
-written, whatever ``backup_every`` says, and comes back with the latest: a run resumed on a fresh machine needs it
-at its next step. ``sft/`` goes up during collection (every ``SFT_BACKUP_S``) and before each checkpoint, so a
-fresh machine never pays a teacher again; its ``record.json`` (SFT has trained) is restored only with its step's
-complete checkpoint, else SFT trains again from the restored samples. Credentials come from boto3's usual chain
+is never restored. A KL reference checkpoint (``algorithm.kl_penalty_reference_step``) and the SFT checkpoint go up as
+soon as they are written, whatever ``backup_every`` says (tried again with the next backup if the upload failed), and
+the reference comes back with the latest: a run resumed on a fresh machine needs it at its next step. ``sft/`` goes up during collection (every ``SFT_BACKUP_S``) and before each checkpoint, so a
+fresh machine never pays a teacher again; its ``record.json`` (SFT has trained) is restored only with a complete
+checkpoint from its step on, else SFT trains again from the restored samples. Credentials come from boto3's usual chain
 (AWS_* in the environment or .env); they are never logged or written.
 """
 

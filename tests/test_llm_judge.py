@@ -257,7 +257,7 @@ def test_groups_with_a_missing_reward_are_dropped_and_counted(fake, secret_env):
     docs = [DOC, Document(id="d2", topic="t", text="x", questions=DOC.questions)]
     session = policy_session(fake, max_missing=0.5)
     # 4 policy calls, then the judge: d1's first answering call fails, every other call answers.
-    fake.script = [Reply("summary")] * 4 + [Reply(status=500)]
+    fake.script = [Reply(f"summary {k}") for k in range(4)] + [Reply(status=500)]  # (identical ones share a call)
     scored = asyncio.run(sample_and_score(session, docs, rollouts_per_doc=2, reward=session.reward))
     assert scored.missing_rewards == 1 and scored.dropped_groups == 1
     assert len(scored.groups) == 1 and all(t.reward > 0 for t in scored.groups[0].trajectories)
@@ -544,3 +544,12 @@ def test_a_callers_own_judge_cost_is_its_calls_not_what_concurrent_callers_spent
     one, three = asyncio.run(both())
     assert one > 0 and three == pytest.approx(3 * one, rel=0.2)
     assert one + three == pytest.approx(shared.usage.cost_usd)
+
+
+def test_identical_summaries_in_a_group_are_answered_with_one_call(fake, secret_env):
+    """Each was paid for: their calls were in flight at once, before either reply reached the cache."""
+    exact = json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]})  # needs no grading call
+    fake.script = [Reply(exact), Reply(exact)]
+    results = asyncio.run(LLMJudge(client(fake, max_retries=0, cache_dir=None)).grade_group(
+        ["same", "other", "same"], DOC.questions))
+    assert len(fake.requests) == 2 and results == [[True, True, True]] * 3

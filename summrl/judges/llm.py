@@ -93,10 +93,14 @@ class LLMJudge:
         )
 
     async def grade_group(self, texts: Sequence[str], questions: Sequence[Question]) -> list[Union[list[bool], JudgeError]]:
-        """Grade several texts (a group's summaries) on the same questions: one answering call per text,
+        """Grade several texts (a group's summaries) on the same questions: one answering call per distinct text,
         in parallel, then a single grading call for every answer that doesn't already match its gold answer."""
-        answered = await asyncio.gather(*(self.answer(t, questions) for t in texts), return_exceptions=True)
-        return await self.grade_answers(answered, questions)
+        # each distinct text once: identical summaries in a group (a collapsed policy, empty ones) were each paid for,
+        # their calls in flight at once, before either reply reached the cache
+        unique = list(dict.fromkeys(texts))
+        replies = await asyncio.gather(*(self.answer(t, questions) for t in unique), return_exceptions=True)
+        by_text = dict(zip(unique, replies))
+        return await self.grade_answers([by_text[t] for t in texts], questions)
 
     async def grade_answers(self, answered: Sequence[Union[list[str], BaseException]],
                             questions: Sequence[Question]) -> list[Union[list[bool], JudgeError]]:

@@ -553,3 +553,13 @@ def test_identical_summaries_in_a_group_are_answered_with_one_call(fake, secret_
     results = asyncio.run(LLMJudge(client(fake, max_retries=0, cache_dir=None)).grade_group(
         ["same", "other", "same"], DOC.questions))
     assert len(fake.requests) == 2 and results == [[True, True, True]] * 3
+
+
+def test_rulers_calls_are_priced_into_the_judges_usage(fake, secret_env):
+    """RULER's calls go through ART: they were counted but never priced (train's judge/cost_usd and result.json's
+    judge_cost_usd left them out, while the estimate before a run included them)."""
+    reward = ruler_reward(fake)
+    asyncio.run(reward.score_group(DOC, ["short", "a longer summary " * 5]))
+    usage = reward.client.usage
+    assert usage.calls == 1 and usage.input_tokens > 0 and usage.output_tokens > 0
+    assert usage.cost_usd > 0  # gpt-4o-mini is in litellm's cost map

@@ -10,12 +10,13 @@ counted. A group RULER still cannot score comes back missing: the loop leaves it
 from __future__ import annotations
 
 import math
-from typing import Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import art
+from art.metrics import MetricsBuilder
 
 from summrl.data import Document
-from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
+from summrl.judges.client import REQUEST_COST, JudgeClient, JudgeError, ReplyShapeError
 from summrl.rewards.base import Missing, Score
 from summrl.prompt import SummaryPrompt
 
@@ -30,6 +31,30 @@ def ruler_schema(n: int) -> dict:
                                       "prefixItems": [{**item, "properties": {**item["properties"],
                                                        "trajectory_id": {"const": str(i + 1)}}} for i in range(n)],
                                       "items": item}}}
+
+
+class UsageRecorder:
+    """Stands in for ART's MetricsBuilder while RULER calls the judge: ART hands it each response to price
+    (``art.rewards.ruler._record_ruler_cost``), and it adds the tokens and litellm's price to the judge's usage."""
+
+    def __init__(self, client: JudgeClient) -> None:
+        self.client = client
+
+    def add_response_cost(self, source: str, response: Any, **kwargs: Any) -> Optional[float]:
+        import litellm
+
+        usage = getattr(response, "usage", None)
+        self.client.usage.input_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
+        self.client.usage.output_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
+        try:
+            cost = float(litellm.completion_cost(completion_response=response) or 0.0)
+        except Exception:  # not in litellm's cost map: what we can't know
+            return None
+        self.client.usage.cost_usd += cost
+        spent = REQUEST_COST.get()
+        if spent is not None:
+            spent[0] += cost
+        return cost
 
 
 class RulerReward:
@@ -58,6 +83,9 @@ class RulerReward:
 
         async def attempt() -> art.TrajectoryGroup:
             async with client.slot():
+                # ART prices a RULER call through the active metrics builder, which it looks up as it records:
+                # this one adds the call's tokens and $ to the judge's usage (it was counted, never priced)
+                token = MetricsBuilder.activate(UsageRecorder(client))  # type: ignore[arg-type]
                 try:
                     scored = await ruler_score_group(group, client.model, self._litellm_params(n_scores), self.rubric)
                     # ART checks the count only (its schema bounds nothing for a hosted judge): a score out of
@@ -70,6 +98,8 @@ class RulerReward:
                 except ValueError:
                     client.usage.calls += 1  # answered, with the wrong shape
                     raise
+                finally:
+                    token.var.reset(token)
             client.usage.calls += 1
             return scored
 

@@ -260,8 +260,7 @@ class Service:
                 "best_of_n": s.best_of_n, "selector": s.selector if s.best_of_n > 1 else None, "chosen": chosen,
                 "rank_score": score, "judge_cost_usd": cost, "fallback": fallback, "recorded": recorded}
 
-    async def select(self, document: Document, samples: list[str]) -> tuple[int, Optional[float], Optional[str],
-                                                                              Optional[float]]:
+    async def select(self, document: Document, samples: list[str]) -> tuple[int, Optional[float], Optional[str], float]:
         """(index of the best sample, its score, why the first was returned instead (None), the judge's $)."""
         s, max_words = self.config.serve, self.config.train.trainer.max_words
         if len(samples) == 1:
@@ -281,8 +280,7 @@ class Service:
             reason = next((m.error for m in scores if isinstance(m, Missing)), "")
         finally:
             REQUEST_COST.reset(token)
-        # RULER's calls go through ART, which reports no price: unknown, not $0
-        cost = None if s.selector == "ruler" else spent[0]
+        cost = spent[0]
         ranked = [(x.reward, -i) for i, x in enumerate(scores) if not isinstance(x, Missing)]
         if not ranked:
             log.warning(f"summrl: warning: best-of-{len(samples)} selection failed, returned the first sample: {reason}")

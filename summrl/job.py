@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from summrl.secrets import redact
+
 RESULT_FILE = "result.json"
 # Left out of a job's display name, so that the seeds of one configuration share it (W&B, reports).
 NAME_EXCLUDED = ("seed", "run.name", "logger", "hydra", "experiment")
@@ -48,8 +50,7 @@ class JobInfo:
         return ",".join(kept) or "defaults"
 
     def record(self) -> dict[str, Any]:
-        from summrl.secrets import redact  # (a secret's value never reaches result.json, whatever carried it)
-
+        # a secret's value never reaches result.json, whatever carried it
         return {"overrides": redact(self.overrides), "choices": self.choices, "sweep": self.sweep, "job_num": self.num}
 
 

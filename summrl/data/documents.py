@@ -128,6 +128,18 @@ def _read_folder(folder: Path) -> Loaded:
     return Loaded(str(folder), documents, skipped)
 
 
+def _utf8(data: bytes, where: str, also: str = "", by_line: bool = False) -> str:
+    """``data`` as UTF-8 text (a BOM taken off), or a DataError naming the byte (and its line, for a table)."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        if by_line:
+            line = data[: e.start].count(b"\n") + 1
+            where = f"{where}, line {line}"
+        raise DataError(f"{where}: not UTF-8 (byte {data[e.start]:#04x} at offset {e.start}): re-save it as "
+                        f"UTF-8, e.g. iconv -f latin1 -t utf-8{also}") from None
+
+
 def _file_text(path: Path, relative: str) -> str:
     data = path.read_bytes()
     suffix = path.suffix.lower()
@@ -137,11 +149,7 @@ def _file_text(path: Path, relative: str) -> str:
         if b"\x00" in data:
             raise DataError(f"{relative}: a binary file, not text (it has NUL bytes): remove it from the folder, or "
                             "save its text as .txt")
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{relative}: not UTF-8 (byte {data[e.start]:#04x} at offset {e.start}): re-save it as "
-                            "UTF-8, e.g. iconv -f latin1 -t utf-8 (or remove it from the folder)") from None
+        text = _utf8(data, relative, " (or remove it from the folder)")
         if suffix in HTML_SUFFIXES:
             text = _html_text(text)
     text = text.strip()
@@ -176,13 +184,7 @@ def _table_rows(path: Path) -> tuple[list[dict], list[str]]:
     """(rows, columns). A .jsonl line that is not a JSON object is named by its line number."""
     if path.suffix.lower() == ".jsonl":
         rows = []
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8-sig")  # a BOM, as the .txt, .md and .csv readers take it
-        except UnicodeDecodeError as e:
-            line = data[: e.start].count(b"\n") + 1
-            raise DataError(f"{path}, line {line}: not UTF-8 (byte {data[e.start]:#04x} at offset {e.start}): re-save "
-                            "it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+        text = _utf8(path.read_bytes(), str(path), by_line=True)
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue

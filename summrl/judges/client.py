@@ -318,6 +318,13 @@ class JudgeClient:
             **params,
         )
         self.usage.calls += 1
+        self.account(response)
+        return response.choices[0].message.content or ""
+
+    def account(self, response: Any) -> float:
+        """A response's tokens and litellm's price, into this client's usage and the caller's own (REQUEST_COST)."""
+        import litellm
+
         usage = getattr(response, "usage", None)
         self.usage.input_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
         self.usage.output_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
@@ -329,7 +336,7 @@ class JudgeClient:
         spent = REQUEST_COST.get()
         if spent is not None:  # one caller's own share of a client many share (summrl.serve's requests)
             spent[0] += cost
-        return response.choices[0].message.content or ""
+        return cost
 
 
 def _strip_fences(text: str) -> str:

@@ -10,13 +10,13 @@ counted. A group RULER still cannot score comes back missing: the loop leaves it
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Sequence, Union
 
 import art
 from art.metrics import MetricsBuilder
 
 from summrl.data import Document
-from summrl.judges.client import REQUEST_COST, JudgeClient, JudgeError, ReplyShapeError
+from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.rewards.base import Missing, Score
 from summrl.prompt import SummaryPrompt
 
@@ -35,26 +35,13 @@ def ruler_schema(n: int) -> dict:
 
 class UsageRecorder:
     """Stands in for ART's MetricsBuilder while RULER calls the judge: ART hands it each response to price
-    (``art.rewards.ruler._record_ruler_cost``), and it adds the tokens and litellm's price to the judge's usage."""
+    (``art.rewards.ruler._record_ruler_cost``), and the judge's client accounts for it as for its own calls."""
 
     def __init__(self, client: JudgeClient) -> None:
         self.client = client
 
-    def add_response_cost(self, source: str, response: Any, **kwargs: Any) -> Optional[float]:
-        import litellm
-
-        usage = getattr(response, "usage", None)
-        self.client.usage.input_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
-        self.client.usage.output_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
-        try:
-            cost = float(litellm.completion_cost(completion_response=response) or 0.0)
-        except Exception:  # not in litellm's cost map: what we can't know
-            return None
-        self.client.usage.cost_usd += cost
-        spent = REQUEST_COST.get()
-        if spent is not None:
-            spent[0] += cost
-        return cost
+    def add_response_cost(self, source: str, response: Any, **kwargs: Any) -> float:
+        return self.client.account(response)
 
 
 class RulerReward:

@@ -175,6 +175,35 @@ def _amd_x86_64() -> bool:
 
 
 @pytest.mark.skipif(not _amd_x86_64(), reason="MKL's vendor check only matters on AMD x86-64 processors")
+def test_the_two_level_cdf_draws_the_tokens_the_full_cdf_draws():
+    """RowSeededSampling finds a row's draw among its blocks' sums, then inside the block: the token the full
+    float64 CDF gives for the same seed (inverse-CDF sampling, written out here), and the same normalizer. Vocabularies
+    of whole blocks and not, impossible (-inf) tokens, flat and peaked scores."""
+    from summrl.backends.embedded.engine import RowSeededSampling
+
+    def full_cdf(scores: torch.Tensor, seeds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+        cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
+        draws = torch.cat([torch.rand(1, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                           for s in seeds])
+        picked = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        return picked, torch.logsumexp(scores.double(), dim=-1)
+
+    torch.manual_seed(0)
+    block, drawn = RowSeededSampling.BLOCK, set()
+    for vocab in (4 * block, 3 * block + 7, 5):
+        for spread in (0.1, 1.0, 8.0):
+            scores = torch.randn(12, vocab) * spread
+            scores[::3, vocab // 2:] = -torch.inf
+            seeds = list(range(len(scores)))
+            sampler = RowSeededSampling(seeds)
+            picked, norm = full_cdf(scores, seeds)
+            assert torch.equal(sampler(scores), picked)
+            torch.testing.assert_close(sampler.log_norm, norm, rtol=0, atol=1e-7)  # float32 exponentials
+            drawn.update((picked // block).tolist())
+    assert len(drawn) >= 4  # draws landed in every block of the widest vocabulary, not only the first
+
+
 def test_mkl_on_amd_calls_summrls_vendor_answer_unless_told_not_to():
     """summrl._mkl_isa, loaded by `import summrl` before PyTorch, is the definition MKL's vendor check binds to (it
     answers Intel, so MKL picks kernels by instruction set; MKL's own answers 0 here); products stay exact to

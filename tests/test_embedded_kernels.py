@@ -4,6 +4,7 @@ head's log-probabilities, and MKL's AVX-512 kernels on AMD. Tiny random models: 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,24 @@ def test_the_two_level_cdf_draws_the_tokens_the_full_cdf_draws():
             torch.testing.assert_close(sampler.log_norm, norm, rtol=0, atol=1e-7)  # float32 exponentials
             drawn.update((picked // block).tolist())
     assert len(drawn) >= 4  # draws landed in every block of the widest vocabulary, not only the first
+
+
+def test_the_engine_samples_in_bfloat16(tiny_weights):
+    """backend.dtype=bfloat16 (serving on a CPU with bfloat16 units): rows that share a prompt and a row of a shorter
+    one sample through the shared-prefix attention, whose fused kernel gives float32 log-sum-exps for bfloat16 inputs
+    (its output went to the next layer as float32, which oneDNN refused)."""
+    from summrl.backends.embedded.compute import on_compute_thread
+    from summrl.backends.embedded.engine import Engine, SamplingParams
+    from summrl.config import LoraConfig
+
+    def sample():
+        engine = Engine(base_model="tiny", weights=tiny_weights.split("=", 1)[1], lora=LoraConfig(), dtype="bfloat16")
+        long, short = list(range(100, 140)), list(range(200, 210))
+        return engine.generate([long, long, short], SamplingParams(max_tokens=6), seeds=[1, 2, 3])
+
+    rows = on_compute_thread(sample)
+    assert [len(r.token_ids) for r in rows] == [6, 6, 6]  # random weights: no end-of-text within 6 tokens
+    assert all(math.isfinite(lp) and lp <= 0 for r in rows for lp in r.logprobs)
 
 
 def test_mkl_on_amd_calls_summrls_vendor_answer_unless_told_not_to():

@@ -150,7 +150,7 @@ def _shared_prefix_attention(query, key, value, prefix: SharedPrefix, layer: int
     shared_out, shared_lse = to_rows(shared_out), to_rows(shared_lse)
     both = torch.logaddexp(lse, shared_lse)
     out = torch.exp(lse - both) * out + torch.exp(shared_lse - both) * shared_out
-    return out.reshape(rows, 1, heads, dim)
+    return out.to(query.dtype).reshape(rows, 1, heads, dim)  # the kernel's log-sum-exps are float32 in bfloat16
 
 
 def register_attention() -> None:

@@ -1094,6 +1094,22 @@ def compose(config_name: str, overrides: list[str], *, return_hydra_config: bool
 # --------------------------------------------------------------------------- validation
 
 
+def _refuse_non_finite(node: Any, path: str) -> None:
+    """Every number setting is finite: inf passes the ``> 0`` checks and then made rewards (inf x 0) or the learning
+    rate NaN, trained on as if scores; a NaN weight passed a type check."""
+    if isinstance(node, float):
+        _require(math.isfinite(node), path, f"must be a finite number, got {node}")
+    elif is_dataclass(node):
+        for f in fields(node):
+            _refuse_non_finite(getattr(node, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            _refuse_non_finite(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            _refuse_non_finite(value, f"{path}.{i}")
+
+
 def typed_config(cfg: DictConfig, schema: type) -> Any:
     """A composed config as its schema's dataclasses (train_schema, benchmark_schema): Hydra has checked every key
     and type; the keys ``+key=value`` added and each option's kind are checked here. length_penalized becomes
@@ -1111,6 +1127,7 @@ def typed_config(cfg: DictConfig, schema: type) -> Any:
     if not isinstance(config, schema):  # a config composed without its schema (an old conf/ tree)
         raise ConfigError(f"the composed config is not typed by {schema.__name__}: its YAML's defaults must start "
                           "with its schema (train_schema, benchmark_schema)")
+    _refuse_non_finite(config, "")
     for group, schemas in KIND_SCHEMAS.items():
         section = getattr(config, group)
         if type(section) not in schemas.values():
@@ -1193,9 +1210,11 @@ def typed_entry(cfg: DictConfig, schema: type) -> Any:
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])  # type: ignore[arg-type]
     refuse_secrets(cfg)
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
+        entry = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
     except OmegaConfBaseException as e:
         raise config_error(e) from None
+    _refuse_non_finite(entry, "")
+    return entry
 
 
 def validate(cfg: DictConfig) -> Config:
@@ -1252,6 +1271,13 @@ def check(config: Config) -> None:
                           f"backend.kind={config.backend.kind}: use backend=embedded or another judge")
     if config.backend.kind == "skypilot":
         check_skypilot(config)
+    gpu = {"local_gpu": config.backend, "skypilot": getattr(config.backend, "local_gpu", None)}.get(config.backend.kind)
+    if gpu is not None:  # vLLM refuses a request past its context only at the first rollout, on a paid GPU
+        summary = config.trainer.max_summary_tokens
+        for key, length in (("max_model_len", gpu.max_model_len), ("max_seq_length", gpu.max_seq_length)):
+            _require(length is None or length > summary, f"{gpu.at}.{key}",
+                     f"{length} tokens leave no room for the prompt beside trainer.max_summary_tokens ({summary}): "
+                     f"raise {gpu.at}.{key}, or lower trainer.max_summary_tokens")
     if config.backend.kind == "serverless" and config.storage.enabled:
         raise ConfigError("backend=serverless keeps its checkpoints on W&B, so there is nothing local to back up: "
                           "add storage.enabled=false")

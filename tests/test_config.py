@@ -205,6 +205,16 @@ def test_bad_values_name_the_key(override, message):
     (["project=a/b"], r"project: must be a non-empty name without '/', got 'a/b'"),
     (["run.name="], r"run.name: must be a non-empty name without '/', got ''"),
     (["trainer.wait_for_documents_s=-1"], r"trainer.wait_for_documents_s: must be >= 0"),
+    # inf passed the `> 0` checks: an in-limit summary's length term is 0, and inf x 0 made every reward NaN
+    (["reward=length_penalized", "reward.strength=inf"], r"reward.strength: must be a finite number, got inf"),
+    (["reward=qa_rubric", "reward.terms.rubric.weight=nan"], r"reward.terms.rubric.weight: must be a finite number"),
+    (["model.lr=inf"], r"model.lr: must be a finite number, got inf"),
+    (["sft=best_of_n", "sft.lr=inf"], r"sft.lr: must be a finite number, got inf"),
+    # vLLM refused every rollout past its context only once the model had loaded on a (rented) GPU
+    (["backend=local_gpu", "judge=lexical", "backend.max_model_len=512", "trainer.max_summary_tokens=1000"],
+     r"backend.max_model_len: 512 tokens leave no room for the prompt beside trainer.max_summary_tokens \(1000\)"),
+    (["backend=skypilot", "judge=lexical", "backend.local_gpu.max_seq_length=128"],
+     r"backend.local_gpu.max_seq_length: 128 tokens leave no room"),
 ])
 def test_values_that_would_waste_or_hang_a_run_are_refused_as_it_composes(overrides, message):
     with pytest.raises(ConfigError, match=message):

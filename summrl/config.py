@@ -907,6 +907,10 @@ class SFTConfig:
                  "set sft.min_reward or sft.top_k: one of them filters the samples")
         _require(self.top_k is None or 1 <= self.top_k <= self.samples_per_doc, "sft.top_k",
                  f"must be in [1, sft.samples_per_doc={self.samples_per_doc}], got {self.top_k}")
+        # top_k defaults to 1, so only a larger one can be told from the default: that one would be ignored
+        _require(self.min_reward is None or self.top_k is None or self.top_k == 1, "sft.top_k",
+                 f"is {self.top_k}, but sft.min_reward={self.min_reward} keeps every sample at or above it and top_k "
+                 "is not used: set one of them (sft.top_k=null, or sft.min_reward=null)")
         if self.kind == "distill":
             _require(bool(self.teacher.model), "sft.teacher.model",
                      "sft=distill needs a teacher: sft.teacher.model=<litellm id> (e.g. gemini/gemini-2.5-pro), "

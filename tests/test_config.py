@@ -209,6 +209,8 @@ def test_bad_values_name_the_key(override, message):
     (["reward=length_penalized", "reward.strength=inf"], r"reward.strength: must be a finite number, got inf"),
     (["reward=qa_rubric", "reward.terms.rubric.weight=nan"], r"reward.terms.rubric.weight: must be a finite number"),
     (["model.lr=inf"], r"model.lr: must be a finite number, got inf"),
+    (["sft=best_of_n", "sft.min_reward=0.5", "sft.top_k=3"],  # top_k was dropped without a word
+     r"sft.top_k: is 3, but sft.min_reward=0.5 keeps every sample at or above it and top_k is not used"),
     (["sft=best_of_n", "sft.lr=inf"], r"sft.lr: must be a finite number, got inf"),
     # vLLM refused every rollout past its context only once the model had loaded on a (rented) GPU
     (["backend=local_gpu", "judge=lexical", "backend.max_model_len=512", "trainer.max_summary_tokens=1000"],

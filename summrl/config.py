@@ -170,11 +170,24 @@ class RepliqaDatasetConfig(SplitConfig):
     hf_path: str = "ServiceNow/repliqa"
     hf_split: str = "repliqa_0"
 
+    # Documents in the hub's splits whose size is known: sizes they can't meet are refused as the config composes,
+    # not after a cloud machine was rented and set up to download them
+    HUB_DOCUMENTS: ClassVar[dict[tuple[str, str], int]] = {("ServiceNow/repliqa", "repliqa_0"): 3591}
+
     def __post_init__(self) -> None:
         super().__post_init__()
         _require(self.files is None or len(self.files) > 0, "dataset.files",
                  "is an empty list, which would read the hub instead: list the files, or dataset.files=null for "
                  f"{self.hf_path}")
+        documents = self.HUB_DOCUMENTS.get((self.hf_path, self.hf_split)) if self.files is None else None
+        if documents is not None:
+            from summrl.data.split import DataError, split_counts
+
+            try:
+                split_counts(documents, self.train_size, self.val_size, f"{self.hf_path} {self.hf_split}",
+                             env_sizes=self.name == "repliqa")
+            except DataError as e:
+                raise ConfigError(f"dataset.train_size: {e}") from None
 
 
 LONG_DOCUMENTS = ("split", "skip", "error")

@@ -209,6 +209,9 @@ def test_bad_values_name_the_key(override, message):
     (["reward=length_penalized", "reward.strength=inf"], r"reward.strength: must be a finite number, got inf"),
     (["reward=qa_rubric", "reward.terms.rubric.weight=nan"], r"reward.terms.rubric.weight: must be a finite number"),
     (["model.lr=inf"], r"model.lr: must be a finite number, got inf"),
+    # the hub's repliqa_0 has 3591 documents: this failed on the cluster, after it was rented and set up
+    (["dataset=repliqa", "dataset.train_size=4000", "dataset.val_size=91"],
+     r"dataset.train_size: ServiceNow/repliqa repliqa_0: train_size \+ val_size = 4000 \+ 91 documents, but only 3591"),
     (["sft=best_of_n", "sft.min_reward=0.5", "sft.top_k=3"],  # top_k was dropped without a word
      r"sft.top_k: is 3, but sft.min_reward=0.5 keeps every sample at or above it and top_k is not used"),
     (["sft=best_of_n", "sft.lr=inf"], r"sft.lr: must be a finite number, got inf"),

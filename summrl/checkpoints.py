@@ -70,6 +70,12 @@ def trained_run(run_dir: Union[str, Path], key: str = "run_dir") -> TrainedRun:
                       steps=checkpoint_steps(checkpoints_dir), sft_step=sft_step(path))
 
 
+def best_axis(record: dict) -> str:
+    """The val figure ``step=best`` ranks a run's checkpoints by, from its result.json: RULER-scored runs record
+    val_qa_accuracy (summrl.loop.best_by); runs recorded before ``best_by`` rank by val_reward."""
+    return record.get("best_by") or "val_reward"
+
+
 def resolve_step(run: TrainedRun, spec: Union[str, int], key: str = "step") -> int:
     """``best`` (the best val score in result.json among the steps with a checkpoint, the later step on a tie; 0, the
     base model, when it scored best), ``latest``, or a step number with a checkpoint (0: the base model)."""
@@ -86,7 +92,7 @@ def resolve_step(run: TrainedRun, spec: Union[str, int], key: str = "step") -> i
         except (OSError, ValueError):
             record = {}
         history = record.get("val_history") or []
-        axis = record.get("best_by") or "val_reward"  # RULER runs: val_qa_accuracy (see summrl.loop.best_by)
+        axis = best_axis(record)
         # after online learning, the best of the scores measured as the latest was (summrl.job.comparable)
         scored = [(h[axis], h["step"]) for h in comparable([h for h in history if isinstance(h, dict)])
                   if h.get(axis) is not None and h.get("step") in {0, *available}]

@@ -33,7 +33,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandat
 
 from summrl.errors import ConfigError
 from summrl.prompt import PROMPTS
-from summrl.secrets import SECRET_KEY, name_secret_variables, url_secret
+from summrl.secrets import name_secret_variables, secret_key_name, url_secret
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the config tree Hydra composes
 
@@ -1093,7 +1093,7 @@ def new_key(key: str, parent: Any, hydra_message: str) -> ConfigError:
     where = key.rsplit(".", 1)[0] if "." in key else "the config"
     what = f"{where} holds {', '.join(held)}" if held else f"{where} is empty here"
     added = re.search(r"use (\+.+)$", hydra_message, re.M)  # the whole override: a map's value has spaces
-    if SECRET_KEY.search(key.rsplit(".", 1)[-1]):  # its value is a secret, not to be echoed (and refused once added)
+    if secret_key_name(key):  # its value is a secret, not to be echoed (and refused once added)
         added = None
     return ConfigError(f"{key} is not in the config ({what}), so it can't be overridden: add it with "
                        f"{shlex.quote(added.group(1)) if added else f'+{key}=<value>'}")
@@ -1183,7 +1183,7 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
 
     def refuse_typed_secret(path: str, raw: Any) -> None:
         # a key named for a secret (model.init_args.token=hf_...) with the secret itself: saved as typed
-        if SECRET_KEY.search(path.rsplit(".", 1)[-1]) and isinstance(raw, str) and raw and not raw.startswith("${"):
+        if secret_key_name(path) and isinstance(raw, str) and raw and not raw.startswith("${"):
             raise ConfigError(f"{path}: a secret typed into the config is saved with the run, logged and sent to W&B: "
                               "put it in an environment variable (or .env) and refer to it as ${oc.env:THE_VARIABLE}")
 

@@ -33,7 +33,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from summrl import __version__, cli
-from summrl.checkpoints import TrainedRun, resolve_step, run_config, trained_run
+from summrl.checkpoints import TrainedRun, best_axis, resolve_step, run_config, trained_run
 from summrl.config import _require, typed_entry
 from summrl.errors import ConfigError, ExpectedFailure, exit_on
 from summrl.secrets import redact, redact_text
@@ -263,9 +263,10 @@ def push(config: ExportConfig) -> None:
 
 def why(config: ExportConfig) -> str:
     if config.chosen == "best":
-        axis = result(config.run).get("best_by") or "val_reward"
+        record = result(config.run)
+        axis = best_axis(record)
         return (f"step=best: the best {axis.replace('val_', 'val ').replace('_', ' ')} "
-                f"({_fmt(val_reward(config.run, config.step, axis))}) in result.json")
+                f"({_fmt(val_figure(record, config.step, axis))}) in result.json")
     if config.chosen == "latest":
         return "step=latest: the last checkpoint"
     return f"step={config.step}, as asked"
@@ -278,8 +279,8 @@ def result(run: TrainedRun) -> dict:
         return {}
 
 
-def val_reward(run: TrainedRun, step: int, axis: str = "val_reward") -> Any:
-    return next((h.get(axis) for h in reversed(result(run).get("val_history") or []) if h.get("step") == step), None)
+def val_figure(record: dict, step: int, axis: str) -> Any:
+    return next((h.get(axis) for h in reversed(record.get("val_history") or []) if h.get("step") == step), None)
 
 
 # --------------------------------------------------------------------------- the model card

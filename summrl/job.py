@@ -207,10 +207,14 @@ class RunRecord:
     def update(self, **fields: Any) -> None:
         self.fields.update(fields)
 
+    def carried(self) -> dict[str, Any]:
+        """What the run's earlier invocations recorded that this one keeps (not its own timings and status)."""
+        return {k: v for k, v in self.earlier.items() if k not in PER_INVOCATION}
+
     def nothing_to_train(self, **fields: Any) -> None:
         """This invocation ends without training (dataset=inbox with too few new documents): the record keeps what
         earlier invocations recorded (steps, val scores, rollouts), with ``fields``, and its time is not the run's."""
-        self.fields = {**{k: v for k, v in self.earlier.items() if k not in PER_INVOCATION}, **self.fields, **fields}
+        self.fields = {**self.carried(), **self.fields, **fields}
         self.timed = False
 
     def save(self, *, timed: bool = True) -> None:
@@ -240,7 +244,7 @@ class RunRecord:
         if not self.saved:
             if self.earlier and "status" not in self.fields:
                 return
-            self.fields = {**{k: v for k, v in self.earlier.items() if k not in PER_INVOCATION},
+            self.fields = {**self.carried(),
                            **self.fields, "status": "interrupted" if kind == "interrupted" else "failed",
                            "error": line, **self.job.record()}
         self.update(error_kind=kind, exit_code=exit_code)

@@ -374,13 +374,14 @@ def best_by(config: Config) -> str:
 
 def val_summary(history: list[dict]) -> dict:
     """result.json's val figures from the val history: the last pass's, and the best of those comparable to it."""
+    scored = comparable(history)
     return dict(
         final_val_score=history[-1]["val_reward"],
-        best_val_score=max(h["val_reward"] for h in comparable(history)),
+        best_val_score=max(h["val_reward"] for h in scored),
         # the share of questions answered: the axis every reward is compared on
         final_val_qa_accuracy=history[-1]["val_qa_accuracy"],
-        best_val_qa_accuracy=max((h["val_qa_accuracy"] for h in comparable(history)
-                                  if h["val_qa_accuracy"] is not None), default=None),
+        best_val_qa_accuracy=max((h["val_qa_accuracy"] for h in scored if h["val_qa_accuracy"] is not None),
+                                 default=None),
         # the share of val summaries stating a number, date or name absent from the document (None: not recorded)
         final_val_hallucination_rate=history[-1].get("val_hallucination_rate"),
     )
@@ -503,8 +504,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             session.judge_usage()  # the calls since the last log (a failed step's too) join the totals
             # the run's spend: its earlier invocations' too (a resumed run recorded only its own, a recovered one
             # almost nothing)
-            spent = {name: record.earlier.get(name, 0.0) + session.judge_totals.get(f"judge/{name[6:]}", 0.0)
-                     for name in ("judge_calls", "judge_cost_usd", "judge_retries")}
+            spent = {f"judge_{k}": record.earlier.get(f"judge_{k}", 0.0) + session.judge_totals.get(f"judge/{k}", 0.0)
+                     for k in ("calls", "cost_usd", "retries")}
             record.update(**spent, rollouts=session.missing.record())  # type: ignore[union-attr]
         record.update(peak_rss_gb=peak_rss_gb())
         if record.fields.get("status") in ("failed", "interrupted") and record.val_history:

@@ -21,6 +21,13 @@ SECRET_NAME = re.compile(r"(API_KEY|SECRET|TOKEN|PASSWORD|ACCESS_KEY)", re.IGNOR
 # max_summary_tokens); ``*_env`` keys hold a variable's name, which is not a secret.
 SECRET_KEY = re.compile(r"^(?!.*_env$).*(?:^|[._])(?:api_?key|secret|token|password|access_key)(?:[._]|$)",
                         re.IGNORECASE)  # (a flattened key's words part at "." too: model.init_args.token)
+
+
+def secret_key_name(path: str) -> bool:
+    """Whether a setting's name (its last dotted part) names a secret."""
+    return bool(SECRET_KEY.search(path.rsplit(".", 1)[-1]))
+
+
 # A URL's query parameters that carry a credential (Google's ?key=, signed URLs' sig=, ?access_token=)
 SECRET_PARAM = r"(?:api[_-]?)?key|(?:access|auth|id)?[_-]?token|auth|sig|signature|password|passwd|secret"
 URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")

@@ -134,9 +134,9 @@ async def load_inbox(config: Any) -> Splits:
 
 
 def source_lines(documents: list[Document], lines: dict[str, int]) -> dict[str, int]:
-    """Each document's inbox line. A split document's parts are <id>#part<k> (summrl.data.documents), and an id may
-    hold "#part" itself ("memo#party": taken for a part of "memo", a KeyError, or another document's line)."""
-    return {d.id: lines[d.id] if d.id in lines else lines[source_id(d.id)] for d in documents}
+    """Each document's inbox line: a split document's parts (<id>#part<k>, summrl.data.documents) share their
+    source's. load_inbox renames a recorded id that already ends in #part<k>, so no other id is taken for a part."""
+    return {d.id: lines[source_id(d.id)] for d in documents}
 
 
 def split_whole(documents: Sequence[Document], dataset: Any, source: str) -> tuple[list[Document], list[Document]]:

@@ -319,9 +319,9 @@ def _check_same_val_and_prompt(config: BenchmarkConfig, trained: Any, run_dir: P
     d = config.dataset
     same_documents = all(saved(f"dataset.{k}") == getattr(d, k, None) for k in DATASET_SOURCE)
     if same_documents and config.benchmark.split == "val":
-        if saved("dataset.seed") != d.seed:
-            refuse("dataset.seed", d.seed, saved("dataset.seed"), "another shuffle puts the run's training documents "
-                   "in val")
+        seed = saved("dataset.seed")
+        if seed != d.seed:
+            refuse("dataset.seed", d.seed, seed, "another shuffle puts the run's training documents in val")
         theirs = saved("dataset.val_size")
         prefix = isinstance(theirs, int) and isinstance(d.val_size, int) and d.val_size <= theirs  # a part of its val
         if theirs != d.val_size and not prefix:
@@ -333,9 +333,9 @@ def _check_same_val_and_prompt(config: BenchmarkConfig, trained: Any, run_dir: P
     prompt = saved("trainer.prompt") or PROMPT_BEFORE_THE_OPTION
     if prompt != config.trainer.prompt:
         refuse("trainer.prompt", config.trainer.prompt, prompt, "its checkpoints learned to answer the other prompt")
-    if saved("trainer.max_words") is not None and saved("trainer.max_words") != config.trainer.max_words:
-        refuse("trainer.max_words", config.trainer.max_words, saved("trainer.max_words"), "the prompt and the length "
-               "rewards read it")
+    max_words = saved("trainer.max_words")
+    if max_words is not None and max_words != config.trainer.max_words:
+        refuse("trainer.max_words", config.trainer.max_words, max_words, "the prompt and the length rewards read it")
 
 
 def _saved_choice(run_dir: Path, group: str) -> Optional[str]:

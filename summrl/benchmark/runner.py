@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -150,9 +150,10 @@ class Scorer:
     judge_cost_known: bool  # False: a paid judge whose price (or RULER's) cannot be counted
     kept: Optional[KeptSummaries] = None  # summaries paid for, kept until scored (a rerun scores them)
 
-    async def summaries(self, job: Job, source: Any, document: Document) -> tuple[list[tuple[int, Summary]], list[str]]:
-        """(rollout, summary) for each rollout whose summary was made now or kept from before, and the errors of
-        those that failed: one failed model call no longer throws its paid siblings away."""
+    async def summaries(self, job: Job, source: Any,
+                        document: Document) -> tuple[list[int], list[Summary], list[str]]:
+        """The rollouts whose summary was made now or kept from before, those summaries, and the errors of those that
+        failed: one failed model call no longer throws its paid siblings away."""
         async def one(rollout: int) -> Summary:
             kept = self.kept.get(job.label, job.step, document.id, rollout) if self.kept else None
             if kept is not None:
@@ -167,14 +168,13 @@ class Scorer:
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, SummaryError):
                 raise result
-        return ([(r, s) for r, s in zip(rollouts, results) if isinstance(s, Summary)],
-                [str(s) for s in results if isinstance(s, SummaryError)])
+        made = [(r, s) for r, s in zip(rollouts, results) if isinstance(s, Summary)]
+        return [r for r, _ in made], [s for _, s in made], [str(s) for s in results if isinstance(s, SummaryError)]
 
     async def score(self, job: Job, source: Any, document: Document) -> tuple[list[Row], list[str]]:
-        made, failed = await self.summaries(job, source, document)
-        if not made:
+        rollouts, summaries, failed = await self.summaries(job, source, document)
+        if not rollouts:
             return [], failed
-        rollouts, summaries = [r for r, _ in made], [s for _, s in made]
         judge = RecordingJudge(build_judge(self.judge_config, self.endpoint))  # a fresh judge: its usage is this document's
         reward = build_reward(self.config.reward, judge, SummaryPrompt.of(self.config.trainer))
         skip_full_document_baseline(reward, document)
@@ -380,19 +380,15 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
         for job in jobs:
             source = await source_for(config, job, server, ruler_judge)
             if isinstance(job.entry, BestOfNEntry) and not judge_local(config):
-                scorer_for_job = Scorer(config, judge_config, endpoint, judge_cost_known=False,  # RULER's cost: unreported
-                                        kept=kept)
+                scorer_for_job = replace(scorer, judge_cost_known=False)  # RULER's cost: unreported
             else:
                 scorer_for_job = scorer
             limit = asyncio.Semaphore(config.benchmark.max_concurrency)
 
             async def one(doc_id: str) -> int:
                 async with limit:
-                    try:
+                    try:  # a failed summary is among the errors score returns, never raised
                         rows, errors = await scorer_for_job.score(job, source, by_id[doc_id])
-                    except SummaryError as e:
-                        failures.append(str(e))
-                        return 0
                     finally:
                         progress.update(len(job.pending[doc_id]))
                     store.append(rows)  # as soon as the document is scored: a crash loses only what is in flight

@@ -85,6 +85,7 @@ def ended(record: Any) -> bool:
     return ManagedJobStatus(getattr(state, "value", state)).is_terminal()
 
 
+ENDED_STOPPED = "ENDED (controller stopped)"  # a job's state once the jobs controller has stopped
 CONTROLLER_STOPPED = ("SkyPilot's jobs controller has stopped (it stops 10 idle minutes after its last job ends): "
                       "every job has ended, and their states and time run are not read without waking it "
                       "(`sky jobs queue --refresh`)")
@@ -108,7 +109,7 @@ def status(folder: Path) -> list[dict]:
         if record is not None:
             state = field(record, "status")
         else:
-            state = "ENDED (controller stopped)" if records is None else "UNKNOWN (not in SkyPilot's queue)"
+            state = ENDED_STOPPED if records is None else "UNKNOWN (not in SkyPilot's queue)"
         rows.append({"job": job.name, "run": managed["backup"]["run_name"], "managed job": managed["id"],
                      "state": getattr(state, "value", state), "step": step, "last val": val,
                      "recoveries": field(record, "recovery_count") if record is not None else None,
@@ -177,12 +178,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args.folder.is_dir():
         print(f"summrl: {args.folder} is not a folder", file=sys.stderr)
         return 2
-    if not submitted(args.folder):
+    jobs = submitted(args.folder)
+    if not jobs:
         print(f"summrl: no managed job was submitted from {args.folder} (backend.managed=true records one per job)",
               file=sys.stderr)
         return 2
     if args.command != "cancel" and not os.environ.get("BACKUP_BUCKET") and any(
-            not m["backup"]["bucket"] for _, m in submitted(args.folder)):
+            not m["backup"]["bucket"] for _, m in jobs):
         # the jobs were backed up to $BACKUP_BUCKET (not written down): every run read as "not trained a step yet"
         print("summrl: the jobs back up to the bucket $BACKUP_BUCKET named when they were submitted, and it is not set "
               "here: export BACKUP_BUCKET=<that bucket> (or put it in .env)", file=sys.stderr)
@@ -197,7 +199,7 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "status":
         rows = status(args.folder)
         print(render(rows))
-        if any(r["state"] == "ENDED (controller stopped)" for r in rows):
+        if any(r["state"] == ENDED_STOPPED for r in rows):
             print(f"summrl: {CONTROLLER_STOPPED}; `python -m summrl.sweep pull {args.folder}` brings their results")
     elif args.command == "pull":
         missing = pull(args.folder)

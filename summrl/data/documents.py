@@ -397,17 +397,18 @@ def _pieces(text: str, limit: int, count_tokens: Callable[[str], int]) -> list[t
                     chunk.append(word)
                 runs.append(" ".join(chunk))
             for run in runs:
-                for k, cut in enumerate(_between_characters(run, limit, count_tokens)):
-                    out.append((cut, count_tokens(cut), ("\n\n" if first else " ") if k == 0 else ""))
+                for k, (cut, tokens) in enumerate(_between_characters(run, limit, count_tokens)):
+                    out.append((cut, tokens, ("\n\n" if first else " ") if k == 0 else ""))
                 first = False
     return out
 
 
-def _between_characters(run: str, limit: int, count_tokens: Callable[[str], int]) -> list[str]:
+def _between_characters(run: str, limit: int, count_tokens: Callable[[str], int]) -> list[tuple[str, int]]:
     """A run with no space to cut at (Chinese or Japanese text, a URL, a long word) over the limit: its longest
-    prefixes within the limit, cut between characters (it passed the limit whole, as one part)."""
+    prefixes within the limit, cut between characters (it passed the limit whole, as one part), each with its
+    token count. A run within the limit is itself."""
     out = []
-    while count_tokens(run) > limit and len(run) > 1:
+    while (tokens := count_tokens(run)) > limit and len(run) > 1:
         low, high = 1, len(run) - 1  # the longest prefix within the limit (at least one character)
         while low < high:
             middle = (low + high + 1) // 2
@@ -415,9 +416,9 @@ def _between_characters(run: str, limit: int, count_tokens: Callable[[str], int]
                 low = middle
             else:
                 high = middle - 1
-        out.append(run[:low])
+        out.append((run[:low], count_tokens(run[:low])))
         run = run[low:]
-    return out + [run]
+    return out + [(run, tokens)]
 
 
 def policy_token_counter(model: Any) -> Callable[[str], int]:

@@ -15,7 +15,6 @@ import hmac
 import json
 import logging
 import os
-import re
 import time
 from typing import Any, Optional, Union
 
@@ -31,6 +30,7 @@ from summrl.backends.seed import Seed
 from summrl.checkpoints import checkpoint_steps, resolve_step
 from summrl.config import EMBEDDED_JUDGES, RubricRewardConfig, RulerRewardConfig
 from summrl.data import Document
+from summrl.data.documents import PART
 from summrl.data.tokenizer import load_tokenizer
 from summrl.inbox import Recorder
 from summrl.judges.client import REQUEST_COST
@@ -53,7 +53,7 @@ class SummarizeRequest(BaseModel):
     @field_validator("id")
     @classmethod
     def not_a_part(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and re.search(r"#part\d+$", value):
+        if value is not None and PART.search(value):
             raise ValueError("must not end with #part<k>, which names the parts of a document split for training")
         return value
 

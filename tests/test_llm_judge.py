@@ -512,17 +512,21 @@ def test_answers_given_as_booleans_are_a_wrong_shape_not_the_answer_true():
 
 
 def test_the_embedded_judges_replies_are_cached_by_its_model_weights_and_dtype_not_its_port():
-    """The loopback URL has a new port each run: the cache never hit across runs, and a reused port with other
-    weights under the same model name would have read their verdicts."""
+    """The loopback URL has a new port each run: the caches never hit across runs, and a reused port with other
+    weights under the same model name would have read their verdicts. The same holds for the written rubrics' and
+    questions' caches, which key by the writer."""
     from summrl.judges import build_judge, embedded_endpoint
+    from summrl.judges.questions import LLMQuestionWriter
 
-    def key(port, *overrides):
+    def keys(port, *overrides):
         config = compose_config(["experiment=local", "judge=embedded", *overrides])
-        client = build_judge(config.judge, embedded_endpoint(config, f"http://127.0.0.1:{port}/v1", "k")).client
-        return client._cache_key([{"role": "user", "content": "Q"}], {"temperature": 0})
+        judge = build_judge(config.judge, embedded_endpoint(config, f"http://127.0.0.1:{port}/v1", "k"))
+        reply = judge.client._cache_key([{"role": "user", "content": "Q"}], {"temperature": 0})
+        return reply, judge.rubric_writer, LLMQuestionWriter(judge).writer
 
-    assert key(4001) == key(4999)
-    assert key(4001) != key(4001, "model.weights=/tmp/other.gguf") != key(4001, "backend.dtype=bfloat16")
+    assert keys(4001) == keys(4999)
+    for other in (keys(4001, "model.weights=/tmp/other.gguf"), keys(4001, "backend.dtype=bfloat16")):
+        assert all(a != b for a, b in zip(keys(4001), other))
 
 
 def test_a_callers_own_judge_cost_is_its_calls_not_what_concurrent_callers_spent(fake, secret_env):

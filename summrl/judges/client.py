@@ -225,8 +225,14 @@ class JudgeClient:
                 text = text.replace(key, "***")
         return text
 
+    @property
+    def cache_endpoint(self) -> Optional[str]:
+        """The endpoint as every cache (replies, rubrics, questions) keys it: the embedded judge's identity, else
+        api_base."""
+        return self.cache_identity or self.api_base
+
     def _cache_key(self, messages: list[dict], params: dict) -> str:
-        blob = json.dumps([self.model, self.cache_identity or self.api_base, messages, params], sort_keys=True)
+        blob = json.dumps([self.model, self.cache_endpoint, messages, params], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     async def complete_json(self, messages: list[dict], schema: Optional[dict] = None, max_tokens: int = 1024,

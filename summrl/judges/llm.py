@@ -59,7 +59,7 @@ class LLMJudge:
 
     @property
     def rubric_writer(self) -> str:
-        return json.dumps([self.client.model, self.client.api_base, PROMPT_VERSION])
+        return json.dumps([self.client.model, self.client.cache_endpoint, PROMPT_VERSION])
 
     async def write_rubrics(self, document: Document, max_rubrics: int) -> Rubrics:
         """The document's rubrics, written once per process; a failed call is asked again by the next caller."""

@@ -124,7 +124,7 @@ class LLMQuestionWriter:
 
     def __init__(self, judge: LLMJudge) -> None:
         self.judge, self.client = judge, judge.client
-        self.writer = json.dumps([judge.client.model, judge.client.api_base, PROMPT_VERSION])
+        self.writer = json.dumps([judge.client.model, judge.client.cache_endpoint, PROMPT_VERSION])
 
     async def write(self, document: Document, answerable: int, unanswerable: int) -> list[tuple[str, str]]:
         n = answerable + unanswerable

@@ -1307,6 +1307,9 @@ def check(config: Config) -> None:
     _require(a.lr_schedule != "constant" or a.min_lr_ratio == 0.0, "algorithm.min_lr_ratio",
              f"is {a.min_lr_ratio}, but algorithm.lr_schedule=constant never decays: set algorithm.lr_schedule=linear "
              "or cosine, or leave min_lr_ratio at 0")
+    _require(a.lr_schedule == "constant" or a.min_lr_ratio < 1.0, "algorithm.min_lr_ratio",
+             f"is 1, so algorithm.lr_schedule={a.lr_schedule} never decays: set algorithm.lr_schedule=constant, or "
+             "min_lr_ratio below 1")
     _require(config.trainer.temperature > 0, "trainer.temperature",
              "is 0 (greedy): every summary of a group would be the same, and GRPO learns from their differences; "
              "set it > 0 (greedy val is trainer.val_temperature=0)")

@@ -190,6 +190,8 @@ def test_bad_values_name_the_key(override, message):
     (["sft=best_of_n", "sft.teacher.retry_max_s=-2"], r"sft.teacher.retry_max_s: must be >= 0"),
     (["algorithm.min_lr_ratio=0.1"], r"algorithm.min_lr_ratio: is 0.1, but algorithm.lr_schedule=constant never "
                                      r"decays"),
+    (["algorithm.lr_schedule=cosine", "algorithm.min_lr_ratio=1.0"],
+     r"algorithm.min_lr_ratio: is 1, so algorithm.lr_schedule=cosine never decays"),
     (["algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=17"],
      r"algorithm.kl_penalty_reference_step: is 17, but this run's last checkpoint is 16 \(trainer.max_steps\)"),
     (["algorithm=grpo_kl", "sft=best_of_n", "algorithm.kl_penalty_reference_step=18"],

@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 
 import art
 
+from summrl.backends import takes_burst_tags
 from summrl.config import FREE_JUDGES, Config, reward_kinds
 from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render
 from summrl.data import Document
@@ -38,7 +39,7 @@ from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.preflight import model_key_names
 from summrl.rewards import Missing
 from summrl.prompt import SummaryPrompt
-from summrl.rollout import rollout, sample_seed, summary_of
+from summrl.rollout import Burst, rollout, sample_seed, summary_of
 from summrl.storage import CheckpointBackup, NoBackup, sft_dir
 from summrl.storage import SFT_RECORD as RECORD
 
@@ -146,7 +147,8 @@ class Teacher:
         now = self.client.usage
         return {key: self.earlier[key] + getattr(now, key) for key in USAGE_KEYS}
 
-    async def write(self, document: Document, index: int) -> str:
+    async def write(self, document: Document, index: int, burst: Optional[Burst] = None) -> str:
+        """``burst`` is for the embedded policy's batcher; a teacher's server batches as it will."""
         t = self.trainer
         try:
             return await self.client.complete_text(SummaryPrompt.of(t).messages(document),
@@ -162,12 +164,12 @@ class Policy:
     def __init__(self, model: art.Model, config: Config) -> None:
         self.model, self.trainer, self.seed = model, config.trainer, config.seed
 
-    async def write(self, document: Document, index: int) -> str:
+    async def write(self, document: Document, index: int, burst: Optional[Burst] = None) -> str:
         t = self.trainer
-        # Seeded like the loop's rollouts. Not sent as one burst (documents start as slots free): what is batched
-        # with them can differ between runs, and their logits with it, at float rounding.
+        # Seeded like the loop's rollouts, and sent in bursts (``collect``) where the server reads them
         trajectory = await rollout(self.model, document, prompt=SummaryPrompt.of(t), max_tokens=t.max_summary_tokens,
-                                   temperature=t.temperature, seed=sample_seed(self.seed, "sft", document.id, index))
+                                   temperature=t.temperature, seed=sample_seed(self.seed, "sft", document.id, index),
+                                   burst=burst)
         return summary_of(trajectory)
 
 
@@ -229,15 +231,17 @@ async def collect(config: Config, model: Optional[art.Model], reward: Any, train
     first_error: list[str] = []
     started = time.perf_counter()
 
-    async def write(doc: Document, index: int) -> None:
-        text = await writer.write(doc, index)
+    def todo(doc: Document) -> list[int]:
+        return [i for i in range(s.samples_per_doc) if i not in written.get(doc.id, {})]
+
+    async def write(doc: Document, index: int, burst: Optional[Burst]) -> None:
+        text = await writer.write(doc, index, burst)
         append_jsonl(folder / SUMMARIES, [{"document_id": doc.id, "index": index, "summary": text}])
         written.setdefault(doc.id, {})[index] = text
 
-    async def one(doc: Document) -> None:
+    async def one(doc: Document, burst: Optional[Burst] = None) -> None:
         async with parallel:
-            todo = [i for i in range(s.samples_per_doc) if i not in written.get(doc.id, {})]
-            results = await asyncio.gather(*(write(doc, i) for i in todo), return_exceptions=True)
+            results = await asyncio.gather(*(write(doc, i, burst) for i in todo(doc)), return_exceptions=True)
             errors = [e for e in results if isinstance(e, BaseException)]
             unexpected = [e for e in errors if not isinstance(e, JudgeError)]
             if unexpected:
@@ -265,7 +269,16 @@ async def collect(config: Config, model: Optional[art.Model], reward: Any, train
             await backup.save_sft()
 
     try:
-        await asyncio.gather(*(one(d) for d in pending))
+        if s.kind == "best_of_n" and takes_burst_tags(config):
+            # groups_per_step documents at a time, their summaries one burst: the embedded batcher then makes the
+            # same generate calls in every run, as for a step's rollouts (README "What a seed fixes")
+            size = config.trainer.groups_per_step
+            for wave in (pending[i:i + size] for i in range(0, len(pending), size)):
+                rows = sum(len(todo(d)) for d in wave)
+                burst = Burst.new(rows) if rows else None
+                await asyncio.gather(*(one(d, burst) for d in wave))
+        else:
+            await asyncio.gather(*(one(d) for d in pending))
     finally:
         if backup is not None:
             await backup.save_sft(force=True)

@@ -168,6 +168,39 @@ def test_distill_collects_teacher_summaries_in_art_chat_format_and_never_calls_t
         assert len(lines(tmp_path / "sft" / COLLECTED)) == 3
 
 
+def test_best_of_n_sends_each_wave_of_documents_as_one_burst_to_the_embedded_server(tmp_path):
+    """The embedded batcher makes the same generate calls from a burst however its rows arrive (README "What a seed
+    fixes"): the policy's SFT samples go out groups_per_step documents at a time, their rows tagged as one burst.
+    Sent as slots freed, what was batched with them, and so their tokens, could differ from run to run."""
+    import art
+
+    from summrl.sft import COLLECTED, SUMMARIES, collect, collection_documents
+    from summrl.testing import FakeLLM
+
+    with FakeLLM() as server:
+        config = compose_config(["experiment=local", "judge=lexical", "sft=best_of_n", "sft.samples_per_doc=3",
+                                 "sft.max_docs=5", "trainer.groups_per_step=2", f"run.dir={tmp_path}"])
+        policy = art.Model(name="policy", project="p", inference_api_key="k", inference_base_url=server.base_url)
+        (tmp_path / "sft").mkdir()  # one document's first summary already written: the rerun asks for 2 of its 3
+        first = collection_documents(config, train_split(config))[0]
+        (tmp_path / "sft" / SUMMARIES).write_text(json.dumps({"document_id": first.id, "index": 0, "summary": "S."}) + "\n")
+        asyncio.run(collect(config, policy, lexical_reward(config), train_split(config)))
+        bursts = [r.get("summrl_burst") for r in server.requests]
+    assert len(lines(tmp_path / "sft" / COLLECTED)) == 5 and len(bursts) == 14
+    rows: dict[str, list] = {}
+    for burst in bursts:
+        rows.setdefault(burst["id"], []).append(burst["size"])
+    assert sorted((len(sizes), sizes[0]) for sizes in rows.values()) == [(3, 3), (5, 5), (6, 6)]
+    assert all(len(set(sizes)) == 1 for sizes in rows.values())
+    # a backend whose server does not read the tag is not sent it
+    with FakeLLM() as server:
+        config = compose_config(["experiment=local", "judge=lexical", "sft=best_of_n", "sft.samples_per_doc=2",
+                                 "sft.max_docs=2", "backend=local_gpu", f"run.dir={tmp_path / 'gpu'}"])
+        policy = art.Model(name="policy", project="p", inference_api_key="k", inference_base_url=server.base_url)
+        asyncio.run(collect(config, policy, lexical_reward(config), train_split(config)))
+        assert len(server.requests) == 4 and not any("summrl_burst" in r for r in server.requests)
+
+
 def test_an_empty_teacher_reply_is_refused_and_retried_never_trained_on(tmp_path):
     """A thinking model can spend its tokens and return nothing: such a reply is asked again, and counted."""
     from summrl.testing import FakeLLM, Reply

@@ -15,7 +15,8 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from collections import Counter
+from typing import Any, Optional, Sequence, Union
 
 import art
 import numpy as np
@@ -397,6 +398,19 @@ def scored_at(history: list[dict], step: int, key: Optional[str] = None) -> bool
     return any(h["step"] == step and h.get("val_set") == key for h in history)
 
 
+def run_totals(session: Session, record: RunRecord) -> dict[str, Any]:
+    """The run's judge calls, $ and retries and its rollouts scored and missing: its earlier invocations' (a resumed
+    or recovered run) plus this one's (the judge's up to its last ``judge_usage``)."""
+    totals: dict[str, Any] = {f"judge_{k}": record.earlier.get(f"judge_{k}", 0.0)
+                              + session.judge_totals.get(f"judge/{k}", 0.0) for k in ("calls", "cost_usd", "retries")}
+    earlier, now = record.earlier.get("rollouts") or {}, session.missing.record()  # type: ignore[union-attr]
+    totals["rollouts"] = {"scored": earlier.get("scored", 0) + now["scored"],
+                          "missing": earlier.get("missing", 0) + now["missing"],
+                          "missing_by_error": dict(Counter(earlier.get("missing_by_error", {}))
+                                                   + Counter(now["missing_by_error"]))}
+    return totals
+
+
 async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[float]:
     """Run (or resume) one training job, keeping its ``result.json`` in ``record``. Returns the final val score."""
     record = record or RunRecord(config.run.dir)
@@ -407,6 +421,14 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                   seed=config.seed,
                   algorithm=asdict(config.algorithm), config=flat_config(config, record.job), **record.job.record())
     session: Optional[Session] = None
+
+    def save() -> None:
+        """The record, with the run's judge spend and rollouts so far: a killed invocation (a preempted machine)
+        keeps its earlier invocations' and its own up to its last logged step."""
+        if session is not None:
+            record.update(**run_totals(session, record))
+        record.save()
+
     tracker = open_tracker(config, record.job, history_path(config))  # first: any failure shows on the W&B run
     backup: Optional[CheckpointBackup] = None
     try:
@@ -448,10 +470,10 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
 
         sft_steps = 0
         if config.sft.kind != "none":
-            step, sft_record = await sft_stage(session, val, train_docs, history, step, backup, record.save)
+            step, sft_record = await sft_stage(session, val, train_docs, history, step, backup, save)
             record.update(sft=sft_record)
             sft_steps = sft_record["step"]
-            record.save()
+            save()
         # dataset=inbox: each new document once, in the order it was recorded; otherwise epochs of the train split
         batches = (online.batches(step, t.groups_per_step) if online is not None
                    else training_batches(train_docs, t, config.seed, initial_step=step - sft_steps))
@@ -459,13 +481,13 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         key = val_set(config)
         if online is not None and not scored_at(history, step, key):  # where online learning starts, on its val set
             history.append(await evaluate(session, val, step))
-            record.save()
+            save()
         for batch in batches:
             if batch.step >= t.max_steps and online is None:
                 break
             if batch.step % t.eval_every == 0 and not scored_at(history, batch.step + sft_steps, key):
                 history.append(await evaluate(session, val, batch.step + sft_steps))
-                record.save()  # survives a crash
+                save()  # survives a crash
             if online is not None:
                 online.before_step(batch)  # the watermark first: see summrl.inbox
             scored, trained = await train_step(session, batch.items, batch.step)
@@ -479,7 +501,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
             session.tracker.log_history()
             await backup.after_step(step)
-            record.save()  # with the checkpoint's backup: a preempted machine leaves its attempt's steps in S3
+            save()  # with the checkpoint's backup: a preempted machine leaves its attempt's steps in S3
             backup.save_result(config.run.dir)
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
             log.info(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}"
@@ -488,7 +510,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             log.warning(nothing_learned(config, [s for s, _ in trained_steps]))
         if not scored_at(history, step, key):
             history.append(await evaluate(session, val, step))
-            record.save()  # before the final upload: a machine lost during it would pay for this val pass again
+            save()  # before the final upload: a machine lost during it would pay for this val pass again
         await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
         record.update(status="completed", steps=step, **val_summary(history))
         return history[-1]["val_reward"]
@@ -502,11 +524,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
     finally:
         if session is not None:
             session.judge_usage()  # the calls since the last log (a failed step's too) join the totals
-            # the run's spend: its earlier invocations' too (a resumed run recorded only its own, a recovered one
-            # almost nothing)
-            spent = {f"judge_{k}": record.earlier.get(f"judge_{k}", 0.0) + session.judge_totals.get(f"judge/{k}", 0.0)
-                     for k in ("calls", "cost_usd", "retries")}
-            record.update(**spent, rollouts=session.missing.record())  # type: ignore[union-attr]
+            record.update(**run_totals(session, record))
         record.update(peak_rss_gb=peak_rss_gb())
         if record.fields.get("status") in ("failed", "interrupted") and record.val_history:
             # what the run reached before it stopped, for summrl.report (it showed nothing)

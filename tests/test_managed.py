@@ -399,6 +399,26 @@ runpy.run_module("summrl.train", run_name="__main__")
 """
 
 
+def test_pull_swaps_a_history_in_whole_by_a_rename(cloud_env, monkeypatch, tmp_path, s3_endpoint):
+    """A pull killed while writing history.jsonl in place left it cut, and the report read fewer steps. The history is
+    written beside it and renamed over it: the file is the old one or the new one, whole. A reader that opened the
+    old one (here, the cut file an earlier pull left) goes on reading it; in place, it read the file being rewritten."""
+    fake = FakeJobs(monkeypatch)
+    fake.endpoint = s3_endpoint
+    s3(s3_endpoint).create_bucket(Bucket="runs")
+    folder = submit_sweep(tmp_path, fake, seeds=(1,))
+    history = b"".join(json.dumps({"training_step": s, "val/reward": 0.1 * s}).encode() + b"\n" for s in range(4))
+    s3(s3_endpoint).put_object(Bucket="runs", Key="summrl/summrl/abl-0/history.jsonl", Body=history)
+    target = folder / "0" / "art" / "summrl" / "models" / "abl-0" / "history.jsonl"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(history[:30])  # what a killed pull left
+
+    with target.open("rb") as reader:
+        assert sweep_cli.pull(folder) == ["0: no result.json in the backup yet (the run has not trained a step)"]
+        assert reader.read() == history[:30]
+    assert target.read_bytes() == history and [p.name for p in target.parent.iterdir()] == ["history.jsonl"]
+
+
 def test_the_dry_run_of_a_managed_spot_sweep_prints_both_tasks_and_their_cost_offline(cloud_env, tmp_path):
     """The issue's command, with no network: the tasks, each job's estimate and the sweep's total; each job's name
     (the default, resolved from the clock) the same in its task, its command and its estimate."""
@@ -578,6 +598,7 @@ def test_a_preempted_managed_job_resumes_from_s3_with_no_step_repeated_or_lost(c
     import signal
     import time
 
+    from summrl.testing import FakeLLM
     from tests.conftest import CREDENTIALS, keys
 
     overrides = [*PREEMPT_ARGS, tiny_weights, f"storage.endpoint_url={s3_endpoint}"]
@@ -588,23 +609,34 @@ def test_a_preempted_managed_job_resumes_from_s3_with_no_step_repeated_or_lost(c
     prefix = "summrl/summrl/summary-rl/"
     s3(s3_endpoint).create_bucket(Bucket="preempt")
 
-    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while f"{prefix}checkpoints/0002.complete" not in keys(s3_endpoint, "preempt", prefix):
-        assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()[-3000:]
-        time.sleep(0.2)
-    first.send_signal(signal.SIGKILL)  # a spot pod: gone without notice, mid-run
-    first.wait()
-    done = sorted(int(k[len(prefix) + 12:-9]) for k in keys(s3_endpoint, "preempt", prefix) if k.endswith(".complete"))
-    assert done[-1] < 4, "the run finished before it was killed: it was not preempted mid-run"
+    with FakeLLM() as judge:  # a judge that counts its calls: the run's spend must survive the kill
+        # (its lexical judge swapped for it, after the job's own overrides)
+        command = [*command, "judge=openai_compatible", "judge.model=openai/fake-judge", "judge.cache_dir=null",
+                   f"judge.api_base={judge.base_url}"]
+        first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 120
+        while f"{prefix}checkpoints/0002.complete" not in keys(s3_endpoint, "preempt", prefix):
+            assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()[-3000:]
+            time.sleep(0.2)
+        first.send_signal(signal.SIGKILL)  # a spot pod: gone without notice, mid-run
+        first.wait()
+        done = sorted(int(k[len(prefix) + 12:-9]) for k in keys(s3_endpoint, "preempt", prefix)
+                      if k.endswith(".complete"))
+        assert done[-1] < 4, "the run finished before it was killed: it was not preempted mid-run"
 
-    shutil.rmtree(tmp_path / "run")  # a fresh machine: only the S3 backup is left
-    second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        shutil.rmtree(tmp_path / "run")  # a fresh machine: only the S3 backup is left
+        asked_before = len(judge.requests)
+        second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        asked_after = len(judge.requests) - asked_before
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"restored step {done[-1]}" in second.stdout
 
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["status"] == "completed" and result["steps"] == 4
+    # The killed attempt's spend and rollouts are the run's too (its record, saved at each step, carries them; only
+    # the calls since its last step are lost): a recovered run recorded only its last attempt's.
+    assert asked_after < result["judge_calls"] <= asked_before + asked_after
+    assert result["rollouts"]["scored"] >= 4 * 2  # every step's 2 rollouts, the killed attempt's steps too
     assert (result["managed_job_id"], result["recoveries"]) == ("41", 1)
     first_attempt, second_attempt = result["attempts"]
     assert (first_attempt["start_step"], first_attempt["end_step"]) == (0, done[-1])

@@ -705,6 +705,9 @@ class LocalGPUBackendConfig:
         _require(self.max_seq_length > 0, f"{at}.max_seq_length", f"must be > 0, got {self.max_seq_length}")
         for key in ("gpu_memory_utilization", "max_model_len", "enforce_eager"):
             _require(key not in self.engine_args, f"{at}.engine_args.{key}", f"has its own setting: use {at}.{key}")
+        # ART sets it (on in shared mode, off in dedicated) and refuses the other value when vLLM starts on the GPU
+        _require("enable_sleep_mode" not in self.engine_args, f"{at}.engine_args.enable_sleep_mode",
+                 "is ART's to set (off in dedicated mode)")
 
 
 @dataclass

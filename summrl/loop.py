@@ -398,6 +398,19 @@ def scored_at(history: list[dict], step: int, key: Optional[str] = None) -> bool
     return any(h["step"] == step and h.get("val_set") == key for h in history)
 
 
+def check_reference(config: Config, step: int) -> None:
+    """The KL reference checkpoint must be saved by the time GRPO trains: ``step`` is the run's latest checkpoint, and
+    an SFT stage still to run saves step 1. Checked before any rollout or paid call; on the embedded backend it failed
+    at the first update, and ART's LocalBackend fails there without naming the setting."""
+    reference = config.algorithm.kl_penalty_reference_step
+    start = max(step, 1) if config.sft.kind != "none" else step
+    if reference and reference > start:
+        raise ConfigError(f"algorithm.kl_penalty_reference_step={reference}: this run's checkpoints end at step "
+                          f"{start} when GRPO starts, so checkpoint {reference} does not exist yet; name a step "
+                          "already saved (1 for the SFT checkpoint of sft=best_of_n or distill), or null (or 0) for "
+                          "the base model")
+
+
 def run_totals(session: Session, record: RunRecord) -> dict[str, Any]:
     """The run's judge calls, $ and retries and its rollouts scored and missing: its earlier invocations' (a resumed
     or recovered run) plus this one's (the judge's up to its last ``judge_usage``)."""
@@ -458,6 +471,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         if config.backend.kind == "embedded":  # its engine has loaded: the policy's context is known
             check_context(session.backend.engine, [*val, *train_docs], SummaryPrompt.of(t), t.max_summary_tokens)
         step = await session.model.get_step()
+        check_reference(config, step)
         record.resume_at(step)
         # A managed job's id (SkyPilot sets it in the job's environment): its recoveries are counted per job id.
         record.begin_attempt(step, os.environ.get("SKYPILOT_MANAGED_JOB_ID"))

@@ -222,10 +222,31 @@ def test_bad_values_name_the_key(override, message):
      r"backend.max_model_len: 512 tokens leave no room for the prompt beside trainer.max_summary_tokens \(1000\)"),
     (["backend=skypilot", "judge=lexical", "backend.local_gpu.max_seq_length=128"],
      r"backend.local_gpu.max_seq_length: 128 tokens leave no room"),
+    # ART sets it itself and refused the other value as vLLM started, on the rented GPU
+    (["backend=local_gpu", "judge=lexical", "+backend.engine_args.enable_sleep_mode=false"],
+     r"backend.engine_args.enable_sleep_mode: is ART's to set"),
 ])
 def test_values_that_would_waste_or_hang_a_run_are_refused_as_it_composes(overrides, message):
     with pytest.raises(ConfigError, match=message):
         compose_config([*LOCAL, *overrides])
+
+
+def test_a_kl_reference_checkpoint_not_yet_saved_is_refused_before_any_rollout():
+    """It failed at the first update (embedded), or inside ART's trainer without naming the setting (local_gpu)."""
+    from summrl.loop import check_reference
+
+    def check(step, *overrides):
+        check_reference(compose_config([*LOCAL, "algorithm=grpo_kl", *overrides]), step)
+
+    with pytest.raises(ConfigError, match=r"algorithm.kl_penalty_reference_step=3: this run's checkpoints end at "
+                                          r"step 0 when GRPO starts"):
+        check(0, "algorithm.kl_penalty_reference_step=3")
+    with pytest.raises(ConfigError, match=r"end at step 1 when GRPO starts"):
+        check(0, "sft=best_of_n", "algorithm.kl_penalty_reference_step=2")
+    check(0, "sft=best_of_n", "algorithm.kl_penalty_reference_step=1")  # the SFT stage saves it first
+    check(3, "algorithm.kl_penalty_reference_step=3")  # resumed: saved
+    check(0, "algorithm.kl_penalty_reference_step=0")  # the base model
+    check(0)
 
 
 def test_the_limits_of_those_rules_still_compose():

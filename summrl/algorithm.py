@@ -15,6 +15,10 @@ from summrl.config import AlgorithmConfig, changed_knobs
 def train_kwargs(algorithm: AlgorithmConfig, backend: str) -> dict[str, Any]:
     """Keyword arguments for ``backend.train``; empty for ART's defaults."""
     kwargs = changed_knobs(algorithm)
+    # Step 0 is the base model, ART's None: LocalBackend would read 0 as the folder checkpoints/0000, which storage
+    # never backs up, so a run resumed on a fresh machine failed its first step without adapter_config.json
+    if kwargs.get("kl_penalty_reference_step") == 0:
+        del kwargs["kl_penalty_reference_step"]
     if backend == "serverless" and "loss_fn" in kwargs:  # ServerlessBackend.train spells the loss as ppo=bool
         kwargs["ppo"] = kwargs.pop("loss_fn") == "ppo"
     return kwargs

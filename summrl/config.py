@@ -648,6 +648,9 @@ def _typed_term(key: str, term: Any) -> WeightedTerm:
 
 # --------------------------------------------------------------------------- backend
 
+# The max_lora_rank values vLLM's LoRAConfig accepts (MaxLoRARanks, vllm/config/lora.py): any other exits its runtime
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
 
 @dataclass
 class EmbeddedBackendConfig:
@@ -1293,6 +1296,10 @@ def check(config: Config) -> None:
         check_skypilot(config)
     gpu = {"local_gpu": config.backend, "skypilot": getattr(config.backend, "local_gpu", None)}.get(config.backend.kind)
     if gpu is not None:  # vLLM refuses a request past its context only at the first rollout, on a paid GPU
+        r = config.model.lora.r  # and an adapter above every rank it serves when its runtime starts
+        _require(r <= VLLM_LORA_RANKS[-1], "model.lora.r",
+                 f"is {r}, but vLLM (backend=local_gpu, or skypilot's GPU) serves LoRA ranks up to "
+                 f"{VLLM_LORA_RANKS[-1]}: set model.lora.r<={VLLM_LORA_RANKS[-1]}, or use backend=embedded")
         summary = config.trainer.max_summary_tokens
         for key, length in (("max_model_len", gpu.max_model_len), ("max_seq_length", gpu.max_seq_length)):
             _require(length is None or length > summary, f"{gpu.at}.{key}",

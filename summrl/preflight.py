@@ -31,7 +31,7 @@ def problems(config: Any) -> list[str]:
     found += teacher_key_problems(config)
     if config.backend.kind == "local_gpu":
         try:
-            check_local_gpu()
+            check_local_gpu(config)
         except BackendUnavailable as e:
             found.append(str(e))
     if config.backend.kind == "serverless" and not os.environ.get("WANDB_API_KEY"):

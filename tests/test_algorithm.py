@@ -66,6 +66,18 @@ def test_serverless_spells_the_loss_as_ppo_and_refuses_the_kl_penalty():
     assert algorithm.train_kwargs(embedded, "embedded") == {"kl_penalty_coef": 0.001, "kl_penalty_reference_step": 1}
 
 
+@pytest.mark.parametrize("backend", ["local_gpu", "embedded"])
+def test_a_kl_reference_at_step_0_is_the_base_model_which_art_calls_none(backend):
+    """ART 0.5.18's LocalBackend.train reads any kl_penalty_reference_step but None as the folder checkpoints/<step>,
+    and None as the base model (LoRA disabled). Step 0 is the base model to summrl, and storage never backs up
+    checkpoints/0000: a run resumed on a fresh machine failed its first step (peft: no adapter_config.json)."""
+    from art.local.backend import LocalBackend
+
+    assert inspect.signature(LocalBackend.train).parameters["kl_penalty_reference_step"].default is None
+    base = compose_config([*LOCAL, "algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=0"]).algorithm
+    assert algorithm.train_kwargs(base, backend) == {"kl_penalty_coef": 0.001}
+
+
 def test_schedule_learning_rate_matches_its_formula():
     lr, steps, warmup = 1e-4, 10, 3
     linear = AlgorithmConfig(lr_schedule="linear", warmup_steps=warmup, min_lr_ratio=0.1)

@@ -37,6 +37,54 @@ def test_a_lora_rank_above_vllms_default_reaches_its_engine():
                                                                   "model.lora.r=16"]))["engine_args"]
 
 
+def test_a_lora_rank_vllm_does_not_take_becomes_the_next_one_it_does():
+    """vLLM's LoRAConfig takes max_lora_rank in (1, 8, 16, 32, 64, 128, 256, 320, 512) only: 24 exited its runtime at
+    startup with nothing but its exit code. The next allowed value serves the adapter; above 512 none can."""
+    def engine(r):
+        return internal_config(compose_config(["backend=local_gpu", "storage.enabled=false",
+                                               f"model.lora.r={r}"]))["engine_args"]["max_lora_rank"]
+
+    assert (engine(24), engine(64), engine(300), engine(512)) == (32, 64, 320, 512)
+    refused = r"model.lora.r: is 600, but vLLM \(backend=local_gpu, or skypilot's GPU\) serves LoRA ranks up to 512"
+    for backend in (["backend=local_gpu"], ["backend=skypilot"]):  # as the config composes, before a GPU is rented
+        with pytest.raises(ConfigError, match=refused):
+            compose_config([*backend, "storage.enabled=false", "model.lora.r=600"])
+    compose_config(["experiment=local", "model.lora.r=600"])  # the embedded engine takes any rank
+
+
+@pytest.fixture
+def gpu_stack(monkeypatch):
+    """A machine with ART's GPU stack (Unsloth, a vLLM runtime) whose torch sees ``gpus(n)`` CUDA GPUs."""
+    import torch
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "unsloth" else
+                        find_spec(name, *a))
+    monkeypatch.setenv("ART_VLLM_RUNTIME_BIN", "/opt/vllm/bin/art-vllm-runtime-server")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return lambda n: monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+
+def test_arts_dedicated_mode_on_one_gpu_is_refused_before_anything_loads(gpu_stack, tmp_path):
+    """model.gpus=2 trains on GPU 0 and serves on GPU 1 (trainer_gpu_ids, inference_gpu_ids): on one GPU vLLM died,
+    vaguely, after Unsloth had loaded the model."""
+    from summrl.backends import check_local_gpu
+
+    two = compose_config(["model=qwen2_5_14b", "backend=local_gpu", "storage.enabled=false", f"run.dir={tmp_path}"])
+    gpu_stack(1)
+    refused = (r"model.gpus=2: model=qwen2_5_14b trains on 2 GPUs \(ART's dedicated mode\) and torch sees 1: use "
+               r"backend=skypilot backend.accelerators=H100:2, or a model that trains on one GPU")
+    with pytest.raises(BackendUnavailable, match=refused):
+        check_local_gpu(two)
+    with pytest.raises(BackendUnavailable, match=refused):
+        build_backend(two, str(tmp_path))
+    assert not (tmp_path / "art").exists()
+    gpu_stack(2)
+    check_local_gpu(two)
+    gpu_stack(1)
+    check_local_gpu(compose_config(["backend=local_gpu", "storage.enabled=false"]))  # model.gpus=1
+
+
 @pytest.mark.parametrize("backend", [["backend=local_gpu"], ["backend.accelerators=H100:2"]])
 def test_sft_in_arts_dedicated_mode_is_refused_before_the_teacher_is_paid(backend):
     """ART 0.5.18's train_sft raises NotImplementedError in dedicated mode (model.gpus=2): the run would collect, and

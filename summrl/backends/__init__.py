@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from summrl.config import VLLM_LORA_RANKS
+
 
 class BackendUnavailable(RuntimeError):  # summrl.preflight lists it as a config error before anything loads
     """The selected backend can't run on this machine; the message says what is missing and the fix."""
@@ -27,7 +29,7 @@ def build_backend(config: Any, run_dir: str) -> Any:
 
         return EmbeddedBackend(config.backend, model=config.model, path=art_path)
     if kind == "local_gpu":
-        check_local_gpu()
+        check_local_gpu(config)
         from art.local import LocalBackend
 
         return LocalBackend(path=art_path)
@@ -51,8 +53,14 @@ def takes_burst_tags(config: Any) -> bool:
     return config.backend.kind == "embedded"
 
 
-def check_local_gpu() -> None:
-    """Fail before any model loads when ART's LocalBackend can't run here."""
+def vllm_max_lora_rank(r: int) -> int:
+    """vLLM's engine arg max_lora_rank for a LoRA of rank ``r``: the smallest value it accepts that is >= r (the
+    config refuses an r above them all)."""
+    return next(rank for rank in VLLM_LORA_RANKS if rank >= r)
+
+
+def check_local_gpu(config: Any) -> None:
+    """Fail before any model loads when ART's LocalBackend can't run ``config`` here."""
     # Unsloth (training) comes with the [gpu] extra; vLLM is not imported here: ART 0.5.18 installs its own
     # vLLM runtime venv with `uv` on first use (art.vllm_runtime), unless ART_VLLM_RUNTIME_BIN names one.
     missing = [] if importlib.util.find_spec("unsloth") else ["unsloth: pip install -e '.[gpu]'"]
@@ -70,6 +78,14 @@ def check_local_gpu() -> None:
             "backend=local_gpu needs a CUDA GPU and torch sees none: use backend=skypilot (a cloud GPU) "
             "or backend=embedded"
         )
+    # ART's dedicated mode (model.gpus=2) trains on GPU 0 and serves on GPU 1: with one, vLLM died after Unsloth loaded
+    count = torch.cuda.device_count()
+    if count < config.model.gpus:
+        raise BackendUnavailable(
+            f"model.gpus={config.model.gpus}: model={config.model.name} trains on {config.model.gpus} GPUs (ART's "
+            f"dedicated mode) and torch sees {count}: use backend=skypilot "
+            f"backend.accelerators=H100:{config.model.gpus}, or a model that trains on one GPU (model.gpus=1)"
+        )
 
 
 def internal_config(config: Any) -> Optional[dict]:
@@ -84,7 +100,7 @@ def internal_config(config: Any) -> Optional[dict]:
     lora = model.lora
     # The model preset's settings first, the backend's on top (config.py refuses a key both would set).
     # vLLM refuses an adapter above its max_lora_rank (16 by default) when it loads it; ART does not pass the rank on
-    rank = {"max_lora_rank": lora.r} if lora.r > 16 else {}
+    rank = {"max_lora_rank": vllm_max_lora_rank(lora.r)} if lora.r > 16 else {}
     engine = {**rank, **dict(model.engine_args), "gpu_memory_utilization": b.gpu_memory_utilization,
               "enforce_eager": b.enforce_eager, **({"max_model_len": b.max_model_len} if b.max_model_len else {}),
               **dict(b.engine_args)}

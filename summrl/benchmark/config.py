@@ -271,7 +271,7 @@ def _check_cross(config: BenchmarkConfig) -> None:
                           f"backend.kind={config.backend.kind}: use backend=embedded or another judge")
     if needs_checkpoints and config.backend.kind == "local_gpu":
         try:
-            check_local_gpu()
+            check_local_gpu(config)
         except BackendUnavailable as e:
             raise ConfigError(str(e)) from None
     if settings.run is not None:

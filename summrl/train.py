@@ -43,6 +43,12 @@ def load_config(cfg: DictConfig) -> Config:
     if Path(config.run.dir).resolve() != Path(hydra_cfg.runtime.output_dir).resolve():
         raise ConfigError(f"run.dir={config.run.dir}: the run folder is Hydra's output folder; set "
                           f"hydra.run.dir={config.run.dir} instead (run.dir follows it; hydra.sweep.dir for a multirun)")
+    # sft's options differ only in their kind: a kind set past the option (sft.kind=best_of_n) ran that stage, while
+    # the W&B tags and the group's key in the config said sft=none
+    chosen = hydra_cfg.runtime.choices.get("sft")
+    if chosen is not None and chosen != config.sft.kind:
+        raise ConfigError(f"sft.kind: is fixed by the option (sft=...): got {config.sft.kind!r} with sft={chosen}; "
+                          f"choose it with sft={config.sft.kind}")
     load_dotenv()  # keys may live in .env; they are read from the environment, never from config
     if hydra_cfg.mode == RunMode.MULTIRUN:
         config.run.name = f"{config.run.name}-{hydra_cfg.job.num}"

@@ -33,6 +33,7 @@ from tests.conftest import ROOT, compose_config, run_cli
         (["sft=best_of_n", "reward=qa_rubric", "sft.min_reward=1.25"], "sft.min_reward"),
         (["sft=best_of_n", "sft.top_k=5", "sft.samples_per_doc=4"], "sft.top_k"),
         (["sft=distill", "sft.teacher.model=openai/t", "sft.teacher.max_retries=-1"], "sft.teacher.max_retries"),
+        (["sft.kind=best_of_n"], "sft.kind"),  # ran the stage, tagged sft=none on W&B
     ],
 )
 def test_bad_sft_config_fails_fast_naming_the_key(args, key, tmp_path):

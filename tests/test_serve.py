@@ -153,7 +153,10 @@ def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_
                               # each request sampled 4 summaries, then fell back to the first for want of the key
                               ("serve.best_of_n=4 serve.selector=ruler judge=gemini_flash",
                                "serve.selector=ruler ranks the samples with the judge (gemini/gemini-2.5-flash), whose "
-                               "key GEMINI_API_KEY is not set")]:
+                               "key GEMINI_API_KEY is not set"),
+                              # one greedy summary 4 times, ranked by the judge
+                              ("serve.best_of_n=4 serve.temperature=0",
+                               "serve.temperature: is 0 (greedy), so serve.best_of_n=4 would sample one summary 4 times")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             validate_serve(compose("serve", [run, *override.split()]))
     result = subprocess.run([sys.executable, "-m", "summrl.serve", run, "backend.device=cpu"], cwd=ROOT,

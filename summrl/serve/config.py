@@ -47,6 +47,10 @@ class ServeSection:
                  f"must be one of {', '.join(SELECTORS)}, got {self.selector!r}")
         _require(self.temperature is None or 0.0 <= self.temperature <= 2.0, "serve.temperature",
                  f"must be in [0, 2] or null (the run's trainer.temperature), got {self.temperature}")
+        # greedy samples are one summary N times, ranked (by a judge that may be paid) for nothing
+        _require(self.best_of_n == 1 or self.temperature != 0, "serve.temperature",
+                 f"is 0 (greedy), so serve.best_of_n={self.best_of_n} would sample one summary {self.best_of_n} "
+                 "times: leave the temperature at the run's (null) or above 0, or set serve.best_of_n=1")
         _require(self.max_document_tokens > 0, "serve.max_document_tokens", f"must be > 0, got {self.max_document_tokens}")
         _require(self.max_queue > 0, "serve.max_queue", f"must be > 0, got {self.max_queue}")
         _require(self.max_n > 0, "serve.max_n", f"must be > 0, got {self.max_n}")

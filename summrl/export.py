@@ -168,9 +168,10 @@ def export(config: ExportConfig, command: str) -> Path:
     log.info(f"summrl: export: {run.name} step {config.step} ({why(config)}) from {checkpoint}")
     # Written beside its place and moved in at the end: an interrupted export leaves no half folder at export.dir.
     work = config.dir.parent / f".{config.dir.name}.partial-{os.getpid()}"
+    aside = config.dir.parent / f".{config.dir.name}.old-{os.getpid()}"  # the earlier export, until the new one is in
     try:  # before the model loads
         config.dir.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(work, ignore_errors=True)
+        clean_leftovers(config.dir)
         work.mkdir()
     except OSError as e:
         raise ConfigError(f"export.dir={config.dir}: can't write there ({e.strerror or e}: {e.filename or work}); "
@@ -220,16 +221,36 @@ def export(config: ExportConfig, command: str) -> Path:
         }
         (work / "export.json").write_text(json.dumps(redact(record), indent=2) + "\n")
         readable_as_umask_allows(work)
-        if config.dir.exists():  # an earlier export (validate_export refused anything else)
-            shutil.rmtree(config.dir)
+        # An earlier export (validate_export refused anything else) is moved aside, not deleted, until the new one is
+        # in: a kill in between leaves both whole, and the next export puts the earlier one back (clean_leftovers).
+        if config.dir.exists():
+            os.replace(config.dir, aside)
         os.replace(work, config.dir)
+        shutil.rmtree(aside, ignore_errors=True)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
+        if aside.exists() and not config.dir.exists():
+            os.replace(aside, config.dir)
         raise
     log.info(f"summrl: export: model card -> {config.dir / 'README.md'}; record -> {config.dir / 'export.json'}")
     if config.push_to_hub:
         push(config)
     return config.dir
+
+
+def clean_leftovers(target: Path) -> None:
+    """Remove what a killed export of ``target`` left beside it: its unfinished ``.<dir>.partial-<pid>`` (a merged
+    model's worth of disk; a rerun has another pid and never reused it) and an earlier export it had moved aside
+    (``.<dir>.old-<pid>``), which goes back into place if the kill came before the new export was moved in."""
+    prefixes = (f".{target.name}.partial-", f".{target.name}.old-")
+    for path in sorted(target.parent.iterdir()):
+        prefix = next((p for p in prefixes if path.name.startswith(p)), None)
+        if prefix is None or not path.name[len(prefix):].isdigit():  # another folder's leftovers, or not ours
+            continue
+        if prefix.endswith(".old-") and not target.exists():
+            os.replace(path, target)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def readable_as_umask_allows(folder: Path) -> None:

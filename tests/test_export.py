@@ -117,6 +117,37 @@ def test_export_writes_the_adapter_the_merged_model_and_a_record(trained, export
     assert modes == dict.fromkeys(modes, oct(0o666 & ~umask)), "the merged model was written 0600"
 
 
+def test_an_export_replaces_the_earlier_one_and_clears_what_a_killed_export_left(trained, exported, tmp_path):
+    """A killed export left its finished or half-built ``.<dir>.partial-<pid>`` (a merged model's worth of disk, never
+    reused: a rerun has another pid) and, killed while swapping, the earlier export moved aside."""
+    from summrl.export import run_export
+
+    out = tmp_path / "out"
+    shutil.copytree(exported.folder, out)  # an earlier export, with a file this one does not write
+    (out / "earlier.txt").write_text("the earlier export")
+    for stale in (".out.partial-999991", ".out.old-999992"):
+        shutil.copytree(exported.folder / "merged", tmp_path / stale / "merged")
+    (tmp_path / ".out.partial-mine").mkdir()  # not an export's leftover (no pid): kept
+    (tmp_path / ".other.partial-999993").mkdir()  # another folder's: kept
+
+    overrides = [f"run_dir={trained}", "step=2", f"export.dir={out}"]
+    assert run_export(compose("export", overrides), overrides) == out
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.partial-999993", ".out.partial-mine", "out"]
+    record = json.loads((out / "export.json").read_text())
+    assert record["step"] == 2 and not (out / "earlier.txt").exists()
+    assert record["files"] == {p.relative_to(out).as_posix(): p.stat().st_size for p in out.rglob("*")
+                               if p.is_file() and p.name != "export.json"}
+
+    # Killed between moving the earlier export aside and moving the new one in: the earlier one goes back.
+    from summrl.export import clean_leftovers
+
+    os.replace(out, tmp_path / ".out.old-999994")
+    (tmp_path / ".out.partial-999995").mkdir()
+    clean_leftovers(out)
+    assert json.loads((out / "export.json").read_text()) == record
+    assert not list(tmp_path.glob(".out.*-99999*"))
+
+
 def test_merged_model_generates_what_the_adapter_and_the_served_checkpoint_generate(trained, exported, tiny_weights):
     import torch
     from peft import PeftModel

@@ -189,6 +189,25 @@ def test_replies_are_cached_on_disk_across_clients(fake, secret_env, tmp_path):
     assert second.client.usage.cached_calls == calls and second.client.usage.calls == 0
 
 
+def test_a_cache_past_its_size_limit_evicts_no_paid_reply(fake, secret_env, tmp_path):
+    """diskcache's default evicted the oldest replies of a cache past 1 GiB, to be paid for again. A cache that has
+    reached its limit looks the same at a limit of 1 byte (stored in the cache, as an earlier opening left it)."""
+    import diskcache
+
+    diskcache.Cache(str(tmp_path / "cache"), size_limit=1).close()
+    first = LLMJudge(client(fake, cache_dir=str(tmp_path / "cache")))
+    summaries = [f"Ruth Okafor opened it, summary {i}." for i in range(12)]
+    for summary in summaries:
+        grade(first, summary)
+    calls = len(fake.requests)
+    assert len(first.client._cache) == calls, "paid replies were evicted"
+    second = LLMJudge(client(fake, cache_dir=str(tmp_path / "cache")))
+    for summary in summaries:
+        grade(second, summary)
+    assert len(fake.requests) == calls and second.client.usage.calls == 0
+    assert second.client._cache.eviction_policy == "none"
+
+
 def test_a_paid_reply_is_on_disk_before_the_rename_makes_it_the_cached_one(tmp_path, monkeypatch):
     """A power cut after the rename must not leave an empty cache file in place of a reply that was paid for."""
     import os

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from summrl.errors import exit_on
-from summrl.job import jsonl_rows, read_result, write_result
+from summrl.job import jsonl_rows, read_result, write_atomic, write_result
 from summrl.storage import fetch_file
 
 COLUMNS = ("job", "run", "managed job", "state", "step", "last val", "recoveries", "$ so far")
@@ -147,8 +147,7 @@ def pull(folder: Path) -> list[str]:
             write_result(job, {**json.loads(result), "managed_job": managed})
         if history is not None:
             target = job / "art" / backup.project / "models" / backup.run.name / "history.jsonl"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(history)
+            write_atomic(target, history)  # a pull killed mid-write left a cut history, read as fewer steps
     return missing
 
 

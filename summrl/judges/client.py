@@ -182,7 +182,9 @@ class JudgeClient:
         if self.cache_dir:
             import diskcache
 
-            self._cache = diskcache.Cache(str(Path(self.cache_dir).expanduser()))
+            # Never evicted: diskcache's default drops the oldest entries past 1 GiB (size_limit), and a reply it
+            # dropped is paid for again. Stored in the cache's settings, so a cache opened before is changed too.
+            self._cache = diskcache.Cache(str(Path(self.cache_dir).expanduser()), eviction_policy="none")
 
     def _api_key(self) -> Optional[str]:
         if self.api_key:

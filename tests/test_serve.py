@@ -10,6 +10,7 @@ import dataclasses
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -125,6 +126,19 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             bad_seed, good = asyncio.run(beside_a_bad_seed())
             assert bad_seed.status_code == 400 and "seed: Input should be less than or equal to" in bad_seed.text
             assert good.status_code == 200 and good.json()["summary"], good.text
+
+            # a client gone before its samples are ranked (a timeout, a cancelled job): the judge is not paid for it
+            asked, body = len(judge.requests), json.dumps({"document": document}).encode()
+            with socket.create_connection(("127.0.0.1", served.port)) as gone:
+                gone.sendall(b"POST /v1/summarize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            deadline = time.monotonic() + 120
+            while "the client disconnected before its 4 samples were ranked" not in served.log.read_text():
+                assert time.monotonic() < deadline, served.log.read_text()[-2000:]
+                time.sleep(0.2)
+            assert len(judge.requests) == asked
+            assert summarize(served.url, document, key=None).json()["fallback"] is None  # the next one is ranked
+            assert len(judge.requests) == asked + 1
         finally:
             served.stop()
 

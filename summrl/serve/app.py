@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Optional, Union
+from typing import Any, Awaitable, Callable, Optional, Union
 
 import openai
 from fastapi import FastAPI, Header, HTTPException, Request
@@ -213,7 +213,9 @@ class Service:
         return await self.client.chat.completions.create(model=self.inner, messages=messages, n=n,
                                                          extra_body=extra_body or None, **params)
 
-    async def summarize(self, request: SummarizeRequest) -> dict:
+    async def summarize(self, request: SummarizeRequest,
+                        gone: Optional[Callable[[], Awaitable[bool]]] = None) -> dict:
+        """``gone``: whether the client has disconnected (Starlette's ``Request.is_disconnected``)."""
         s, t = self.config.serve, self.config.train.trainer
         text = request.document.strip()
         if not text:
@@ -247,7 +249,13 @@ class Service:
                 raise HTTPException(413, detail=f"document: {tokens} tokens; {refused.detail}; split it") from None
             raise refused from None
         samples = [c.message.content or "" for c in response.choices]
-        chosen, score, fallback, cost = await self.select(document, samples)
+        if len(samples) > 1 and gone is not None and await gone():
+            # nobody will read the choice: the judge (which may be paid) is not asked; the document is still recorded
+            log.info(f"summrl: document {document.id}: the client disconnected before its {len(samples)} samples "
+                     "were ranked; not ranked")
+            chosen, score, fallback, cost = 0, None, "the client disconnected: not ranked", 0.0
+        else:
+            chosen, score, fallback, cost = await self.select(document, samples)
         recorded = None
         if self.recorder is not None:
             try:
@@ -401,7 +409,7 @@ def build_app(service: Service) -> FastAPI:
             raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in e.errors()]) from None
         await service.enter()
         try:
-            return await service.summarize(parsed)
+            return await service.summarize(parsed, gone=request.is_disconnected)
         finally:
             service.leave()
 

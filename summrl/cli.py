@@ -95,7 +95,8 @@ def _refuse_secrets(config: DictConfig) -> None:
     Checked on a copy: resolving ${now:...} caches its value in the config, and a multirun's jobs are copies of
     this one, so each job's default run.name would be this moment's rather than its own."""
     try:
-        refuse_secrets(copy.deepcopy(config), list(OmegaConf.select(config, "hydra.overrides.task", default=None) or []))
+        task = OmegaConf.select(config, "hydra.overrides.task", default=None)
+        refuse_secrets(copy.deepcopy(config), [] if task is None else OmegaConf.to_container(task, resolve=False))
     except ConfigError as e:
         _config_failure(e)
 

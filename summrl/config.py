@@ -1195,7 +1195,11 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
 
     def check(path: str, raw: Any, value: Any) -> None:
         refuse_typed_secret(path, raw)
-        if path.endswith("_env") and isinstance(raw, str) and not raw.startswith("${"):
+        if path.endswith("_env") and isinstance(raw, str) and raw.startswith("${"):
+            # it resolves to what it names, e.g. the key itself, which the config then saves, logs and sends to W&B
+            raise ConfigError(f"{path}: must name the environment variable that holds the key, as it is, not an "
+                              f"interpolation: set {path}=MY_KEY")
+        if path.endswith("_env") and isinstance(raw, str):
             if not VARIABLE_NAME.fullmatch(raw):
                 raise ConfigError(f"{path}: must name the environment variable that holds the key (letters, digits "
                                   f"and _), not hold the key itself: export MY_KEY=<the key> and set {path}=MY_KEY")

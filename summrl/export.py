@@ -36,6 +36,7 @@ from summrl import __version__, cli
 from summrl.checkpoints import TrainedRun, best_axis, resolve_step, run_config, trained_run
 from summrl.config import _require, typed_entry
 from summrl.errors import ConfigError, ExpectedFailure, exit_on
+from summrl.job import task_overrides
 from summrl.secrets import redact, redact_text
 
 log = logging.getLogger("summrl.export")  # not __main__ under python -m: summrl's console handlers
@@ -427,7 +428,7 @@ def run_export(cfg: DictConfig, overrides: list[str]) -> Path:
 @hydra.main(config_path="../conf", config_name="export", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
-        run_export(cfg, list(HydraConfig.get().overrides.task))
+        run_export(cfg, task_overrides(HydraConfig.get()))
     except Exception as e:
         exit_on(e)
 

@@ -22,6 +22,14 @@ RESULT_FILE = "result.json"
 NAME_EXCLUDED = ("seed", "run.name", "logger", "hydra", "experiment")
 
 
+def task_overrides(hydra_cfg: Any) -> list[str]:
+    """The job's command-line overrides as typed: ``${oc.env:HF_TOKEN}`` stays that text. Read item by item,
+    OmegaConf resolves each, and the variable's value (a key) went into result.json, W&B and the remote command."""
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)]
+
+
 @dataclass
 class JobInfo:
     overrides: list[str] = field(default_factory=list)  # this job's command-line overrides
@@ -37,10 +45,9 @@ class JobInfo:
         hydra_cfg = HydraConfig.get()
         choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra/")}
         if hydra_cfg.mode != RunMode.MULTIRUN:
-            return cls(list(hydra_cfg.overrides.task), choices)
+            return cls(task_overrides(hydra_cfg), choices)
         sweep_dir = Path(hydra_cfg.sweep.dir)
-        return cls(list(hydra_cfg.overrides.task), choices, f"{sweep_dir.parent.name}_{sweep_dir.name}",
-                   hydra_cfg.job.num)
+        return cls(task_overrides(hydra_cfg), choices, f"{sweep_dir.parent.name}_{sweep_dir.name}", hydra_cfg.job.num)
 
     @property
     def name(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -537,6 +538,8 @@ PLANTED = "QSECRET-9f3a"  # a credential no message, log or file may show
     # a setting named for a secret, with the secret itself (Unsloth takes token=): it reached result.json, the W&B
     # run name and config (the "." before token was no word boundary to the mask)
     (f"+model.init_args.token={PLANTED}", "model.init_args.token", "${oc.env:THE_VARIABLE}"),
+    # resolved to the key itself, which a variable name outside the mask's pattern left in result.json and W&B
+    ("judge.api_key_env=${oc.env:SUMMRL_PLANTED}", "judge.api_key_env", "not an interpolation: set judge.api_key_env=MY_KEY"),
 ])
 def test_a_secret_in_the_config_is_refused_naming_the_key_and_where_a_key_goes_never_the_secret(override, key, fix,
                                                                                              monkeypatch):
@@ -594,6 +597,19 @@ def test_the_cli_refuses_a_secret_before_hydra_writes_the_run_or_sweep_folder(tm
         assert len(lines) == 1 and lines[0].startswith("summrl: config error: judge.api_base: the URL carries")
         assert PLANTED not in result.stdout + result.stderr
     assert not run.exists() and not sweep.exists()
+
+
+def test_an_override_that_reads_a_variable_is_recorded_as_typed_never_resolved(tmp_path, monkeypatch):
+    """Hydra's overrides, read item by item, resolve ${oc.env:...}: the variable's value went into result.json's
+    overrides (and W&B's, and a skypilot job's remote command) under a name the mask does not know."""
+    monkeypatch.setenv("SUMMRL_PLANTED", PLANTED)  # no API_KEY/TOKEN/SECRET in its name: not masked by its name
+    run = tmp_path / "run"
+    result = run_cli([*LOCAL, "+model.init_args.note=${oc.env:SUMMRL_PLANTED}", "trainer.max_steps=0",
+                      f"hydra.run.dir={run}"], cwd=ROOT, timeout=120)
+    assert result.returncode == 2 and "trainer.max_steps" in result.stderr  # refused after the job's record opened
+    record = (run / "result.json").read_text()
+    assert PLANTED not in record + result.stdout + result.stderr
+    assert "+model.init_args.note=${oc.env:SUMMRL_PLANTED}" in json.loads(record)["overrides"]
 
 
 def test_a_length_penalized_rewards_own_keys_reach_the_w_and_b_config_beside_its_terms():

@@ -29,7 +29,7 @@ from summrl.config import FREE_JUDGES, rubric_rewards
 from summrl.data import DataError
 from summrl.errors import KINDS, NETWORK_FIX, NetworkError, classify, full_errors, is_network, network_message
 from summrl.cloud import managed, plan, pricing
-from summrl.job import RunRecord, write_result
+from summrl.job import RunRecord, task_overrides, write_result
 from summrl.judges import missing_keys
 from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems
 from summrl.storage import fetch_result, resolve_bucket
@@ -366,7 +366,7 @@ def run_from_hydra(config: Any, record: Optional[RunRecord] = None) -> Optional[
     hydra_cfg = HydraConfig.get()
     job_num = hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None
     try:
-        return run_on_cluster(config, list(hydra_cfg.overrides.task), job_num, record)
+        return run_on_cluster(config, task_overrides(hydra_cfg), job_num, record)
     except RemoteJobFailed as e:
         if job_num is not None:
             raise  # a sweep records the failed job and goes on

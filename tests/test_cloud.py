@@ -176,6 +176,15 @@ def test_planted_secrets_are_only_in_the_secrets_mapping(cloud_env, monkeypatch,
     assert "<redacted>" in launch.describe(task)
 
 
+def test_a_variable_an_override_reads_travels_as_a_secret_and_the_command_keeps_the_reference(cloud_env, monkeypatch):
+    """The override as typed reaches the remote command (resolved here, its value was in the task's run script);
+    the remote job resolves it from the variable, forwarded with the secrets."""
+    monkeypatch.setenv("MY_NOTE_VAR", "planted-note-7c1e")
+    task = build_task(default_config(), ["+model.init_args.note=${oc.env:MY_NOTE_VAR}"], "summrl", resources=False)
+    assert task.secrets["MY_NOTE_VAR"].get_secret_value() == "planted-note-7c1e"
+    assert "${oc.env:MY_NOTE_VAR}" in task.run and "planted-note-7c1e" not in task.run + task.setup
+
+
 def test_dry_run_prints_a_redacted_task_writes_no_secret_and_launches_nothing(cloud_env, tmp_path):
     import subprocess
 

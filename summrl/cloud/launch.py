@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import re
 import logging
 import os
 import shlex
@@ -201,6 +202,13 @@ def secrets(config: Any) -> dict[str, str]:
     return {name: os.environ[name] for name in dict.fromkeys(names) if os.environ.get(name)}
 
 
+def referenced_variables(overrides: list[str]) -> dict[str, str]:
+    """The variables the job's overrides read (``+model.init_args.token=${oc.env:MY_TOKEN}``, kept as typed), set
+    here: the remote job resolves them from its own environment, so they travel with the secrets."""
+    names = re.findall(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)", " ".join(overrides))
+    return {name: os.environ[name] for name in dict.fromkeys(names) if os.environ.get(name)}
+
+
 # --------------------------------------------------------------------------- the task
 
 
@@ -292,7 +300,7 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
 
     b = config.backend
     task = sky.Task(name=cluster, setup=setup_script(config), run=run_script(config, overrides), workdir=str(ROOT))
-    task.update_secrets(secrets(config))
+    task.update_secrets({**secrets(config), **referenced_variables(overrides)})
     task.update_envs({name: os.environ[name] for name in FORWARDED_ENVS if os.environ.get(name)})
     mounts = rubric_mounts(config)
     if config.dataset.kind == "documents":

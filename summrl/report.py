@@ -83,11 +83,20 @@ def common_overrides(results: list[dict]) -> list[str]:
     return sorted(set.intersection(*sets)) if len(sets) > 1 else []
 
 
+def _unread(job_dir: Path) -> dict:
+    """A job without a readable result.json: none (never started), or one that is not JSON (cut, or edited)."""
+    if not (job_dir / RESULT_FILE).is_file():
+        return {"status": "missing", "error": f"no {RESULT_FILE} (job never started?)"}
+    print(f"summrl.report: warning: {job_dir / RESULT_FILE} is not valid JSON: that job is shown as unreadable",
+          file=sys.stderr)
+    return {"status": "unreadable", "error": f"{RESULT_FILE} is not valid JSON: restore it (e.g. summrl.sweep pull, "
+                                             "or its S3 backup) or rerun the job"}
+
+
 def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[int, float]]]], list[str], dict]:
     """The jobs' table, val curves (job -> metric -> [(step, score)]), shared overrides and results (job -> dict)."""
     rows, curves, results = [], {}, {}
-    jobs = [(d, read_result(d) or {"status": "missing", "error": f"no {RESULT_FILE} (job never started?)"})
-            for d in job_folders(folder)]
+    jobs = [(d, read_result(d) or _unread(d)) for d in job_folders(folder)]
     common = common_overrides([r for _, r in jobs])
     for job_dir, result in jobs:
         overrides = result.get("overrides", [])

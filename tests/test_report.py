@@ -80,6 +80,18 @@ def test_report_table_stats_and_plots(sweep, tmp_path):
         assert image[..., :3].std() > 0.05, f"{name} is blank"
 
 
+def test_a_jobs_unreadable_result_is_said_to_be_unreadable_not_missing(sweep, tmp_path, capsys):
+    """A result.json cut or edited was reported as "no result.json (job never started?)"."""
+    from summrl.report import collect
+
+    (sweep / "1" / "result.json").write_text('{"status": "comp')
+    (sweep / "5").mkdir()  # a job that never started
+    table = collect(sweep)[0].set_index("job")
+    assert (table.loc["1", "status"], table.loc["5", "status"]) == ("unreadable", "missing")
+    assert table.loc["1", "error"].startswith("result.json is not valid JSON: restore it")
+    assert f"{sweep / '1' / 'result.json'} is not valid JSON" in capsys.readouterr().err
+
+
 def test_report_on_a_single_run_folder(sweep, tmp_path):
     from summrl.report import write_report
 

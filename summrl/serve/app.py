@@ -176,7 +176,7 @@ class Service:
                 try:
                     await self.maybe_reload()
                 except Exception as e:  # the next look tries again; requests keep being served
-                    log.error(f"summrl: looking for a newer checkpoint failed: {type(e).__name__}: {str(e)[:200]}")
+                    log.error(redact_text(f"summrl: looking for a newer checkpoint failed: {type(e).__name__}: {str(e)[:200]}"))
 
     async def maybe_reload(self) -> None:
         """Serve the step the config follows if training has written a newer one, between requests. A failed load
@@ -196,8 +196,8 @@ class Service:
                 self.inner = await self.server.serve(target)
             except Exception as e:
                 self.failed_reloads.add(target)
-                log.error(f"summrl: reload of step {target} failed, still serving step {self.step}: "
-                          f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+                log.error(redact_text(f"summrl: reload of step {target} failed, still serving step {self.step}: "
+                                      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
                 return
             log.info(f"summrl: reloaded: serving step {target} (was {self.step})")
             self.step = target
@@ -263,7 +263,7 @@ class Service:
                 recorded = True
             except OSError as e:  # a full disk: the summary is still the client's; online learning misses it
                 recorded = False
-                log.error(f"summrl: serve.record: document {document.id} not recorded: {type(e).__name__}: {e}")
+                log.error(redact_text(f"summrl: serve.record: document {document.id} not recorded: {type(e).__name__}: {e}"))
         return {"summary": samples[chosen], "words": word_count(samples[chosen]), "step": step, "model": self.name,
                 "best_of_n": s.best_of_n, "selector": s.selector if s.best_of_n > 1 else None, "chosen": chosen,
                 "rank_score": score, "judge_cost_usd": cost, "fallback": fallback, "recorded": recorded}
@@ -283,9 +283,9 @@ class Service:
         try:
             scores: list[Union[Any, Missing]] = await self.selector.score_group(document, samples)
         except Exception as e:  # a judge failure is never a 500: the first sample, and why
-            scores, reason = [], f"{type(e).__name__}: {str(e)[:200]}"
+            scores, reason = [], redact_text(f"{type(e).__name__}: {str(e)[:200]}")  # told to the client
         else:
-            reason = next((m.error for m in scores if isinstance(m, Missing)), "")
+            reason = redact_text(next((m.error for m in scores if isinstance(m, Missing)), ""))
         finally:
             REQUEST_COST.reset(token)
         cost = spent[0]

@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import re
 import logging
 import os
+import re
 import shlex
 import shutil
 import sys

@@ -75,9 +75,9 @@ def test_jsonl_files_read_like_parquet(tmp_path):
     "mutate,message",
     [
         (lambda rows: [{k: v for k, v in r.items() if k != "question"} for r in rows], "missing column(s) question"),
-        (lambda rows: [dict(r, document_extracted="  ") if i == 7 else r for i, r in enumerate(rows)], "row 7 (document doc00001): empty document_extracted"),
-        (lambda rows: [dict(r, question="") if i == 3 else r for i, r in enumerate(rows)], "row 3 (document doc00000): empty question"),
-        (lambda rows: [dict(r, answer=None) if i == 12 else r for i, r in enumerate(rows)], "row 12 (document doc00002): empty answer"),
+        (lambda rows: [dict(r, document_extracted="  ") if i == 7 else r for i, r in enumerate(rows)], "row 8 (document doc00001): empty document_extracted: give the row its document text or remove it"),
+        (lambda rows: [dict(r, question="") if i == 3 else r for i, r in enumerate(rows)], "row 4 (document doc00000): empty question"),
+        (lambda rows: [dict(r, answer=None) if i == 12 else r for i, r in enumerate(rows)], "row 13 (document doc00002): empty answer"),
     ],
 )
 def test_bad_data_names_the_file_and_row(repliqa_parquet, mutate, message):
@@ -85,6 +85,44 @@ def test_bad_data_names_the_file_and_row(repliqa_parquet, mutate, message):
     with pytest.raises(DataError) as e:
         splits(path, 2, 1)
     assert str(path) in str(e.value) and message in str(e.value)
+
+
+def test_a_number_for_the_document_text_is_named_with_its_type_and_the_fix(tmp_path):
+    """document_extracted=12345 was reported as "empty document_extracted", with no fix."""
+    rows = repliqa_rows(2, questions_per_doc=2)
+    rows[2]["document_extracted"] = 12345
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"rows.jsonl, line 3 \(document doc00001\): document_extracted holds an int "
+                                        r"\(12345\), not text: make it a string$"):
+        splits(path, 1, 1)
+    rows[2]["document_extracted"] = ""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"line 3 \(document doc00001\): empty document_extracted: give the row its "
+                                        "document text or remove it$"):
+        splits(path, 1, 1)
+
+
+def test_a_bad_jsonl_line_is_named_by_its_number_and_an_empty_file_is_empty(tmp_path, repliqa_parquet):
+    """pandas read the file whole: a bad line was "can't be read as .jsonl (ValueError: Unexpected character found
+    ...)" with no line, and an empty file was "missing column(s) document_id, ..."."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in repliqa_rows(2)) + "not json here\n")
+    with pytest.raises(DataError, match=r"rows.jsonl, line 11: not JSON \(Expecting value\): each line must be one "
+                                        "JSON object"):
+        splits(path, 1, 1)
+    path.write_text("")
+    with pytest.raises(DataError, match=r"rows.jsonl: no rows; Repliqa's schema is a row per question"):
+        splits(path, 1, 1)
+    with pytest.raises(DataError, match=r"repliqa_0.parquet: no rows"):
+        splits(repliqa_parquet(rows=[]), 1, 1)
+    # a row's place in the messages about other rows is its line, in the same convention
+    rows = repliqa_rows(1, questions_per_doc=2)
+    rows[1]["question_id"] = rows[0]["question_id"]
+    path.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")
+    with pytest.raises(DataError, match=r"rows.jsonl, line 3 \(document doc00000\): question_id doc00000-q1 is also "
+                                        "line 1's"):
+        splits(path, 1, 1)
 
 
 def test_missing_file_and_unknown_type(tmp_path):
@@ -128,12 +166,12 @@ def test_a_repeated_question_id_is_refused_and_a_document_whose_rows_disagree_is
         return {"document_id": doc, "document_topic": "t", "document_extracted": text, "question_id": qid,
                 "question": "Q?", "answer": "A", "long_answer": ""}
 
-    with pytest.raises(DataError, match=r"^f, row 2 \(document a\): question_id q1 is also row 0's; list each file once"):
+    with pytest.raises(DataError, match=r"^f, row 3 \(document a\): question_id q1 is also row 1's; list each file once"):
         group_documents([row("a", "q1"), row("a", "q2"), row("a", "q1")], "f")
     with caplog.at_level(logging.WARNING, logger="summrl"):
         (document,) = group_documents([row("a", "q1"), row("a", "q2", text="Another text.")], "f")
     assert document.text == "The text." and len(document.questions) == 2
-    assert "f, row 1 (document a): document_extracted differs from row 0's" in caplog.text
+    assert "f, row 2 (document a): document_extracted differs from row 1's" in caplog.text
 
 
 def test_a_bad_size_from_the_environment_names_the_variable(monkeypatch):

@@ -199,7 +199,7 @@ def test_rubrics_are_read_from_dataset_columns(tmp_path, fake):
     ([1, 2], "positive_rubrics must be a non-empty list of non-empty strings"),
     (["ok", ""], "positive_rubrics must be a non-empty list of non-empty strings"),
     ([], "positive_rubrics must be a non-empty list of non-empty strings"),
-    (["Keeps the date."], r"positive_rubrics differs from row 0's for the same document"),
+    (["Keeps the date."], r"positive_rubrics differs from line 1's for the same document"),
 ])
 def test_bad_rubric_rows_are_reported_by_file_and_row(tmp_path, value, message):
     path = tmp_path / "docs.jsonl"
@@ -209,7 +209,7 @@ def test_bad_rubric_rows_are_reported_by_file_and_row(tmp_path, value, message):
                                                       {**good, **rest}]))
     from summrl.data.repliqa import _read_rows
 
-    with pytest.raises(DataError, match=rf"{path}, row 2 \(document d1\): {message}"):
+    with pytest.raises(DataError, match=rf"{path}, line 3 \(document d1\): {message}"):
         group_documents(_read_rows(path), str(path))
 
 

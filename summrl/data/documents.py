@@ -180,26 +180,68 @@ def _pdf_text(path: Path, relative: str) -> str:
     return "\n\n".join(p.strip() for p in pages if p.strip())
 
 
-def _table_rows(path: Path) -> tuple[list[dict], list[str]]:
+class Row(dict):
+    """A table row, and where it is in its file: ``line 3`` of a .jsonl file (its line, counted from 1, as the file's
+    other errors name it), ``row 2`` of a parquet table (counted from 1), ``data row 2`` of a .csv (counted from 1
+    after the header line; a quoted cell may span lines, so the file's line is not named)."""
+
+    def __init__(self, values: Any, file: str, at: str):
+        super().__init__(values)
+        self.file, self.at = file, at
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}, {self.at}"
+
+    def named_from(self, other: "Row") -> str:
+        """``other``'s place, as seen from this row's message: ``line 1``, or with its file when it is another's."""
+        return other.at if other.file == self.file else other.where
+
+
+def read_jsonl(path: Path) -> list[Row]:
+    """The objects of a .jsonl file, one a line (blank lines skipped), each a :class:`Row` that knows its line. A line
+    that is not a JSON object, or a file that is not UTF-8, is a DataError naming the line."""
+    rows = []
+    text = _utf8(path.read_bytes(), str(path), by_line=True)
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}, line {number}: not JSON ({e.msg}): each line must be one JSON object") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object with the columns")
+        try:
+            json.dumps(row, ensure_ascii=False).encode()  # a \ud83d escape decodes to a lone surrogate
+        except UnicodeEncodeError:
+            raise DataError(f"{path}, line {number}: a \\u escape of half a character (a lone surrogate, as "
+                            "text cut mid-emoji is escaped): fix or remove it") from None
+        rows.append(Row(row, str(path), f"line {number}"))
+    return rows
+
+
+def frame_rows(records: list[dict], path: Path) -> list[Row]:
+    """A parquet or CSV table's records as :class:`Row`s numbered from 1 (a CSV's after its header)."""
+    unit = "data row" if path.suffix.lower() == ".csv" else "row"
+    return [Row(record, str(path), f"{unit} {number}") for number, record in enumerate(records, 1)]
+
+
+def not_text(value: Any, label: str) -> str | None:
+    """For a cell that should hold text and holds another type (a number, a list): "<label> holds an int (12345), not
+    text: make it a string". None for text, and for an empty cell (absent, null, NaN), which its caller names."""
+    if value is None or isinstance(value, str) or (isinstance(value, float) and value != value):
+        return None
+    name = type(value).__name__
+    shown = json.dumps(value.tolist() if hasattr(value, "tolist") else value, default=str, ensure_ascii=False)
+    return (f"{label} holds a{'n' if name[0] in 'aeiou' else ''} {name} "
+            f"({shown[:60] + ('...' if len(shown) > 60 else '')}), not text: make it a string")
+
+
+def _table_rows(path: Path) -> tuple[list[Row], list[str]]:
     """(rows, columns). A .jsonl line that is not a JSON object is named by its line number."""
     if path.suffix.lower() == ".jsonl":
-        rows = []
-        text = _utf8(path.read_bytes(), str(path), by_line=True)
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}, line {number}: not JSON ({e.msg}): each line must be one JSON object") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object with the columns")
-            try:
-                json.dumps(row, ensure_ascii=False).encode()  # a \ud83d escape decodes to a lone surrogate
-            except UnicodeEncodeError:
-                raise DataError(f"{path}, line {number}: a \\u escape of half a character (a lone surrogate, as "
-                                "text cut mid-emoji is escaped): fix or remove it") from None
-            rows.append(row)
+        rows = read_jsonl(path)
         columns = list(dict.fromkeys(k for row in rows for k in row))
         return rows, columns
     import pandas as pd
@@ -209,7 +251,7 @@ def _table_rows(path: Path) -> tuple[list[dict], list[str]]:
                  else pd.read_csv(path, dtype=str, keep_default_na=False))
     except Exception as e:  # pandas' and pyarrow's many parse errors
         raise DataError(f"{path}: can't be read as {path.suffix} ({type(e).__name__}: {str(e)[:200]})") from None
-    return frame.to_dict("records"), [str(c) for c in frame.columns]
+    return frame_rows(frame.to_dict("records"), path), [str(c) for c in frame.columns]
 
 
 def _read_table(path: Path, dataset: "DocumentsDatasetConfig") -> Loaded:
@@ -226,19 +268,20 @@ def _read_table(path: Path, dataset: "DocumentsDatasetConfig") -> Loaded:
                  "questions": (f"column {dataset.questions_field!r}" if "questions_field" in used
                                else "written by the judge (no questions column)")}
     documents, seen = [], {}
-    for index, row in enumerate(rows):
-        where = f"{path}, row {index}"
+    for row in rows:
+        where = row.where
         text = row.get(dataset.text_field)
         if not isinstance(text, str) or not text.strip():
-            raise DataError(f"{where}: no text in column {dataset.text_field!r} (dataset.text_field): give the row its "
-                            "text or remove it")
+            raise DataError(f"{where}: " + (not_text(text, f"column {dataset.text_field!r} (dataset.text_field)") or
+                                             f"no text in column {dataset.text_field!r} (dataset.text_field): give "
+                                             "the row its text or remove it"))
         doc_id = _cell_text(row.get(used["id_field"])) if "id_field" in used else text_hash(text)[:16]
         if not doc_id:
             raise DataError(f"{where}: an empty id in column {dataset.id_field!r} (dataset.id_field): every row needs one")
         if doc_id in seen and "id_field" in used:
-            raise DataError(f"{where}: id {doc_id!r} is already row {seen[doc_id]}'s: ids in column "
+            raise DataError(f"{where}: id {doc_id!r} is already {row.named_from(seen[doc_id])}'s: ids in column "
                             f"{dataset.id_field!r} must be unique")
-        seen.setdefault(doc_id, index)
+        seen.setdefault(doc_id, row)
         where = f"{where} (document {doc_id})"
         questions = (_questions(row.get(used["questions_field"]), doc_id, where, dataset.questions_field)
                      if "questions_field" in used else ())
@@ -387,20 +430,60 @@ def _pieces(text: str, limit: int, count_tokens: Callable[[str], int]) -> list[t
             continue
         first = True
         for sentence in _SENTENCES.split(paragraph):
-            runs = [sentence]
-            if count_tokens(sentence) > limit:
-                runs, chunk = [], []
-                for word in sentence.split(" "):
-                    if chunk and count_tokens(" ".join([*chunk, word])) > limit:
-                        runs.append(" ".join(chunk))
-                        chunk = []
-                    chunk.append(word)
-                runs.append(" ".join(chunk))
+            runs = _word_runs(sentence, limit, count_tokens) if count_tokens(sentence) > limit else [sentence]
             for run in runs:
                 for k, (cut, tokens) in enumerate(_between_characters(run, limit, count_tokens)):
                     out.append((cut, tokens, ("\n\n" if first else " ") if k == 0 else ""))
                 first = False
     return out
+
+
+def _word_runs(sentence: str, limit: int, count_tokens: Callable[[str], int]) -> list[str]:
+    """A sentence over the limit as runs of whole words: each run the longest that stays within the limit (at least
+    one word). The cuts are those of adding one word at a time and cutting before the word that takes the run over
+    the limit, found by probing near the last run's length instead: a few counts per run, not one per word (a
+    200,000-word line with no sentence end took minutes)."""
+    words = sentence.split(" ")
+    runs, start, guess = [], 0, limit
+    while start < len(words):
+        def over(end: int, start: int = start) -> bool:
+            return count_tokens(" ".join(words[start:end])) > limit
+
+        end = _first_over(start + 2, len(words), start + 1 + guess, over) - 1  # the run is words[start:end]
+        runs.append(" ".join(words[start:end]))
+        guess, start = end - start, end
+    return runs
+
+
+def _first_over(low: int, high: int, guess: int, over: Callable[[int], bool]) -> int:
+    """The smallest k in [low, high] with ``over(k)`` (high + 1 if none), for an ``over`` that turns true and stays
+    true as k grows (a longer prefix has at least as many tokens): probes from ``guess`` at doubling steps until they
+    bracket it, then halves the bracket."""
+    if low > high:
+        return high + 1
+    below, above = low - 1, high + 1  # over(below) is false (or below is out of range), over(above) true (or out)
+    k, step = min(max(guess, low), high), 1
+    if over(k):
+        above = k
+        while (k := above - step) >= low:
+            if not over(k):
+                below = k
+                break
+            above, step = k, step * 2
+    else:
+        below = k
+        while (k := min(below + step, high)) > below:
+            if over(k):
+                above = k
+                break
+            below, step = k, step * 2
+    while above - below > 1:
+        middle = (below + above) // 2
+        if over(middle):
+            above = middle
+        else:
+            below = middle
+    return above
 
 
 def _between_characters(run: str, limit: int, count_tokens: Callable[[str], int]) -> list[tuple[str, int]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from summrl.data.document import UNANSWERABLE, Document, Question, resolve_path, rubric_list
+from summrl.data.documents import Row, frame_rows, not_text, read_jsonl
 from summrl.data.split import DataError, split
 
 log = logging.getLogger(__name__)
@@ -31,70 +32,89 @@ REPLIQA_COLUMNS = (
 )
 RUBRIC_COLUMNS = ("positive_rubrics", "negative_rubrics")  # optional: per-document rubrics (lists of strings)
 def _read_rows(path: Path) -> list[dict]:
-    import pandas as pd
-
+    """The rows of one file, each a :class:`~summrl.data.documents.Row` that knows its place (a .jsonl file's line,
+    a parquet or .json table's row counted from 1) for the errors of :func:`group_documents`."""
     if not path.exists():
         raise DataError(f"{path}: no such file (dataset.files lists it)")
     if path.suffix not in (".parquet", ".jsonl", ".json"):
         raise DataError(f"{path}: unsupported file type {path.suffix!r}; use .parquet or .jsonl")
-    try:
-        frame = (pd.read_parquet(path) if path.suffix == ".parquet"
-                 else pd.read_json(path, lines=path.suffix == ".jsonl", dtype=False, encoding="utf-8"))
-    except Exception as e:  # pandas' and pyarrow's many parse errors (a bad line, not UTF-8, a damaged file)
-        raise DataError(f"{path}: can't be read as {path.suffix} ({type(e).__name__}: {str(e)[:200]}): check the "
-                        "file, or fetch it again") from None
-    missing = [c for c in REPLIQA_COLUMNS if c not in frame.columns]
+    if path.suffix == ".jsonl":  # line by line, as dataset=documents reads it: a bad line is named by its number
+        rows = read_jsonl(path)
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+    else:
+        import pandas as pd
+
+        try:
+            frame = (pd.read_parquet(path) if path.suffix == ".parquet"
+                     else pd.read_json(path, dtype=False, encoding="utf-8"))
+        except Exception as e:  # pandas' and pyarrow's many parse errors (not UTF-8, a damaged file)
+            raise DataError(f"{path}: can't be read as {path.suffix} ({type(e).__name__}: {str(e)[:200]}): check "
+                            "the file, or fetch it again") from None
+        rows, columns = frame_rows(frame.to_dict("records"), path), [str(c) for c in frame.columns]
+    if not rows:
+        raise DataError(f"{path}: no rows; Repliqa's schema is a row per question ({', '.join(REPLIQA_COLUMNS)})")
+    missing = [c for c in REPLIQA_COLUMNS if c not in columns]
     if missing:
         raise DataError(
             f"{path}: missing column(s) {', '.join(missing)}; Repliqa's schema is {', '.join(REPLIQA_COLUMNS)}"
         )
-    return frame[[*REPLIQA_COLUMNS, *(c for c in RUBRIC_COLUMNS if c in frame.columns)]].to_dict("records")
+    kept = [*REPLIQA_COLUMNS, *(c for c in RUBRIC_COLUMNS if c in columns)]
+    return [Row({c: row.get(c) for c in kept}, row.file, row.at) for row in rows]
+
+
+def _place(row: Mapping, index: int, source: str) -> Row:
+    """Where a row is: its own place when read from a file, else ``row <n>`` (from 1) of ``source`` (the hub)."""
+    return row if isinstance(row, Row) else Row({}, source, f"row {index + 1}")
 
 
 def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
     """Group question rows by document_id, keeping first-seen order. Bad rows raise DataError."""
     texts: dict[str, tuple[str, str]] = {}
-    rubrics: dict[str, dict[str, tuple[tuple[str, ...], int]]] = {}  # document -> column -> (rubrics, first row)
+    rubrics: dict[str, dict[str, tuple[tuple[str, ...], Row]]] = {}  # document -> column -> (rubrics, first row)
     questions: dict[str, list[Question]] = {}
-    first_row: dict[str, int] = {}
-    question_rows: dict[str, int] = {}
+    first_row: dict[str, Row] = {}
+    question_rows: dict[str, Row] = {}
     differing: set[str] = set()
     for index, row in enumerate(rows):
-        where = f"{source}, row {index}"
+        place = _place(row, index, source)
+        where = place.where
         doc_id = str(row.get("document_id") or "").strip()
         if not doc_id:
             raise DataError(f"{where}: empty document_id")
+        where = f"{where} (document {doc_id})"
         text = row.get("document_extracted")
         if not isinstance(text, str) or not text.strip():
-            raise DataError(f"{where} (document {doc_id}): empty document_extracted")
+            raise DataError(f"{where}: " + (not_text(text, "document_extracted") or
+                                             "empty document_extracted: give the row its document text or remove it"))
         question = row.get("question")
         answer = row.get("answer")
         if not isinstance(question, str) or not question.strip():
-            raise DataError(f"{where} (document {doc_id}): empty question")
+            raise DataError(f"{where}: " + (not_text(question, "question") or "empty question"))
         if not isinstance(answer, str) or not answer.strip():
-            raise DataError(f"{where} (document {doc_id}): empty answer (use {UNANSWERABLE!r} for unanswerable)")
+            raise DataError(f"{where}: " + (not_text(answer, "answer") or
+                                             f"empty answer (use {UNANSWERABLE!r} for unanswerable)"))
         if doc_id not in texts:
             texts[doc_id] = (str(row.get("document_topic") or ""), text)
             questions[doc_id] = []
             rubrics[doc_id] = {}
-            first_row[doc_id] = index
+            first_row[doc_id] = place
         elif text != texts[doc_id][1] and doc_id not in differing:
             differing.add(doc_id)  # its questions are asked of the first row's text
-            log.warning(f"summrl: {where} (document {doc_id}): document_extracted differs from row "
-                        f"{first_row[doc_id]}'s for the same document; the first is used")
+            log.warning(f"summrl: {where}: document_extracted differs from "
+                        f"{place.named_from(first_row[doc_id])}'s for the same document; the first is used")
         question_id = row.get("question_id")
         if question_id:
-            seen = question_rows.setdefault(str(question_id), index)
-            if seen != index:  # e.g. one file listed twice in dataset.files: every question counted twice
-                raise DataError(f"{where} (document {doc_id}): question_id {question_id} is also row {seen}'s; list "
+            seen = question_rows.setdefault(str(question_id), place)
+            if seen is not place:  # e.g. one file listed twice in dataset.files: every question counted twice
+                raise DataError(f"{where}: question_id {question_id} is also {place.named_from(seen)}'s; list "
                                 "each file once in dataset.files, or give each question its own id")
         for column in RUBRIC_COLUMNS:  # a document's rows that give its rubrics must agree; the others leave them out
-            value = rubric_list(row.get(column), column, f"{where} (document {doc_id})")
+            value = rubric_list(row.get(column), column, where)
             if value is None:
                 continue
-            given = rubrics[doc_id].setdefault(column, (value, index))
+            given = rubrics[doc_id].setdefault(column, (value, place))
             if given[0] != value:
-                raise DataError(f"{where} (document {doc_id}): {column} differs from row {given[1]}'s for the same "
+                raise DataError(f"{where}: {column} differs from {place.named_from(given[1])}'s for the same "
                                 "document; give a document's rubrics once, or the same on each of its rows")
         questions[doc_id].append(
             Question(

@@ -174,7 +174,7 @@ class CheckpointBackup:
         step = steps[-1]
         history = self._get("history.jsonl", missing_ok=True)  # before the checkpoint: restore ends once it is there
         if history is not None and not (self.local / "history.jsonl").exists():
-            write_atomic(self.local / "history.jsonl", history)
+            write_atomic(self.local / "history.jsonl", history_through(history, step))
         self._download(step)
         log.info(f"summrl: restored step {step} from {self.url}")
         self._restore_reference(step, steps)
@@ -289,6 +289,11 @@ class CheckpointBackup:
         try:
             if self.sft_local is not None:  # before the checkpoint: a record.json counts only with its checkpoint
                 self._upload_sft(sft_files(self.sft_local))
+            # the history first: a machine lost while the checkpoint goes up leaves its rows, which the restore trims
+            # to the checkpoint it finds (checkpoint first, the step's training row was lost with the machine)
+            history = self.local / "history.jsonl"
+            if history.exists():
+                self._upload(history, f"{self.root}/history.jsonl")
             # this step, and a kept step whose upload failed before (it was never tried again)
             missing = [s for s in sorted(self.kept_steps()) if s < step and s not in self.uploaded]
             if missing:  # (an earlier invocation's upload counts: asked once, then remembered)
@@ -297,9 +302,6 @@ class CheckpointBackup:
                 if due not in self.uploaded and (self.local / "checkpoints" / f"{due:04d}").is_dir():
                     self._upload_checkpoint(due)
                     self.uploaded.add(due)
-            history = self.local / "history.jsonl"
-            if history.exists():
-                self._upload(history, f"{self.root}/history.jsonl")
         except Exception as e:  # a failed backup must not end a paid run: the next one retries
             log.warning(f"summrl: warning: backup of step {step} to {self.url} failed "
                         f"({_describe(e, self.bucket, self.label)}); training goes on and the next backup tries again")
@@ -354,6 +356,20 @@ class NoBackup:
 
     async def save_sft(self, *, force: bool = False) -> None:
         return None
+
+
+def history_through(history: bytes, step: int) -> bytes:
+    """The history's rows up to ``step`` (ART's ``training_step``): the resumed run trains the later steps again, and
+    their rows again with them. A cut row is dropped."""
+    kept = []
+    for line in history.decode("utf-8", "replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("training_step", 0) <= step:
+            kept.append(line + "\n")
+    return "".join(kept).encode()
 
 
 def reference_step(config: Any) -> Optional[int]:

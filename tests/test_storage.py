@@ -74,6 +74,36 @@ def test_interrupted_upload_is_ignored_and_the_last_complete_step_restored(tmp_p
     assert fresh.restore() is None
 
 
+def test_a_machine_lost_while_a_checkpoint_goes_up_keeps_every_trained_steps_history_row_once(tmp_path, s3_endpoint,
+                                                                                              aws_env, monkeypatch):
+    """The checkpoint went up before the history: a machine lost in between left checkpoint 2 complete and history
+    without step 2's row (a preemption test saw steps [1, 3, 4] trained). Now the history goes first, and a restore
+    keeps its rows up to the checkpoint it finds (the later steps are trained again, with their rows)."""
+    config = storage_config(tmp_path, s3_endpoint, "lost")
+    backup = CheckpointBackup.open(config)
+    history = backup.local / "history.jsonl"
+
+    def trained(step: int) -> None:
+        write_checkpoint(config, step, f"weights {step}".encode())
+        with history.open("a") as f:
+            f.write(json.dumps({"training_step": step, "train/reward": 0.5}) + "\n")
+
+    trained(1)
+    asyncio.run(backup.after_step(1))
+    trained(2)
+    monkeypatch.setattr(CheckpointBackup, "_upload_checkpoint", lambda self, step: (_ for _ in ()).throw(
+        ConnectionError("the machine is gone")))
+    asyncio.run(backup.after_step(2))  # the history went up; checkpoint 2 did not
+    stored = s3(s3_endpoint).get_object(Bucket="lost", Key=f"{backup.root}/history.jsonl")["Body"].read().decode()
+    assert [json.loads(line)["training_step"] for line in stored.splitlines()] == [1, 2]
+
+    shutil.rmtree(tmp_path / "run")  # a fresh machine
+    fresh = CheckpointBackup.open(config)
+    assert fresh.restore() == 1
+    restored = [json.loads(line)["training_step"] for line in (fresh.local / "history.jsonl").read_text().splitlines()]
+    assert restored == [1]  # step 2 is trained again: its row will be written once, then
+
+
 def test_backup_every_n_steps_and_always_the_last(tmp_path, s3_endpoint, aws_env):
     config = storage_config(tmp_path, s3_endpoint, "every", "storage.backup_every=2", "trainer.max_steps=3")
     backup = CheckpointBackup.open(config)

@@ -13,9 +13,9 @@ import os
 import random
 import time
 import traceback
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections import Counter
 from typing import Any, Optional, Sequence, Union
 
 import art
@@ -400,8 +400,8 @@ def scored_at(history: list[dict], step: int, key: Optional[str] = None) -> bool
 
 def check_reference(config: Config, step: int) -> None:
     """The KL reference checkpoint must be saved by the time GRPO trains: ``step`` is the run's latest checkpoint, and
-    an SFT stage still to run saves step 1. Checked before any rollout or paid call; on the embedded backend it failed
-    at the first update, and ART's LocalBackend fails there without naming the setting."""
+    an SFT stage still to run saves step 1. Checked before the model loads; on the embedded backend it failed at the
+    first update, and ART's LocalBackend fails there without naming the setting."""
     reference = config.algorithm.kl_penalty_reference_step
     start = max(step, 1) if config.sft.kind != "none" else step
     if reference and reference > start:
@@ -466,12 +466,12 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                          f"{t.min_new_documents}: nothing to train (rerun when more have been recorded)")
                 record.nothing_to_train(status="completed")
                 return None
+        check_reference(config, get_step_from_dir(str(model_dir(config))))  # the checkpoint it will resume from
         sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend
         session = await open_session(config, tracker)
         if config.backend.kind == "embedded":  # its engine has loaded: the policy's context is known
             check_context(session.backend.engine, [*val, *train_docs], SummaryPrompt.of(t), t.max_summary_tokens)
         step = await session.model.get_step()
-        check_reference(config, step)
         record.resume_at(step)
         # A managed job's id (SkyPilot sets it in the job's environment): its recoveries are counted per job id.
         record.begin_attempt(step, os.environ.get("SKYPILOT_MANAGED_JOB_ID"))

@@ -232,9 +232,16 @@ def test_values_that_would_waste_or_hang_a_run_are_refused_as_it_composes(overri
         compose_config([*LOCAL, *overrides])
 
 
-def test_a_kl_reference_checkpoint_not_yet_saved_is_refused_before_any_rollout():
+def test_a_kl_reference_checkpoint_not_yet_saved_is_refused_before_any_rollout(tmp_path, tiny_weights):
     """It failed at the first update (embedded), or inside ART's trainer without naming the setting (local_gpu)."""
     from summrl.loop import check_reference
+
+    run = tmp_path / "run"  # the run itself: refused before the model loads
+    result = run_cli([*LOCAL, tiny_weights, "algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=3",
+                      f"hydra.run.dir={run}"], cwd=ROOT, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "algorithm.kl_penalty_reference_step=3: this run's checkpoints end at step 0" in result.stderr
+    assert "val reward" not in result.stdout and not list(run.rglob("*.parquet"))  # nothing sampled
 
     def check(step, *overrides):
         check_reference(compose_config([*LOCAL, "algorithm=grpo_kl", *overrides]), step)

@@ -40,7 +40,7 @@ from summrl.rollout import Burst, check_context, in_request_order, rollout, samp
 from summrl.secrets import redact_text
 from summrl.splits import Splits
 from summrl.splits import load as load_documents
-from summrl.storage import CheckpointBackup, model_dir
+from summrl.storage import CheckpointBackup, local_steps, model_dir
 from summrl.tracking import Tracker, flat_config, open_tracker
 
 log = logging.getLogger(__name__)
@@ -466,7 +466,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                          f"{t.min_new_documents}: nothing to train (rerun when more have been recorded)")
                 record.nothing_to_train(status="completed")
                 return None
-        check_reference(config, get_step_from_dir(str(model_dir(config))))  # the checkpoint it will resume from
+        # the checkpoint it will resume from (read without ART's get_step_from_dir, which makes the folder)
+        check_reference(config, max(local_steps(model_dir(config) / "checkpoints"), default=0))
         sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend
         session = await open_session(config, tracker)
         if config.backend.kind == "embedded":  # its engine has loaded: the policy's context is known

@@ -1349,6 +1349,13 @@ def check(config: Config) -> None:
                  f"is {a.lr_schedule}, which decays to 0 at trainer.max_steps ({config.trainer.max_steps}); "
                  "dataset=inbox trains after it, so every online step would train at learning rate 0: set "
                  "algorithm.lr_schedule=constant (model.lr), or algorithm.min_lr_ratio > 0 to train at that floor")
+    else:  # read only by dataset=inbox: elsewhere they would be recorded in result.json and W&B and change nothing
+        t = config.trainer
+        for key, value, default in (("min_new_documents", t.min_new_documents, 1),
+                                    ("wait_for_documents_s", t.wait_for_documents_s, 0.0)):
+            _require(value == default, f"trainer.{key}",
+                     f"is {value}, but only dataset=inbox reads it (how many newly recorded documents a run needs); "
+                     f"got dataset={config.dataset.kind}: remove it, or use dataset=inbox")
     # ART 0.5.18's train_sft raises NotImplementedError in dedicated mode: refused before the teacher is paid
     dedicated = config.model.gpus == 2 and config.backend.kind in ("local_gpu", "skypilot")
     _require(config.sft.kind == "none" or not dedicated, "sft", f"sft={config.sft.kind} with model={config.model.name} (model.gpus=2, ART's dedicated mode): ART "

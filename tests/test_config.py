@@ -208,6 +208,9 @@ def test_bad_values_name_the_key(override, message):
     (["project=a/b"], r"project: must be a non-empty name without '/', got 'a/b'"),
     (["run.name="], r"run.name: must be a non-empty name without '/', got ''"),
     (["trainer.wait_for_documents_s=-1"], r"trainer.wait_for_documents_s: must be >= 0"),
+    # read only by dataset=inbox: elsewhere it was recorded in result.json and W&B as if it had counted
+    (["trainer.min_new_documents=8"], r"trainer.min_new_documents: is 8, but only dataset=inbox reads it"),
+    (["trainer.wait_for_documents_s=60"], r"trainer.wait_for_documents_s: is 60.0, but only dataset=inbox reads it"),
     # inf passed the `> 0` checks: an in-limit summary's length term is 0, and inf x 0 made every reward NaN
     (["reward=length_penalized", "reward.strength=inf"], r"reward.strength: must be a finite number, got inf"),
     (["reward=qa_rubric", "reward.terms.rubric.weight=nan"], r"reward.terms.rubric.weight: must be a finite number"),

@@ -108,6 +108,16 @@ def test_bad_entries_fail_before_anything_runs(tmp_path):
         compose_benchmark(["experiment=local", "benchmark.rollouts_per_doc=0"], tmp_path)
 
 
+def test_a_trainer_setting_the_benchmark_does_not_read_is_refused(tmp_path):
+    """trainer.max_steps=5 was accepted and changed nothing; an experiment preset's trainer settings still pass."""
+    result = run_benchmark_cli(["experiment=local", "trainer.max_steps=5",
+                                f"hydra.run.dir={tmp_path / 'out'}"], timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert ("config error: trainer.max_steps: the benchmark does not read it (it reads trainer.prompt, "
+            "trainer.max_words, trainer.max_summary_tokens, trainer.temperature): remove it") in result.stderr
+    assert not (tmp_path / "out" / "rows.csv").exists()
+
+
 def test_missing_key_stops_the_cli_before_anything_loads(tmp_path):
     result = run_benchmark_cli(["judge=lexical", f"hydra.run.dir={tmp_path / 'out'}"], timeout=60,
                                unset=("OPENROUTER_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"))

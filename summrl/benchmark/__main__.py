@@ -18,13 +18,15 @@ from omegaconf import DictConfig
 from dotenv import load_dotenv
 
 from summrl import cli
-from summrl.benchmark.config import check_keys, validate_benchmark
+from summrl.benchmark.config import check_keys, check_trainer_overrides, validate_benchmark
 from summrl.errors import Failure, end, exit_on
+from summrl.job import task_overrides
 
 
 @hydra.main(config_path="../../conf", config_name="benchmark", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
+        check_trainer_overrides(task_overrides(HydraConfig.get()))
         config = validate_benchmark(cfg, dict(HydraConfig.get().runtime.choices))
         load_dotenv()  # keys may live in .env; they are read from the environment, never from config
         check_keys(config)

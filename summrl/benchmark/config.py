@@ -145,6 +145,21 @@ def validate_benchmark(cfg: DictConfig, choices: Optional[dict[str, Optional[str
     return config
 
 
+# The trainer settings a benchmark reads: what its summarizers are asked and how they sample. The others are training's
+# (an experiment preset sets them for both entry points, so only the command line's are refused).
+TRAINER_KEYS_READ = ("prompt", "max_words", "max_summary_tokens", "temperature")
+
+
+def check_trainer_overrides(overrides: list[str]) -> None:
+    """A ``trainer.*`` override the benchmark does not read (``trainer.max_steps=5``) would be accepted and change
+    nothing: refused, naming the ones it reads."""
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.startswith("trainer.") and key.split(".")[1] not in TRAINER_KEYS_READ:
+            raise ConfigError(f"{key}: the benchmark does not read it (it reads trainer."
+                              f"{', trainer.'.join(TRAINER_KEYS_READ)}): remove it")
+
+
 def _settings(section: BenchmarkSection) -> BenchmarkSettings:
     models = [_entry(i, e) for i, e in enumerate(section.models)]
     labels = [m.label for m in models]

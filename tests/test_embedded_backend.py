@@ -425,13 +425,18 @@ def test_embedded_judge_grades_a_group(loop, session):
     from summrl.judges.client import JudgeError
 
     backend, model, docs, tmp = session
-    config = compose_config(["experiment=local", "judge=embedded", f"judge.cache_dir={tmp / 'judge-cache'}"])
+    config = compose_config(["experiment=local", "judge=embedded", f"judge.cache_dir={tmp / 'grade-group-cache'}"])
     judge = build_judge(config.judge, (config.model.base_model, model.inference_base_url, model.inference_api_key))
+    batches = len(backend._batcher.batch_sizes)
     results = loop.run_until_complete(judge.grade_group([docs[0].text[:400], "Nothing."], docs[0].questions))
     assert len(results) == 2
     for verdicts in results:
         assert not isinstance(verdicts, JudgeError), verdicts
         assert len(verdicts) == len(docs[0].questions) and all(isinstance(v, bool) for v in verdicts)
+    # graded by the embedded model (not a fallback): its batcher ran, each summary was one call, and none was paid
+    usage = judge.usage_metrics()
+    assert len(backend._batcher.batch_sizes) > batches
+    assert usage["judge/calls"] >= 2 and usage["judge/cached_calls"] == 0 and usage["judge/cost_usd"] == 0
 
 
 def test_seeded_sampling_draws_each_token_from_the_models_distribution(session):

@@ -175,7 +175,6 @@ def _amd_x86_64() -> bool:
     return sys.platform == "linux" and __import__("os").uname().machine == "x86_64" and _amd()
 
 
-@pytest.mark.skipif(not _amd_x86_64(), reason="MKL's vendor check only matters on AMD x86-64 processors")
 def test_the_two_level_cdf_draws_the_tokens_the_full_cdf_draws():
     """RowSeededSampling finds a row's draw among its blocks' sums, then inside the block: the token the full
     float64 CDF gives for the same seed (inverse-CDF sampling, written out here), and the same normalizer. Vocabularies
@@ -223,6 +222,7 @@ def test_the_engine_samples_in_bfloat16(tiny_weights):
     assert all(math.isfinite(lp) and lp <= 0 for r in rows for lp in r.logprobs)
 
 
+@pytest.mark.skipif(not _amd_x86_64(), reason="MKL's vendor check only matters on AMD x86-64 processors")
 def test_mkl_on_amd_calls_summrls_vendor_answer_unless_told_not_to():
     """summrl._mkl_isa, loaded by `import summrl` before PyTorch, is the definition MKL's vendor check binds to (it
     answers Intel, so MKL picks kernels by instruction set; MKL's own answers 0 here); products stay exact to

@@ -380,7 +380,10 @@ def test_benchmark_of_a_run_with_an_sft_stage_includes_its_sft_step_and_names_ea
     saved = pd.read_csv(out / "summary.csv")
     assert list(saved.stage) == ["base", "sft", "grpo", "grpo"]
     assert "| sftrun | 1 | sft | 2 | 4 |" in (out / "summary.md").read_text()
-    assert (out / "models.png").stat().st_size > 0 and (out / "steps.png").stat().st_size > 0
+    from tests.test_benchmark import assert_png
+
+    assert_png(out / "models.png")  # drawn, not a blank canvas
+    assert_png(out / "steps.png")
 
 
 # --------------------------------------------------------------------------- embedded _train_sft

@@ -152,4 +152,5 @@ def per_doc(result: dict, metric: str, step: Optional[int] = None) -> dict[str, 
     history = [h for h in result.get("val_history", []) if "per_doc" in h and (step is None or h["step"] == step)]
     if not history:
         return {}
-    return {doc: s[metric] for doc, s in history[-1]["per_doc"].items() if s.get(metric) is not None}
+    return {doc: s[metric] for doc, s in history[-1]["per_doc"].items()
+            if s.get(metric) is not None and math.isfinite(s[metric])}

@@ -259,6 +259,12 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
         for name, only in (("this arm", set(arm) - set(base)), ("the baseline", set(base) - set(arm))):
             if only:
                 note.append(f"seed {', '.join(sorted(only))} only in {name}")
+        # a seed one side has no per-document scores for (a val pass that scored nothing) is left out, not allowed
+        # to empty the intersection of documents for every other seed
+        unscored = [s for s in seeds if not arm[s] or not base[s]]
+        if unscored:
+            note.append(f"seed {', '.join(unscored)} left out: no per-document {metric} on one side")
+            seeds = [s for s in seeds if s not in unscored]
         every = [set(arm[s]) & set(base[s]) for s in seeds]
         docs = sorted(set.intersection(*every)) if every else []
         # every document either side scored for a paired seed: one scored by one side alone was not counted

@@ -212,3 +212,25 @@ def test_a_document_one_side_alone_scored_is_counted_with_one_seed():
     results = {"0": job({"a": 0.2, "b": 0.4}), "1": job({"a": 0.3, "b": 0.5, "c": 0.9})}
     (row,) = paired_table(table, results, "qa_accuracy", "reward=qa").itertuples()
     assert row.documents == 2 and "1 document(s) not scored in every job" in row.note
+
+
+def test_a_seed_one_side_scored_nothing_for_is_left_out_not_the_whole_comparison():
+    """One seed's empty val pass emptied the documents every job scored: the row said "too few pairs to tell" over
+    the other seeds' 30 good pairs, and a NaN score turned the whole row NaN."""
+    from summrl.report import paired_table
+
+    def job(scores):
+        return {"val_history": [{"step": 4, "per_doc": {d: {"qa_accuracy": v} for d, v in scores.items()}}]}
+
+    docs = "abcdefghij"
+    table = pd.DataFrame({"job": [str(i) for i in range(6)], "seed": [1, 2, 3] * 2, "status": ["completed"] * 6,
+                          "configuration": ["reward=qa"] * 3 + ["reward=ruler"] * 3})
+    base = {d: 0.2 + 0.05 * i for i, d in enumerate(docs)}
+    results = {"0": job(base), "1": job(base), "2": job(base),
+               "3": job({d: v + 0.1 for d, v in base.items()}), "4": job({}),
+               "5": job({**{d: v + 0.1 for d, v in base.items()}, "j": float("nan")})}
+    (row,) = paired_table(table, results, "qa_accuracy", "reward=qa").itertuples()
+    assert (row.seeds, row.documents) == (2, 9)  # seeds 1 and 3; document j's NaN in seed 3 is not a score
+    assert row.difference == pytest.approx(0.1)
+    assert "seed 2 left out: no per-document qa_accuracy on one side" in row.note
+    assert "1 document(s) not scored in every job" in row.note

@@ -532,6 +532,23 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
                                ).status_code == 200
             assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "reasoning_effort": "low"}),
                          400).startswith("bad request: reasoning_effort: not supported by this server")
+            # vLLM's sampling extensions were dropped without a word (top_k=1 still sampled); OpenAI's no-op fields pass
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "top_k": 1, "min_tokens": 30}),
+                         400).startswith("bad request: min_tokens, top_k: not supported by this server")
+            assert client.post("/v1/chat/completions", headers=key, json={**chat, "user": "u1", "store": False}
+                               ).status_code == 200
+            # an earlier step's name (a reload replaced it) says which name follows the served step
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "model": "r@0"}), 404) == (
+                "model 'r@0' is not served here: step 1 is (r@1); to follow the step served as it changes "
+                "(serve.reload=auto), name the model 'r'")
+            # checked before the queue: an unknown model with the queue full was a 429 (after waiting behind a reload)
+            service.in_flight += section.max_queue
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "model": "other"}),
+                         404).startswith("model 'other' is not served here")
+            service.in_flight -= section.max_queue
+            # the API's description answered without the key
+            for path in ("/docs", "/redoc", "/openapi.json"):
+                assert client.get(path).status_code == 404
 
 
 def test_requests_waiting_behind_a_reload_count_against_max_queue():

@@ -89,6 +89,13 @@ class Service:
         """Whether a request's ``model`` names this server's: its ``<run>@<step>``, the run's name, or "summrl"."""
         return model in (self.name, "summrl", self.config.run.name)
 
+    def not_served(self, model: Any) -> str:
+        run = self.config.run.name
+        if isinstance(model, str) and model.startswith(f"{run}@") and model != self.name:  # an earlier step's name
+            return (f"model {model!r} is not served here: step {self.step} is ({self.name}); to follow the step "
+                    f"served as it changes (serve.reload=auto), name the model {run!r}")
+        return f"model {model!r} is not served here; served: {self.name} (or {run!r}, whichever step is served)"
+
     async def start(self) -> None:
         """Load the model, then the selector's judge (it may use the same endpoint); ``ready`` when done."""
         from summrl.backends.serving import start_server
@@ -316,6 +323,13 @@ UNSUPPORTED_CHAT = ("stop", "tools", "tool_choice", "functions", "function_call"
                     "modalities", "audio", "prediction", "web_search_options")
 
 
+# The chat fields this server reads, and OpenAI's that change nothing in a reply (user, metadata, store, ...). Any other
+# (vLLM's top_k, min_p, min_tokens, ignore_eos, repetition_penalty) is refused by name: forwarded to no backend, it
+# was dropped without a word.
+CHAT_FIELDS = ("model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+               "logprobs", "response_format", "stream", "stream_options", "user", "metadata", "store", "service_tier")
+
+
 def max_body_bytes(serve: Any) -> int:
     """A request body's bound: 64 bytes per token of serve.max_document_tokens (a token is a few characters, each
     at most 6 bytes as a JSON escape), and at least 1 MiB for chat requests' messages."""
@@ -330,7 +344,8 @@ def error_response(status: int, message: str, headers: Optional[dict] = None) ->
 
 
 def build_app(service: Service) -> FastAPI:
-    app = FastAPI(title="summrl serve")
+    # no /docs, /redoc or /openapi.json: they answered without the bearer key
+    app = FastAPI(title="summrl serve", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -395,7 +410,7 @@ def build_app(service: Service) -> FastAPI:
     async def model(model_id: str, authorization: Optional[str] = Header(default=None)) -> dict:
         authorize(authorization)
         if not service.serves(model_id):
-            raise HTTPException(404, detail=f"model {model_id!r} is not served here; served: {service.name}")
+            raise HTTPException(404, detail=service.not_served(model_id))
         return model_card()
 
     @app.post("/v1/summarize")
@@ -428,6 +443,7 @@ def build_app(service: Service) -> FastAPI:
             raise HTTPException(400, detail="bad request: stream=true is not supported")
         # said, not silently dropped: a client relying on them would get text they did not ask for
         unsupported = [k for k in UNSUPPORTED_CHAT if body.get(k) not in (None, [], {}, False, 0)]
+        unsupported += sorted(k for k in body if k not in CHAT_FIELDS and k not in UNSUPPORTED_CHAT)
         if unsupported:
             raise HTTPException(400, detail=f"bad request: {', '.join(unsupported)}: not supported by this server "
                                             "(it samples the summarizer's text: max_tokens, temperature, top_p, seed, n, "
@@ -439,10 +455,12 @@ def build_app(service: Service) -> FastAPI:
             raise HTTPException(400, detail=f"bad request: n: must be an integer in 1..{max_n} (serve.max_n), "
                                             f"got {n!r}")
         model = body.get("model")
+        if not service.serves(model):  # before the queue: an unknown model is a 404 now, not a 429 or a wait
+            raise HTTPException(404, detail=service.not_served(model))
         await service.enter()
         try:
-            if not service.serves(model):
-                raise HTTPException(404, detail=f"model {model!r} is not served here; served: {service.name}")
+            if not service.serves(model):  # a reload while it waited replaced the step it named
+                raise HTTPException(404, detail=service.not_served(model))
             params = {k: body[k] for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
                                           "logprobs", "top_logprobs", "response_format") if body.get(k) is not None}
             try:

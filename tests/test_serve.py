@@ -88,6 +88,10 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             assert missing.status_code == 400 and "document" in missing.json()["error"]["message"]
             empty = httpx.post(f"{served.url}/v1/summarize", json={"document": "  "}, timeout=30)
             assert empty.status_code == 400 and empty.json()["error"]["message"].startswith("document: empty")
+            # zero-width and NUL characters were summarized and recorded to the inbox as a document
+            invisible = httpx.post(f"{served.url}/v1/summarize", json={"document": "\u00a0\u200b\ufeff\u0000"},
+                                   timeout=30)
+            assert invisible.status_code == 400 and invisible.json()["error"]["message"].startswith("document: empty")
             # every error in OpenAI's shape, whichever check refused it
             assert [(r.json()["error"]["type"], r.json()["error"]["code"]) for r in (bad, missing, empty)] == [
                 ("invalid_request_error", 400)] * 3
@@ -332,13 +336,24 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
                                ({"max_tokens": 8190}, r"maximum context length is 8192 tokens\. However, you "
                                                       r"requested \d+ tokens \(\d+ in the messages, 8190 in the "
                                                       r"completion\)\. Please reduce .* max_tokens \(at most \d+"),
-                               # content parts: the chat template failed on them, a 500
-                               ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]},
-                                "messages.0.content: Input should be a valid string")]:
+                               # an image part: the chat template failed on content parts, a 500
+                               ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+                                   "url": "data:,"}}]}]}, r"messages.0.content: only text parts .* got a part of "
+                                                         r"type .+image_url"),
+                               # a role the template printed and the model was sampled from
+                               ({"messages": [{"role": "robot", "content": "a"}]},
+                                r"messages.0.role: must be one of system, user, assistant, developer .* got .+robot")]:
             with pytest.raises(openai.BadRequestError, match=match):
                 strict.chat.completions.create(**{"model": "shared@3", "max_tokens": 8,
                                                   "messages": [{"role": "user", "content": "Summarize: a."}],
                                                   **refused})
+        # text parts, as OpenAI's clients send them, are the text joined: the same greedy reply as the plain string
+        replies = [strict.chat.completions.create(model="shared@3", max_tokens=8, temperature=0, messages=[
+            {"role": "developer", "content": system}, {"role": "user", "content": content}]).choices[0].message.content
+            for system, content in (("Be brief.", "Summarize: a bridge reopened."),
+                                    ([{"type": "text", "text": "Be brief."}],
+                                     [{"type": "text", "text": "Summarize: a bridge "}, {"type": "text", "text": "reopened."}]))]
+        assert replies[0] and replies[0] == replies[1]
 
         for i in range(8):
             reply = summarize(served.url, f"Report {i}. The Harbor Festival in Port {i} drew {100 + i} visitors on "

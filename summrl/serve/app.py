@@ -225,7 +225,7 @@ class Service:
         """``gone``: whether the client has disconnected (Starlette's ``Request.is_disconnected``)."""
         s, t = self.config.serve, self.config.train.trainer
         text = request.document.strip()
-        if not text:
+        if not any(c.isprintable() and not c.isspace() for c in text):  # zero-width spaces, NULs: nothing to read
             raise HTTPException(400, detail="document: empty; send {\"document\": \"<the text>\"}")
         # off the event loop: a long document would hold every other request (and /health) until it is counted
         tokens = len((await asyncio.to_thread(self.tokenizer, text, add_special_tokens=False))["input_ids"])
@@ -328,6 +328,34 @@ UNSUPPORTED_CHAT = ("stop", "tools", "tool_choice", "functions", "function_call"
 # was dropped without a word.
 CHAT_FIELDS = ("model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
                "logprobs", "response_format", "stream", "stream_options", "user", "metadata", "store", "service_tier")
+
+
+CHAT_ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's newer name for system
+
+
+def chat_messages(messages: list) -> list[dict]:
+    """A chat's messages as the chat template reads them: text content (OpenAI's text parts joined), one of
+    CHAT_ROLES (developer as system). Anything else is a 400 naming the message: a role like "robot" or "tool" went
+    into the template and was sampled from, and text parts, which OpenAI's clients send, were refused."""
+    out = []
+    for i, message in enumerate(messages):
+        where = f"bad request: messages.{i}"
+        if not isinstance(message, dict):
+            raise HTTPException(400, detail=f"{where}: must be an object with role and content")
+        role, content = message.get("role"), message.get("content")
+        if role not in CHAT_ROLES:
+            raise HTTPException(400, detail=f"{where}.role: must be one of {', '.join(CHAT_ROLES)} (this server has "
+                                            f"no tools), got {role!r}")
+        if isinstance(content, list):
+            kinds = [p.get("type") if isinstance(p, dict) else type(p).__name__ for p in content]
+            other = next((k for k in kinds if k != "text"), None)
+            if other is not None or not all(isinstance(p.get("text"), str) for p in content):
+                got = f"a part of type {other!r}" if other is not None else "a text part with no text string"
+                raise HTTPException(400, detail=f"{where}.content: only text parts ({{\"type\": \"text\", \"text\": "
+                                                f"...}}) are read by a summarizer, got {got}")
+            content = "".join(p["text"] for p in content)
+        out.append({**message, "role": "system" if role == "developer" else role, "content": content})
+    return out
 
 
 def max_body_bytes(serve: Any) -> int:
@@ -454,6 +482,7 @@ def build_app(service: Service) -> FastAPI:
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_n:
             raise HTTPException(400, detail=f"bad request: n: must be an integer in 1..{max_n} (serve.max_n), "
                                             f"got {n!r}")
+        messages = chat_messages(body["messages"])
         model = body.get("model")
         if not service.serves(model):  # before the queue: an unknown model is a 404 now, not a 429 or a wait
             raise HTTPException(404, detail=service.not_served(model))
@@ -464,7 +493,7 @@ def build_app(service: Service) -> FastAPI:
             params = {k: body[k] for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
                                           "logprobs", "top_logprobs", "response_format") if body.get(k) is not None}
             try:
-                response = await service.generate(body["messages"], n, **params)
+                response = await service.generate(messages, n, **params)
             except openai.APIStatusError as e:
                 if e.status_code not in (400, 422):
                     raise

@@ -511,3 +511,18 @@ def test_a_checkpoints_files_are_on_disk_before_the_rename_makes_it_the_checkpoi
     synced = {Path(path).name for kind, path in events[:renamed[0]] if kind == "fsync" and path.startswith(tmp + "/")}
     saved = {p.name for p in (tmp_path / "0001").iterdir()}
     assert {"adapter_model.safetensors", "optimizer.pt"} <= saved and synced == saved
+
+
+@slow
+@pytest.mark.parametrize("knobs", [{}, PPO], ids=["cispo", "ppo_clip"])
+def test_a_step_raises_the_rewarded_summaries_and_lowers_the_others(bench, knobs):
+    """The update's direction: after one step on rewards [1, 0, .75, .25], the best summary is likelier under the
+    policy, the worst less likely, and the four moved in the order of their advantages (+.5, +.25, -.25, -.5; the
+    summaries share the adapter, so a small advantage's can go either way). Every other test here is blind to the
+    sign: a negated loss trained away from what the reward asked and passed them all."""
+    bench.train([bench.group(0, REWARDS, fresh)], **knobs)
+    moved = [sum(bench.logprobs(bench.prompts[0], c)) - sum(base)
+             for c, base in zip(bench.completions[0], bench.base[0])]
+    assert moved[0] > 0 > moved[1], moved
+    assert moved[0] > moved[2] > moved[3] > moved[1], moved
+    bench.reset()

@@ -123,3 +123,23 @@ def test_percent_full_is_logged_beside_the_reward():
     metrics = scores[0].metrics
     assert metrics["percent_full"] == 1.0 and metrics["qa_accuracy"] == pytest.approx(0.4)  # Okafor + unanswerable
     assert metrics["percent_diff"] == pytest.approx(-0.6) and scores[0].reward == pytest.approx(0.4)
+
+
+def test_the_qa_settings_reach_the_reward_the_config_builds():
+    """The rules above were tested on QAReward built by hand: reward.max_chars, forbid_han and include_unanswerable
+    could have been dropped on the way from the config and no test would say so."""
+    from summrl.rewards import build_reward
+    from tests.conftest import compose_config
+
+    def built(*overrides):
+        config = compose_config(["experiment=local", *overrides])
+        return build_reward(config.reward, LexicalJudge(), SummaryPrompt.of(config.trainer))
+
+    long_summary, han = "Ruth Okafor " * 300, "Ruth Okafor 宣布 March 14, 2024"  # 3600 characters; Han characters
+    strict = score(built(), [long_summary, han, "Ruth Okafor opened it."])
+    assert [s.reward for s in strict] == [0.0, 0.0, 0.4]  # Summary-RL's rejections, unanswerable counted
+    assert strict[0].metrics["rejected_too_long"] == 1.0 and strict[1].metrics["rejected_han"] == 1.0
+    relaxed = score(built("reward.max_chars=null", "reward.forbid_han=false", "reward.include_unanswerable=false"),
+                    [long_summary, han, "Ruth Okafor opened it."])
+    assert all(s.reward > 0 for s in relaxed[:2]) and relaxed[2].reward == 0.25
+    assert score(built("reward.max_chars=100"), ["Ruth Okafor opened it. " * 5])[0].reward == 0.0  # 115 characters

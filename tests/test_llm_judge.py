@@ -260,11 +260,11 @@ def test_missing_key_is_reported_by_name(fake, monkeypatch):
         grade(LLMJudge(client(fake)))
 
 
-def policy_session(fake: FakeLLM, max_missing: float, window: int = 64) -> Session:
+def policy_session(fake: FakeLLM, max_missing: float, window: int = 64, overrides: tuple[str, ...] = ()) -> Session:
     """The loop's scoring stage with a fake policy and a fake judge on the same loopback server."""
     config = compose_config(["experiment=local", f"trainer.max_missing_reward_rate={max_missing}",
                              f"trainer.missing_reward_window={window}", "judge=openai_compatible",
-                             "judge.model=openai/gpt-4o-mini"])
+                             "judge.model=openai/gpt-4o-mini", *overrides])
     model = art.Model(name="fake-policy", project="tests", inference_base_url=fake.base_url, inference_api_key="x")
     judge = LLMJudge(client(fake, max_retries=0))
     reward = QAReward(judge, max_chars=3000, forbid_han=True, include_unanswerable=True)
@@ -586,3 +586,23 @@ def test_rulers_calls_are_priced_into_the_judges_usage(fake, secret_env):
     usage = reward.client.usage
     assert usage.calls == 1 and usage.input_tokens > 0 and usage.output_tokens > 0
     assert usage.cost_usd > 0  # gpt-4o-mini is in litellm's cost map
+
+
+def test_val_samples_at_val_temperature_and_training_at_temperature(fake, secret_env, monkeypatch):
+    """trainer.val_temperature (greedy val) was checked only as the config composed: nothing read the temperature
+    the policy was asked for."""
+    from summrl.loop import evaluate
+
+    session = policy_session(fake, max_missing=1.0, overrides=("trainer.temperature=0.7", "trainer.val_temperature=0",
+                                                               "trainer.val_rollouts_per_doc=1"))
+
+    async def no_log(*args, **kwargs) -> None:  # the fake policy has no backend to log to
+        return None
+
+    monkeypatch.setattr(type(session.model), "log", no_log)
+    monkeypatch.setattr(session.tracker, "log_history", lambda: None)
+    monkeypatch.setattr(session.tracker, "log_samples", lambda *args: None)
+    asyncio.run(evaluate(session, [DOC], 0))
+    asyncio.run(sample_and_score(session, [DOC], rollouts_per_doc=2, reward=session.reward))  # as a train step does
+    asked = [r["temperature"] for r in fake.requests if r.get("model") == "fake-policy"]
+    assert asked[0] == 0.0 and len(asked) > 2 and set(asked[1:]) == {0.7}, asked  # val's one greedy draw, then train's

@@ -242,6 +242,7 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
     of those jobs scored (see summrl.compare). ``note`` says what could not be paired."""
     done = table[table.status == "completed"]
     scores: dict[str, dict[str, dict[str, float]]] = {}
+    samples: dict[str, dict[str, dict[str, float]]] = {}  # how many summaries each document's score is the mean of
     notes: dict[str, list[str]] = {}
     for configuration, rows in done.groupby("configuration", sort=False):
         by_seed = scores.setdefault(configuration, {})
@@ -249,6 +250,7 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
             if str(seed) in by_seed:
                 notes.setdefault(configuration, []).append(f"seed {seed} ran twice: job {job} used")
             by_seed[str(seed)] = per_doc(results[job], metric)
+            samples.setdefault(configuration, {})[str(seed)] = per_doc(results[job], "n")
     base = scores.get(baseline, {})
     rows = []
     for configuration, arm in scores.items():
@@ -272,6 +274,11 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
         if dropped:
             note.append(f"{dropped} document(s) not scored in every job (missing rewards, or val sets that differ: "
                         "dataset.seed, dataset.val_size)")
+        counts = samples.get(configuration, {}), samples.get(baseline, {})
+        uneven = sum(counts[0].get(s, {}).get(d) != counts[1].get(s, {}).get(d) for s in seeds for d in docs)
+        if uneven:  # a reward missing on one side: that pair's means are over other draws
+            note.append(f"{uneven} pair(s) scored from different numbers of summaries on the two sides (missing "
+                        "rewards)")
         result = paired(np.array([[arm[s][d] - base[s][d] for d in docs] for s in seeds]).reshape(len(seeds), len(docs)))
         if len(seeds) == 1:
             note.append("one seed: a comparison of these two trained checkpoints, not of the arms' training")

@@ -234,3 +234,19 @@ def test_a_seed_one_side_scored_nothing_for_is_left_out_not_the_whole_comparison
     assert row.difference == pytest.approx(0.1)
     assert "seed 2 left out: no per-document qa_accuracy on one side" in row.note
     assert "1 document(s) not scored in every job" in row.note
+
+
+def test_a_pair_whose_sides_scored_different_numbers_of_summaries_is_named():
+    """A document missing one of its rewards on one side was paired over other draws without a word."""
+    from summrl.report import paired_table
+
+    def job(scores, n):
+        return {"val_history": [{"step": 4, "per_doc": {d: {"qa_accuracy": v, "n": n.get(d, 4)}
+                                                        for d, v in scores.items()}}]}
+
+    table = pd.DataFrame({"job": ["0", "1"], "seed": [1, 1], "status": ["completed"] * 2,
+                          "configuration": ["reward=qa", "reward=ruler"]})
+    results = {"0": job({"a": 0.2, "b": 0.4, "c": 0.5}, {"a": 1}), "1": job({"a": 0.3, "b": 0.5, "c": 0.4}, {})}
+    (row,) = paired_table(table, results, "qa_accuracy", "reward=qa").itertuples()
+    assert row.documents == 3
+    assert "1 pair(s) scored from different numbers of summaries on the two sides (missing rewards)" in row.note

@@ -104,6 +104,33 @@ def test_a_machine_lost_while_a_checkpoint_goes_up_keeps_every_trained_steps_his
     assert restored == [1]  # step 2 is trained again: its row will be written once, then
 
 
+def test_a_backup_that_does_not_match_its_manifest_is_refused_and_restore_false_starts_afresh(tmp_path, s3_endpoint,
+                                                                                             aws_env):
+    """Neither the manifest check of a download nor storage.restore=false was exercised by any test."""
+    config = storage_config(tmp_path, s3_endpoint, "mismatch")
+    backup = CheckpointBackup.open(config)
+    write_checkpoint(config, 1, b"step one weights" * 100)
+    asyncio.run(backup.after_step(1))
+    (tmp_path / "run" / "result.json").write_text(json.dumps({"status": "running", "steps": 1, "val_history": []}))
+    backup.save_result(str(tmp_path / "run"))
+    shutil.rmtree(tmp_path / "run")
+
+    # storage.restore=false: the backup is there, and a fresh machine starts afresh without reading it
+    afresh = CheckpointBackup.open(storage_config(tmp_path, s3_endpoint, "mismatch", "storage.restore=false"))
+    assert afresh.complete_steps() == [1]
+    assert afresh.restore() is None and afresh.restore_result(str(tmp_path / "run")) is None
+    assert not (afresh.local / "checkpoints").exists() and not (tmp_path / "run" / "result.json").exists()
+
+    # an object changed after its marker was written (same size, other bytes): refused, nothing half-restored
+    s3(s3_endpoint).put_object(Bucket="mismatch", Key="summrl/summrl/r1/checkpoints/0001/optimizer.pt",
+                               Body=b"x" * len(b"step one weights" * 100))
+    fresh = CheckpointBackup.open(config)
+    with pytest.raises(StorageError, match=r"checkpoints/0001/optimizer.pt does not match its manifest \(size or "
+                                           r"md5\): delete that step's marker to fall back to the previous one"):
+        fresh.restore()
+    assert not (fresh.local / "checkpoints" / "0001").exists()
+
+
 def test_backup_every_n_steps_and_always_the_last(tmp_path, s3_endpoint, aws_env):
     config = storage_config(tmp_path, s3_endpoint, "every", "storage.backup_every=2", "trainer.max_steps=3")
     backup = CheckpointBackup.open(config)

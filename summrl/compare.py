@@ -139,6 +139,9 @@ def advice(result: Paired) -> str:
     share = f"{100 * result.shares[biggest]:.0f}% of the noise"
     if biggest == "seeds":
         return f"{share} is between training seeds: add seeds"
+    if result.seeds > 1 and result.df < 4:  # the seeds' few degrees of freedom widen the CI whatever the noise's source
+        return (f"{share} is {'between val documents' if biggest == 'documents' else 'sampling noise within documents'}"
+                f", but {result.seeds} seeds leave the CI {result.df:.1f} degrees of freedom: add seeds first")
     if biggest == "documents" and result.seeds == 1:  # one seed: documents and sampling within them are one spread
         return ("all of the noise is between val documents and sampling within them (one seed can't tell them "
                 "apart): raise dataset.val_size (VAL_SIZE) or trainer.val_rollouts_per_doc, or add seeds")

@@ -109,7 +109,8 @@ def test_seeds_by_documents_ci_matches_a_hand_computed_two_way_anova(sweep, tmp_
     # se .15; Satterthwaite's df .0225^2 / (.0025^2/1 + .0225^2/1 + .0025^2/1) = 0.975904 -> half width 2.020816
     ruler = paired.loc["reward=ruler"]
     assert (ruler.difference, ruler.ci_low, ruler.ci_high) == pytest.approx((0.0, -2.020816, 2.020816), abs=1e-5)
-    assert ruler.verdict == "no detectable difference" and "val_size" in ruler.noise
+    assert ruler.verdict == "no detectable difference" and ruler.noise.endswith("2 seeds leave the CI 1.0 degrees of "
+                                                                                 "freedom: add seeds first")
 
     unknown = report(sweep, tmp_path / "refused", "reward=nope")
     assert unknown.returncode == 2 and "reward=nope" in unknown.stderr and "reward=qa" in unknown.stderr
@@ -192,8 +193,12 @@ def test_arms_that_scored_every_pair_alike_say_so_instead_of_a_noise_source():
     same = paired(np.zeros((2, 8)))  # e.g. algorithm=grpo_kl at coefficient 0.001 beside grpo, 8 steps
     assert (same.difference, same.low, same.high, same.verdict()) == (0.0, 0.0, 0.0, "no detectable difference")
     assert advice(same) == "none: every pair differs by the same amount"
-    assert advice(paired(np.array([[0.1, 0.3], [0.2, 0.2]]))).endswith("raise trainer.val_rollouts_per_doc or "
-                                                                       "dataset.val_size")
+    assert advice(paired(np.array([[0.1, -0.1], [-0.1, 0.1], [0.1, -0.1], [-0.1, 0.1], [0.1, -0.1]]))) == (
+        "100% of the noise is sampling noise within documents: raise trainer.val_rollouts_per_doc or dataset.val_size")
+    # 2 seeds: the CI's width is the seeds' 1 degree of freedom, which no val size narrows (it said raise val_size)
+    assert advice(paired(np.array([[0.1, 0.3], [0.2, 0.2]]))) == (
+        "100% of the noise is sampling noise within documents, but 2 seeds leave the CI 1.0 degrees of freedom: add "
+        "seeds first")
     # one seed: the spread across documents holds the sampling noise within them too (it said "100% ... between
     # val documents", and named only val_size)
     assert advice(paired(np.array([[0.1, 0.3, 0.0, 0.5]]))).startswith(

@@ -295,7 +295,9 @@ def test_cost_guard_estimates_and_refusal_calls_nothing(tmp_path):
     unpriced = next(line for line in result.stdout.splitlines() if "model openai/fake-frontier:" in line)
     assert "unknown (not in litellm's cost map)" in unpriced
     assert "estimated total: $" in result.stdout and "+ unknown for model openai/fake-frontier" in result.stdout
-    assert "Proceed? [y/N]" in result.stdout and "nothing was called" in result.stderr
+    assert "Proceed? [y/N]" in result.stdout and ("summrl: not confirmed: benchmark: the cost was not confirmed; "
+                                                  "nothing was called (benchmark.confirm=false skips the question)"
+                                                  in result.stderr)
     assert not (out / "rows.csv").exists()
     assert "sk-fake" not in result.stdout + result.stderr + "".join(p.read_text() for p in out.rglob("*") if p.is_file())
 

@@ -335,8 +335,8 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
     lines = cost_plan(config, todo, val)
     log.info(render(lines, total, total - sum(len(r) for j in todo for r in j.pending.values())))
     if todo and config.benchmark.confirm and needs_confirmation(lines) and not confirmed(stdin):
-        log.error("summrl: benchmark not confirmed; nothing was called. Rerun with benchmark.confirm=false to skip "
-                  "the question.")
+        log.error("summrl: not confirmed: benchmark: the cost was not confirmed; nothing was called "
+                  "(benchmark.confirm=false skips the question)")  # the line every not-confirmed stop prints
         return 3
     failures = await run_jobs(config, todo, val, store) if todo else []
     write_outputs(config, jobs, out_dir)

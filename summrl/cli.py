@@ -84,6 +84,26 @@ class OutputFolder(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_folder(config, "hydra.run.dir")
         _refuse_secrets(config)
+        _refuse_second_inbox_run(config)
+
+
+def _refuse_second_inbox_run(config: DictConfig) -> None:
+    """A dataset=inbox run of a run another process trains on its inbox, refused before Hydra saves this one's config
+    over the training run's (.hydra/, which serve, export and benchmark read). The loop takes the lock itself."""
+    if OmegaConf.select(config, "dataset.kind", default=None) != "inbox":
+        return
+    try:
+        run_dir = OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=True)
+    except OmegaConfBaseException:
+        return
+    from summrl import inbox
+
+    if not (Path(str(run_dir)) / inbox.TRAIN_LOCK).exists():
+        return
+    try:
+        inbox.hold_training(run_dir).close()  # free: released at once, and the loop takes it
+    except ConfigError as e:
+        _config_failure(e)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_folder(config, "hydra.sweep.dir")

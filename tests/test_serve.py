@@ -247,10 +247,12 @@ def test_a_second_inbox_run_of_one_run_is_refused_while_the_first_trains(tmp_pat
     (run_dir / "inbox").mkdir(parents=True)
     record = b'{"status": "running", "steps": 3}'
     (run_dir / "result.json").write_bytes(record)
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "overrides.yaml").write_text("- the first run's overrides\n")
     held = inbox.hold_training(run_dir)  # the first run
     try:
-        result = run_cli(["experiment=local", "run.name=local1", "dataset=inbox", f"hydra.run.dir={run_dir}"],
-                         cwd=ROOT, timeout=300)
+        result = run_cli(["experiment=local", "run.name=local1", "dataset=inbox", "reward=rubric",
+                          f"hydra.run.dir={run_dir}"], cwd=ROOT, timeout=300)
     finally:
         held.close()
     assert result.returncode == 2, result.stderr[-2000:]
@@ -258,6 +260,10 @@ def test_a_second_inbox_run_of_one_run_is_refused_while_the_first_trains(tmp_pat
         f"summrl: config error: dataset=inbox: another process is training this run on its inbox "
         f"({run_dir / inbox.TRAIN_LOCK} is locked): two would train the same documents; run again once it has ended")
     assert (run_dir / "result.json").read_bytes() == record
+    # refused before Hydra saved this config over the training run's (serve, export and benchmark read it)
+    assert (run_dir / ".hydra" / "overrides.yaml").read_text() == "- the first run's overrides\n"
+    assert sorted(p.name for p in (run_dir / ".hydra").iterdir()) == ["overrides.yaml"]
+    assert not (run_dir / "train.log").exists()
     inbox.hold_training(run_dir).close()  # released with its file
 
 

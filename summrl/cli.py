@@ -86,6 +86,10 @@ class OutputFolder(Callback):
         _refuse_secrets(config)
         _refuse_second_inbox_run(config)
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_folder(config, "hydra.sweep.dir")
+        _refuse_secrets(config)
+
 
 def _refuse_second_inbox_run(config: DictConfig) -> None:
     """A dataset=inbox run of a run another process trains on its inbox, refused before Hydra saves this one's config
@@ -104,10 +108,6 @@ def _refuse_second_inbox_run(config: DictConfig) -> None:
         inbox.hold_training(run_dir).close()  # free: released at once, and the loop takes it
     except ConfigError as e:
         _config_failure(e)
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _check_folder(config, "hydra.sweep.dir")
-        _refuse_secrets(config)
 
 
 def _refuse_secrets(config: DictConfig) -> None:

@@ -52,8 +52,8 @@ class JobInfo:
     @property
     def name(self) -> str:
         """The overrides that define the configuration, without seed, run name and logger keys."""
-        kept = sorted(o for o in self.overrides if _key(o).split(".")[0] not in NAME_EXCLUDED
-                      and _key(o) not in NAME_EXCLUDED)
+        kept = sorted(o for o in self.overrides if override_key(o).split(".")[0] not in NAME_EXCLUDED
+                      and override_key(o) not in NAME_EXCLUDED)
         return ",".join(kept) or "defaults"
 
     def record(self) -> dict[str, Any]:
@@ -61,7 +61,7 @@ class JobInfo:
         return {"overrides": redact(self.overrides), "choices": self.choices, "sweep": self.sweep, "job_num": self.num}
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 

@@ -22,6 +22,7 @@ from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.preflight import missing_model_keys, unknown_provider
 from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, sft_step
+from summrl.job import override_key
 from summrl.prompt import PROMPT_BEFORE_THE_OPTION
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ def check_trainer_overrides(overrides: list[str]) -> None:
     """A ``trainer.*`` override the benchmark does not read (``trainer.max_steps=5``) would be accepted and change
     nothing: refused, naming the ones it reads."""
     for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
+        key = override_key(override)
         if key.startswith("trainer.") and key.split(".")[1] not in TRAINER_KEYS_READ:
             raise ConfigError(f"{key}: the benchmark does not read it (it reads trainer."
                               f"{', trainer.'.join(TRAINER_KEYS_READ)}): remove it")

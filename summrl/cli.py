@@ -6,6 +6,7 @@ Hydra prints a composition error itself and exits 1. With ``HYDRA_FULL_ERROR=1``
 point sets that for Hydra and keeps the user's own choice in ``SUMMRL_FULL_ERROR``: summrl.errors shows
 tracebacks only when the user asked for them. ``OutputFolder`` does the same for an output folder Hydra can't make.
 The process then ends as Python's exit would, less the teardown of the loaded modules (``_exit``).
+SIGTERM is handled as Ctrl-C is (``_terminate``), so a killed run saves its record and closes its backend.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import atexit
 import copy
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -24,12 +26,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from summrl.config import config_error, refuse_secrets
-from summrl.errors import ConfigError, Failure, full_errors
+from summrl.errors import ConfigError, Failure, full_errors, stop_signal, stopped_by
 
 
 def run(main: Callable[[], object]) -> NoReturn:
     os.environ.setdefault("SUMMRL_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", ""))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it would print; the user's choice is kept above
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         try:
             main()
@@ -42,9 +45,25 @@ def run(main: Callable[[], object]) -> NoReturn:
                 raise
             print(e, file=sys.stderr, flush=True)
             sys.exit(1)
+        except KeyboardInterrupt:  # an entry point with no interrupted path of its own (export, serve's start)
+            failure = Failure("interrupted", f"stopped ({stop_signal()})")
+            print(failure.line, file=sys.stderr, flush=True)
+            sys.exit(failure.exit_code)
     except SystemExit as e:
         _exit(e.code)
     _exit(0)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    """SIGTERM (`kill`, a scheduler, SkyPilot cancelling a job) takes Ctrl-C's path: whatever handles SIGINT now
+    (asyncio's runner cancels the run's task; otherwise KeyboardInterrupt), so the record says interrupted and the
+    backend is closed, where Python's default ended the process at once with result.json still saying running."""
+    stopped_by(signum)
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
 
 
 def _exit(code: object) -> NoReturn:

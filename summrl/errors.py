@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import sys
 from dataclasses import dataclass
 from typing import ClassVar, Iterator, NoReturn, Optional
@@ -33,8 +34,22 @@ KINDS = {
     "skypilot": (8, "SkyPilot error"),
     "sft": (2, "SFT error"),
     "not_confirmed": (3, "not confirmed"),
-    "interrupted": (130, "interrupted"),  # Ctrl-C (SIGINT): 128 + 2, as a shell reports it
+    "interrupted": (130, "interrupted"),  # Ctrl-C (SIGINT): 128 + 2, as a shell reports it; SIGTERM 143
 }
+
+# What stopped the process: cli.run sends SIGTERM (`kill`, a scheduler, a cancelled job) down Ctrl-C's path, which
+# saves the record and closes the backend, and notes it here so the line and the exit code name the signal.
+_stopped_by = signal.SIGINT
+
+
+def stopped_by(signum: int) -> None:
+    global _stopped_by
+    _stopped_by = signal.Signals(signum)
+
+
+def stop_signal() -> str:
+    """How the interrupted line names what stopped the process."""
+    return "Ctrl-C or SIGINT" if _stopped_by == signal.SIGINT else _stopped_by.name
 
 
 NETWORK_FIX = "check the network connection (or HTTPS_PROXY)"
@@ -75,6 +90,8 @@ class Failure:
 
     @property
     def exit_code(self) -> int:
+        if self.kind == "interrupted":
+            return 128 + _stopped_by  # as a shell reports a process the signal ended
         return KINDS[self.kind][0]
 
     @property

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from summrl.errors import stop_signal
 from summrl.secrets import redact
 
 RESULT_FILE = "result.json"
@@ -238,9 +239,9 @@ class RunRecord:
         """What a run stopped by Ctrl-C says: the last step whose checkpoint it wrote, and how to go on."""
         step = self.attempts[-1]["end_step"] if self.attempts else 0
         if step:
-            return (f"stopped after step {step} (Ctrl-C or SIGINT); its checkpoint is kept: run the same command "
+            return (f"stopped after step {step} ({stop_signal()}); its checkpoint is kept: run the same command "
                     "to resume from it")
-        return "stopped before the first checkpoint (Ctrl-C or SIGINT); run the same command to start again"
+        return f"stopped before the first checkpoint ({stop_signal()}); run the same command to start again"
 
     def fail(self, kind: str, line: str, exit_code: int) -> None:
         """Record why the job failed. A record this invocation wrote gains the failure's kind. One that failed

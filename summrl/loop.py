@@ -29,7 +29,7 @@ from summrl.backends import art_dir, build_backend, internal_config, takes_burst
 from summrl.backends.art_model import TrainableModel
 from summrl.config import EMBEDDED_JUDGES, Config, reward_kinds
 from summrl.data import Document
-from summrl.errors import ConfigError
+from summrl.errors import ConfigError, stop_signal
 from summrl.facts import hallucinates
 from summrl.job import RunRecord, comparable, peak_rss_gb
 from summrl.judges import Judge, build_judge, embedded_endpoint
@@ -530,7 +530,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         record.update(status="completed", steps=step, **val_summary(history))
         return history[-1]["val_reward"]
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C: asyncio.run cancels this task, then raises
-        record.update(status="interrupted", error="interrupted (Ctrl-C or SIGINT)")
+        record.update(status="interrupted", error=f"interrupted ({stop_signal()})")
         raise
     except BaseException as e:
         record.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),

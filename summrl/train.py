@@ -6,7 +6,8 @@ value fails in about a second. Returns the final validation score for Hydra swee
 An expected failure (summrl.errors) ends the run with one line and its exit code; tracebacks only
 with HYDRA_FULL_ERROR=1. Every failed job, even one that never started, records why in its ``result.json``.
 In a multirun a failing job raises an ordinary exception: Hydra runs the sweep's other jobs, then exits non-zero.
-Ctrl-C ends it with one line and exit code 130, its checkpoints kept and its record saying ``interrupted``.
+Ctrl-C ends it with one line and exit code 130 (SIGTERM the same way, 143), its checkpoints kept and its record
+saying ``interrupted``.
 """
 
 from __future__ import annotations

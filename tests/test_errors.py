@@ -404,9 +404,11 @@ def test_an_entry_point_ends_as_python_would_joining_threads_and_running_atexit(
     assert result.stderr == ("a message\n" if code == "a message" else "")
 
 
-def test_ctrl_c_stops_training_with_one_line_exit_130_and_the_checkpoints_kept(tmp_path, tiny_weights):
-    """SIGINT during `python -m summrl.train`: one line naming the last step and how to resume, no traceback,
-    exit code 130, result.json status interrupted; the checkpoints written are there to resume from."""
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_stops_training_with_one_line_and_the_checkpoints_kept(tmp_path, tiny_weights, stop):
+    """SIGINT (Ctrl-C), or SIGTERM (`kill`, a scheduler, a cancelled job), during `python -m summrl.train`: one line
+    naming the signal, the last step and how to resume, no traceback, exit code 128 + the signal as a shell reports
+    it, result.json status interrupted; the checkpoints written are there to resume from."""
     import re
     import signal
     import subprocess
@@ -420,16 +422,18 @@ def test_ctrl_c_stops_training_with_one_line_exit_130_and_the_checkpoints_kept(t
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     for line in process.stdout:
         if line.startswith("summrl: step 1 | train"):
-            process.send_signal(signal.SIGINT)
+            process.send_signal(getattr(signal, stop))
             break
     out, err = process.communicate(timeout=120)
-    assert process.returncode == KINDS["interrupted"][0] == 130, err[-3000:]
+    code = 128 + getattr(signal, stop)
+    assert process.returncode == code == {"SIGINT": KINDS["interrupted"][0], "SIGTERM": 143}[stop], err[-3000:]
     assert "Traceback" not in out + err
     (said,) = re.findall(r"^summrl: interrupted: .*$", err, re.M)
-    step = int(re.fullmatch(r"summrl: interrupted: stopped after step (\d+) \(Ctrl-C or SIGINT\); its checkpoint is "
+    named = {"SIGINT": "Ctrl-C or SIGINT", "SIGTERM": "SIGTERM"}[stop]
+    step = int(re.fullmatch(rf"summrl: interrupted: stopped after step (\d+) \({named}\); its checkpoint is "
                             r"kept: run the same command to resume from it", said).group(1))
     result = json.loads((run_dir / "result.json").read_text())
-    assert (result["status"], result["error_kind"], result["exit_code"]) == ("interrupted", "interrupted", 130)
+    assert (result["status"], result["error_kind"], result["exit_code"]) == ("interrupted", "interrupted", code)
     assert 1 <= step == result["attempts"][-1]["end_step"] < 50
     assert (run_dir / "art" / "summrl" / "models" / "interrupted" / "checkpoints" / f"{step:04d}").is_dir()
     # what it reached, for summrl.report (an interrupted or failed run showed no steps or val scores)

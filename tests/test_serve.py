@@ -219,6 +219,36 @@ def test_a_client_that_connects_while_the_server_starts_waits_for_it_rather_than
             assert accepted.recv(64).startswith(b"GET /health HTTP/1.1")
 
 
+def test_sigterm_while_the_server_starts_ends_it_with_one_line(run_copy):
+    """SIGTERM (a supervisor stopping it) once the socket listens, while the model's libraries import and it loads:
+    one line naming the signal and exit 143, as Ctrl-C there gives 130. Python's default ended it at once (-15), and
+    Ctrl-C there printed a cancelled lifespan's traceback."""
+    import signal
+    import socket
+    import time
+
+    from summrl.backends.embedded.server import free_port
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "summrl.serve", f"run_dir={run_copy}", f"serve.port={port}"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # listening: the config is checked and the handlers are in place, the model not yet loaded
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+                time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 143, err[-3000:]
+    assert err == "summrl: interrupted: stopped (SIGTERM)\n" and "Traceback" not in out
+
+
 def test_perf_serve_refuses_what_the_server_would_before_starting_one(tmp_path):
     result = subprocess.run([sys.executable, "-m", "summrl.perf", "serve", "--run-dir", str(tmp_path / "nowhere")],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)

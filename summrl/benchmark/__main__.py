@@ -19,7 +19,7 @@ from dotenv import load_dotenv
 
 from summrl import cli
 from summrl.benchmark.config import check_keys, check_trainer_overrides, validate_benchmark
-from summrl.errors import Failure, end, exit_on
+from summrl.errors import Failure, end, exit_on, stop_signal
 from summrl.job import task_overrides
 
 
@@ -37,7 +37,7 @@ def main(cfg: DictConfig) -> None:
 
         status = asyncio.run(run(config))
     except KeyboardInterrupt:  # Ctrl-C: every row scored so far is in rows.csv, and a rerun skips it
-        end(Failure("interrupted", f"benchmark {cfg.benchmark.name} stopped (Ctrl-C or SIGINT); the rows scored so far "
+        end(Failure("interrupted", f"benchmark {cfg.benchmark.name} stopped ({stop_signal()}); the rows scored so far "
                                    "are kept: run the same command to resume"))
     except Exception as e:
         exit_on(e)

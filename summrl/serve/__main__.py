@@ -68,7 +68,9 @@ async def serve(config, sock: socket.socket) -> None:
     service = Service(config)
     app = build_app(service)
     s = config.serve
-    server = Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning"))
+    # no lifespan: the app has no startup or shutdown handlers, and uvicorn logged a cancelled lifespan's traceback
+    # when Ctrl-C or SIGTERM came while the model loaded
+    server = Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning", lifespan="off"))
     loading = asyncio.create_task(service.start())  # /health says 503 until it is done
 
     def loaded(task: asyncio.Task) -> None:  # a model that can't load stops the server: no process left answering 503

@@ -1309,6 +1309,12 @@ def check(config: Config) -> None:
             _require(length is None or length > summary, f"{gpu.at}.{key}",
                      f"{length} tokens leave no room for the prompt beside trainer.max_summary_tokens ({summary}): "
                      f"raise {gpu.at}.{key}, or lower trainer.max_summary_tokens")
+    if config.backend.kind == "serverless" and config.model.chat_template_kwargs:
+        # ART 0.5.18 sends them only from LocalBackend's model (its _internal_config); W&B's trainer renders without
+        raise ConfigError(f"model.chat_template_kwargs={dict(config.model.chat_template_kwargs)}: backend=serverless "
+                          "can't apply them (ART 0.5.18's ServerlessBackend sends them with no rollout, and W&B's "
+                          "trainer renders the prompts without them), so the model would sample and train on other "
+                          "prompts than these: use backend=local_gpu or backend=skypilot for this model")
     if config.backend.kind == "serverless" and config.storage.enabled:
         raise ConfigError("backend=serverless keeps its checkpoints on W&B, so there is nothing local to back up: "
                           "add storage.enabled=false")

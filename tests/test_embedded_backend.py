@@ -190,7 +190,7 @@ def test_a_burst_over_the_batch_size_runs_as_the_same_generate_calls_whatever_it
         def __init__(self):
             self.calls = []
 
-        def generate(self, prompts, params, use_lora=True, seeds=None):
+        def generate(self, prompts, params, use_lora=True, seeds=None, rows=None):
             self.calls.append(list(zip(seeds, prompts)))
             return [Completion([1], [0.0], "stop", len(p)) for p in prompts]
 
@@ -242,6 +242,36 @@ def test_a_burst_is_generated_whole_however_slowly_its_rows_arrive(loop, session
     assert sum(untagged) == 3 and len(untagged) > 1  # the first alone; the rest as they queued behind it
 
 
+@pytest.mark.parametrize("early", [True, False])
+def test_a_row_ends_at_its_own_max_tokens_and_is_answered_then_where_the_batcher_answers_early(loop, session, early):
+    """Two requests in one generate call, asking 3 and 48 tokens: the short one gets 3 and, under summrl.serve
+    (early=True), its answer while the long one still decodes (a 3-token chat waited 11.7 s behind a 400-token one).
+    Training's batcher (early=False) answers a call's requests together, so what is batched next does not depend on
+    when a row ended."""
+    from summrl.backends.embedded.engine import SamplingParams
+    from summrl.backends.embedded.server import Batcher
+
+    backend = session[0]
+    engine = backend._batcher.engine
+    batcher = Batcher(engine, max_batch_size=8, window_s=0.1, early=early)
+    prompt = engine.encode_chat([{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}])
+
+    async def both():
+        long = asyncio.ensure_future(batcher.submit(prompt, SamplingParams(max_tokens=48, temperature=1.0), True, 1))
+        short = await batcher.submit(prompt, SamplingParams(max_tokens=3, temperature=1.0), True, 2)
+        running = not long.done()
+        return short, running, await long
+
+    try:
+        short, running, long = loop.run_until_complete(both())
+    finally:
+        batcher.close()
+    assert batcher.batch_sizes == [2]  # one call
+    assert (len(short.token_ids), short.finish_reason, len(short.logprobs)) == (3, "length", 3)
+    assert running == early
+    assert len(long.token_ids) > 3 and long.finish_reason in ("stop", "length") and len(long.token_ids) <= 48
+
+
 def test_a_burst_missing_rows_runs_without_them_and_says_so(monkeypatch, caplog):
     """A burst whose last rows never come (their client failed) is generated once none has arrived for BURST_WAIT_S,
     with a warning that names it and how many arrived."""
@@ -249,7 +279,7 @@ def test_a_burst_missing_rows_runs_without_them_and_says_so(monkeypatch, caplog)
     from summrl.backends.embedded.engine import Completion, SamplingParams
 
     class Engine:  # the batcher's only contract with the engine: generate
-        def generate(self, prompts, params, use_lora=True, seeds=None):
+        def generate(self, prompts, params, use_lora=True, seeds=None, rows=None):
             return [Completion([1], [0.0], "stop", len(p)) for p in prompts]
 
     monkeypatch.setattr(server, "BURST_WAIT_S", 0.3)
@@ -646,7 +676,7 @@ def test_requests_that_keep_arriving_join_one_batch():
     from summrl.backends.embedded.server import MAX_WAIT_S, Batcher
 
     class Engine:  # the batcher's only contract with the engine: generate
-        def generate(self, prompts, params, use_lora=True, seeds=None):
+        def generate(self, prompts, params, use_lora=True, seeds=None, rows=None):
             return [Completion([1], [0.0], "stop", len(p)) for p in prompts]
 
     batcher = Batcher(Engine(), max_batch_size=16, window_s=0.1)

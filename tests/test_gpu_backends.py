@@ -220,6 +220,10 @@ def test_local_gpu_without_the_gpu_extra_fails_before_anything_loads(tmp_path):
 def test_serverless_needs_wandb_key_and_no_local_backup(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="storage.enabled=false"):
         compose_config(["backend=serverless"])
+    # Qwen3's enable_thinking=false would reach neither the rollouts nor W&B's trainer: it would think
+    with pytest.raises(ConfigError, match=r"^model.chat_template_kwargs=\{'enable_thinking': False\}: backend=serverless "
+                                          r"can't apply them .*: use backend=local_gpu or backend=skypilot"):
+        compose_config(["backend=serverless", "model=qwen3_8b", "storage.enabled=false"])
     config = compose_config(["backend=serverless", "storage.enabled=false"])
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     with pytest.raises(PreflightError, match="backend=serverless needs WANDB_API_KEY"):

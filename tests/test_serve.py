@@ -54,7 +54,7 @@ def in_front_of(fake: FakeLLM, monkeypatch, extra_body: Optional[dict] = None) -
 
     Endpoint.extra_body = extra_body  # LocalGPUServer's: the model's chat_template_kwargs
 
-    async def start_server(train, run):
+    async def start_server(train, run, early=False):
         return Endpoint()
 
     monkeypatch.setattr(serving, "start_server", start_server)
@@ -247,6 +247,28 @@ def test_sigterm_while_the_server_starts_ends_it_with_one_line(run_copy):
         process.kill()
     assert process.returncode == 143, err[-3000:]
     assert err == "summrl: interrupted: stopped (SIGTERM)\n" and "Traceback" not in out
+
+
+def test_a_request_whose_client_gives_up_stops_generating_and_the_next_is_served(run_copy, tmp_path):
+    """A client that times out on a chat of 16 choices: its rows stop at the next decode step (through summrl.serve's
+    handler, its OpenAI client's connection, the embedded server's handler and its batcher), where they ran to
+    max_tokens for no one and every request behind them waited (36 s for 16 x 400 tokens of SmolLM2)."""
+    import re
+
+    served = ServeProcess(run_copy, ["step=latest"], tmp_path / "serve.log")
+    try:
+        model = httpx.get(f"{served.url}/v1/models", timeout=10).json()["data"][0]["id"]
+        chat = {"model": model, "messages": [{"role": "user", "content": "Write a long story."}]}
+        with pytest.raises(httpx.TimeoutException):  # the tiny model's 16 x 3000 tokens: most of a minute
+            httpx.post(f"{served.url}/v1/chat/completions", json={**chat, "n": 16, "max_tokens": 3000}, timeout=2)
+        after = httpx.post(f"{served.url}/v1/chat/completions", json={**chat, "max_tokens": 3}, timeout=120)
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 3
+        (stopped,) = re.findall(r"summrl: 16 of 16 rows were abandoned \(their clients disconnected\) and generated "
+                                r"no further: the call ran (\d+) of 3000 tokens", served.log.read_text())
+        assert int(stopped) < 3000
+    finally:
+        served.stop()
+    assert "Traceback" not in served.log.read_text() and "never retrieved" not in served.log.read_text()
 
 
 def test_perf_serve_refuses_what_the_server_would_before_starting_one(tmp_path):

@@ -39,8 +39,8 @@ class EmbeddedServer:
 
     extra_body = None  # the engine renders every chat with the model's chat_template_kwargs itself
 
-    def __init__(self, config: Any, run: Optional[TrainedRun]) -> None:
-        self.config, self.run = config, run
+    def __init__(self, config: Any, run: Optional[TrainedRun], early: bool = False) -> None:
+        self.config, self.run, self.early = config, run, early  # early: see Batcher
         self.api_key = secrets.token_urlsafe(16)
         self.step = 0
         self.base_url = ""
@@ -61,7 +61,7 @@ class EmbeddedServer:
         self._engine = await compute(
             Engine, base_model=m.base_model, weights=m.weights, lora=m.lora, device=b.device, dtype=b.dtype,
             num_threads=b.num_threads, max_string_chars=b.json_max_string_chars)
-        self._batcher = Batcher(self._engine, b.max_batch_size, b.batch_window_ms / 1000)
+        self._batcher = Batcher(self._engine, b.max_batch_size, b.batch_window_ms / 1000, early=self.early)
         self._server = InferenceServer(build_app(self._engine, self._batcher, self.api_key, self._served))
         await asyncio.to_thread(self._server.start)
         self.base_url = self._server.base_url
@@ -147,8 +147,10 @@ class LocalGPUServer:
             shutil.rmtree(self._base, ignore_errors=True)
 
 
-async def start_server(config: Any, run: Optional[TrainedRun]) -> CheckpointServer:
+async def start_server(config: Any, run: Optional[TrainedRun], early: bool = False) -> CheckpointServer:
+    """``early``: each request answered as its own rows end (``summrl.serve``), not with the rest of its batch. The
+    benchmark's requests keep their batches' timing out of what runs next; vLLM answers each as it ends anyway."""
     if config.backend.kind == "local_gpu":
         assert run is not None
         return await LocalGPUServer(config, run).start()
-    return await EmbeddedServer(config, run).start()
+    return await EmbeddedServer(config, run, early).start()

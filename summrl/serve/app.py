@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from summrl.backends import takes_burst_tags
+from summrl.backends.disconnect import unless_disconnected
 from summrl.backends.seed import Seed
 from summrl.checkpoints import checkpoint_steps, resolve_step
 from summrl.config import EMBEDDED_JUDGES, RubricRewardConfig, RulerRewardConfig
@@ -106,7 +107,7 @@ class Service:
             fix = (f"the run's model.weights or model.base_model ({self.config.run.run_dir / '.hydra' / 'config.yaml'}) "
                    "must be readable on this machine")
             self.tokenizer = await asyncio.to_thread(load_tokenizer, train.model, fix)
-            self.server = await start_server(train, self.config.run)
+            self.server = await start_server(train, self.config.run, early=True)  # each request as its rows end
             self.inner = await self.server.serve(self.step)
             self.client = openai.AsyncOpenAI(base_url=self.server.base_url, api_key=self.server.api_key or "none",
                                              max_retries=0, timeout=600)
@@ -209,16 +210,19 @@ class Service:
             log.info(f"summrl: reloaded: serving step {target} (was {self.step})")
             self.step = target
 
-    async def generate(self, messages: list[dict], n: int, *, as_burst: bool = False, **params: Any) -> Any:
+    async def generate(self, messages: list[dict], n: int, *, as_burst: bool = False,
+                       gone: Optional[Callable[[], Awaitable[bool]]] = None, **params: Any) -> Any:
         """``as_burst``: sent with the requests that arrive with it, as one burst (embedded only). Only for requests
         the server is sure to accept (``/v1/summarize`` builds its own): a burst's rows that never reach the batcher
-        hold the rest back 10 s."""
+        hold the rest back 10 s. ``gone()``: whether the client has disconnected, which cancels the request to the
+        model's server once the burst has formed (so a row leaves its burst short only if it goes in the
+        milliseconds before it reaches the batcher)."""
         if as_burst and self.arrivals is not None:
             burst = await self.arrivals.join(n)
             params.update(burst.request_fields())
         extra_body = {**(self.server.extra_body or {}), **params.pop("extra_body", {})}  # the server's, the burst's
-        return await self.client.chat.completions.create(model=self.inner, messages=messages, n=n,
-                                                         extra_body=extra_body or None, **params)
+        return await unless_disconnected(self.client.chat.completions.create(
+            model=self.inner, messages=messages, n=n, extra_body=extra_body or None, **params), gone)
 
     async def summarize(self, request: SummarizeRequest,
                         gone: Optional[Callable[[], Awaitable[bool]]] = None) -> dict:
@@ -246,7 +250,7 @@ class Service:
         temperature = t.temperature if s.temperature is None else s.temperature
         step = self.step
         try:
-            response = await self.generate(messages, s.best_of_n, as_burst=True,
+            response = await self.generate(messages, s.best_of_n, as_burst=True, gone=gone,
                                            max_tokens=t.max_summary_tokens, temperature=temperature, seed=request.seed)
         except openai.APIStatusError as e:  # vLLM's refusal where the context is not known here (max_model_len null)
             if e.status_code not in (400, 422):
@@ -493,7 +497,7 @@ def build_app(service: Service) -> FastAPI:
             params = {k: body[k] for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
                                           "logprobs", "top_logprobs", "response_format") if body.get(k) is not None}
             try:
-                response = await service.generate(messages, n, **params)
+                response = await service.generate(messages, n, gone=request.is_disconnected, **params)
             except openai.APIStatusError as e:
                 if e.status_code not in (400, 422):
                     raise

@@ -22,7 +22,7 @@ from collections import deque
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
@@ -296,6 +296,16 @@ class Completion:
     prompt_tokens: int
 
 
+@dataclass
+class Rows:
+    """What a caller of ``Engine.generate`` says about the rows of a call as they decode (the embedded server's
+    batcher: rows of different requests share a call)."""
+
+    max_tokens: Sequence[int]  # each row's own budget: the call runs to the largest, a row ends at its own
+    wanted: Callable[[], Sequence[bool]]  # which rows someone still waits for; the others stop where they are
+    done: Callable[[int, "Completion"], None]  # row i's completion, as soon as it has ended (not at the call's end)
+
+
 class Engine:
     """Owns the model. ``lock`` serializes generation and training: weights change between steps only."""
 
@@ -419,10 +429,12 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams, use_lora: bool = True,
-                 seeds: Optional[list[Optional[int]]] = None) -> list[Completion]:
+                 seeds: Optional[list[Optional[int]]] = None, rows: Optional[Rows] = None) -> list[Completion]:
         """Sample one completion per prompt. Identical prompts share a single prefill.
 
-        ``seeds[i]`` fixes row i's sampling (None: drawn from torch's global generator).
+        ``seeds[i]`` fixes row i's sampling (None: drawn from torch's global generator). ``rows``: each row's own
+        token budget, which rows are still wanted (a row no longer wanted stops there, and a call with none left
+        ends) and a callback for each row's completion as it ends. A row's tokens are the same either way.
         """
         seeds = seeds or [None] * len(prompts)
         # Unseeded rows still get their own generator, seeded from the global one: one sampling path.
@@ -438,13 +450,14 @@ class Engine:
                     self.linears.pack()
                     mmap_threshold(MMAP_THRESHOLD)
                 if use_lora:
-                    return self._generate(prompts, params, seeds)
+                    return self._generate(prompts, params, seeds, rows)
                 with self.model.disable_adapter():
-                    return self._generate(prompts, params, seeds)
+                    return self._generate(prompts, params, seeds, rows)
             finally:
                 release_freed()  # the KV caches' arena memory, before anything else runs
 
-    def _generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[Completion]:
+    def _generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int],
+                  rows: Optional[Rows] = None) -> list[Completion]:
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
         unique: list[tuple[int, ...]] = list(dict.fromkeys(tuple(p) for p in prompts))
@@ -464,21 +477,26 @@ class Engine:
         if params.temperature > 0 and params.top_p < 1.0:
             processors.append(TopPLogitsWarper(params.top_p))
         sample = RowSeededSampling(seeds) if params.temperature > 0 else None
-        tokens, logprobs = self._decode(ids, position, cache, prefix, processors, sample, params.max_tokens,
-                                        len(prompts))
-        completions = []
-        for row, prompt_row in enumerate(row_of):
-            row_tokens = tokens[row].tolist()
-            finish = "length"
+        budgets = list(rows.max_tokens) if rows is not None else [params.max_tokens] * len(prompts)
+
+        def completion(row: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> Completion:
+            """Row ``row``'s completion from its tokens so far: cut at its end (EOS) or at its budget."""
+            row_tokens, finish = tokens[: budgets[row]].tolist(), "length"
             for i, token in enumerate(row_tokens):
                 if token in self.eos_ids:
                     row_tokens, finish = row_tokens[: i + 1], "stop"
                     break
-            completions.append(
-                Completion(token_ids=row_tokens, logprobs=logprobs[row, : len(row_tokens)].tolist(),
-                           finish_reason=finish, prompt_tokens=len(unique[prompt_row]))
-            )
-        return completions
+            return Completion(token_ids=row_tokens, logprobs=logprobs[: len(row_tokens)].tolist(),
+                              finish_reason=finish, prompt_tokens=len(unique[row_of[row]]))
+
+        ended = None
+        if rows is not None:
+            def ended(row: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
+                rows.done(row, completion(row, tokens, logprobs))
+
+        tokens, logprobs = self._decode(ids, position, cache, prefix, processors, sample, params.max_tokens,
+                                        len(prompts), budgets, None if rows is None else rows.wanted, ended)
+        return [completion(row, tokens[row], logprobs[row]) for row in range(len(prompts))]
 
     def _prefill(self, unique: list[tuple[int, ...]], row_of: list[int], width: int,
                  reserve_tokens: int) -> tuple[Any, SharedPrefix]:
@@ -529,7 +547,9 @@ class Engine:
 
     def _decode(self, input_ids: torch.Tensor, position: torch.Tensor, cache: Any, prefix: SharedPrefix,
                 processors: Any, sample: Optional[RowSeededSampling], max_tokens: int,
-                rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+                rows: int, budgets: Sequence[int], wanted: Optional[Callable[[], Sequence[bool]]] = None,
+                ended: Optional[Callable[[int, torch.Tensor, torch.Tensor], None]] = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode up to ``max_tokens`` per row from a prefilled cache: (tokens, log-probabilities), [rows, steps].
 
         The loop ``generate()`` runs over processed scores (``sample`` draws from them; None: greedy), without its
@@ -537,14 +557,20 @@ class Engine:
         model's own distribution (before temperature), as vLLM reports it, when its step ends rather than from every
         step's full-vocabulary logits kept to the end (8 rows x 128 steps of SmolLM2's vocabulary: 200 MB).
         The first step feeds each prompt's last token; the prompts' padding is masked in ``prefix``, so the rows'
-        own tokens need no mask.
+        own tokens need no mask. A row past its own budget (``budgets``), or one ``wanted()`` gives up on, is padded
+        from there, as a finished row is; ``ended(row, tokens, logprobs)`` gets each row's tokens when it ends.
         """
         pad = self.tokenizer.pad_token_id
         eos = torch.tensor(self.eos_ids, device=self.device)
         running = torch.ones(rows, dtype=torch.bool, device=self.device)
         last = input_ids[:, -1]
+        budget = torch.tensor(budgets, device=self.device)
         tokens, logprobs, times = [], [], [time.perf_counter()]
-        for _ in range(max_tokens):
+        for step in range(max_tokens):
+            if wanted is not None:
+                running &= torch.tensor(list(wanted()), dtype=torch.bool, device=self.device)
+                if not running.any():
+                    break
             logits = self.model(input_ids=last[:, None], position_ids=position[:, None], past_key_values=cache,
                                 use_cache=True, logits_to_keep=1, shared_prefix=prefix).logits[:, -1].float()
             scores = processors(input_ids, logits.clone()) if processors else logits
@@ -554,7 +580,12 @@ class Engine:
             norm = sample.log_norm if sample is not None and scores is logits else torch.logsumexp(logits, dim=-1)
             logprobs.append((logits.gather(1, picked[:, None]).squeeze(1) - norm).float())
             tokens.append(picked)
-            running &= ~torch.isin(picked, eos)
+            finished = running & (torch.isin(picked, eos) | (budget <= step + 1))
+            running &= ~finished
+            if ended is not None and finished.any():
+                so_far, so_far_logprobs = torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+                for row in finished.nonzero().flatten().tolist():
+                    ended(row, so_far[row], so_far_logprobs[row])
             times.append(time.perf_counter())
             if not running.any():
                 break
@@ -563,6 +594,8 @@ class Engine:
         gaps = sorted(b - a for a, b in zip(times[1:], times[2:]))  # decode steps after the first
         if gaps:
             self.decode_ms.append((rows, 1000 * gaps[len(gaps) // 2]))
+        if not tokens:  # no row wanted before the first step
+            return input_ids.new_full((rows, 0), pad), torch.zeros(rows, 0)
         return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
 
     @property

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import uvicorn
-from fastapi import FastAPI, Header, HTTPException
+from fastapi import FastAPI, Header, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from summrl.backends.disconnect import unless_disconnected
 from summrl.backends.embedded.compute import on_compute_thread
-from summrl.backends.embedded.engine import Completion, Engine, SamplingParams
+from summrl.backends.embedded.engine import Completion, Engine, Rows, SamplingParams
 from summrl.backends.seed import Seed
 from summrl.rollout import Burst
 
@@ -76,12 +77,17 @@ BURST_WAIT_S = 10.0  # an incomplete burst runs without the rest once none of th
 class Batcher:
     """Collects concurrent requests and runs compatible ones in one generate call."""
 
-    def __init__(self, engine: Engine, max_batch_size: int, window_s: float) -> None:
+    def __init__(self, engine: Engine, max_batch_size: int, window_s: float, early: bool = False) -> None:
+        """``early``: answer each request as soon as its rows end, not when the call's longest row does. Only where
+        timing may decide what is batched next (``summrl.serve``): a training pass, a benchmark, or a judge on this
+        engine gets its results together, so the calls after it are composed the same way every time."""
         self.engine = engine
+        self.early = early
         self.max_batch_size = max_batch_size
         self.window_s = window_s
         self.queue: "queue.Queue[Optional[_Pending]]" = queue.Queue()
         self.batch_sizes: list[int] = []  # for tests and the perf command
+        self.abandoned_rows = 0  # rows whose clients disconnected before their completion
         self.thread = threading.Thread(target=self._run, name="summrl-batcher", daemon=True)
         self.thread.start()
 
@@ -133,6 +139,7 @@ class Batcher:
             if first is None:
                 return
             batch, stop = self._collect(first)
+            batch = [item for item in batch if not item.future.done()]  # a client that gave up while it waited
             # Requests that sample differently run in separate generate calls.
             by_kind: dict[tuple, list[_Pending]] = {}
             for item in batch:  # a burst runs in calls of its own: what shares them must not depend on timing
@@ -157,15 +164,29 @@ class Batcher:
                     response_format=items[0].params.response_format,
                 )
                 self.batch_sizes.append(len(items))
+
+                def wanted(items=items) -> list[bool]:  # done: answered early, or cancelled (its client has gone)
+                    return [not item.future.done() for item in items]
+
+                def done(row: int, result: Completion, items=items) -> None:
+                    if self.early:
+                        items[row].loop.call_soon_threadsafe(_set_result, items[row].future, result)
+
+                rows = Rows(max_tokens=[i.params.max_tokens for i in items], wanted=wanted, done=done)
                 try:
                     results = on_compute_thread(self.engine.generate, [i.prompt for i in items], params,
-                                                use_lora=items[0].use_lora, seeds=[i.seed for i in items])
+                                                use_lora=items[0].use_lora, seeds=[i.seed for i in items], rows=rows)
                 except Exception as e:  # report to every waiting request; keep serving
                     for item in items:
                         item.loop.call_soon_threadsafe(_set_exception, item.future, e)
                     continue
-                for item, result in zip(items, results):
-                    result = _truncate(result, item.params.max_tokens)
+                gone = sum(item.future.cancelled() for item in items)
+                if gone:
+                    self.abandoned_rows += gone
+                    log.info(f"summrl: {gone} of {len(items)} rows were abandoned (their clients disconnected) and "
+                             f"generated no further: the call ran {max(len(r.token_ids) for r in results)} of "
+                             f"{params.max_tokens} tokens")
+                for item, result in zip(items, results):  # (a row answered early: its future is done already)
                     item.loop.call_soon_threadsafe(_set_result, item.future, result)
 
 
@@ -174,12 +195,6 @@ def _incomplete_bursts(batch: list[_Pending]) -> list[tuple[Burst, int]]:
     arrived = Counter(item.burst.id for item in batch if item.burst is not None)
     tags = {item.burst.id: item.burst for item in batch if item.burst is not None}
     return [(tags[key], count) for key, count in arrived.items() if count < tags[key].size]
-
-
-def _truncate(result: Completion, max_tokens: int) -> Completion:
-    if len(result.token_ids) <= max_tokens:
-        return result
-    return Completion(result.token_ids[:max_tokens], result.logprobs[:max_tokens], "length", result.prompt_tokens)
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:
@@ -217,7 +232,7 @@ def build_app(
                 "data": [{"id": name, "object": "model", "owned_by": "summrl"} for name in serving["served_models"]()]}
 
     @app.post("/v1/chat/completions")
-    async def chat(request: ChatRequest, authorization: Optional[str] = Header(default=None)) -> dict:
+    async def chat(request: ChatRequest, raw: Request, authorization: Optional[str] = Header(default=None)) -> dict:
         check_key(authorization)
         engine, batcher, names = serving["engine"], serving["batcher"], serving["served_models"]()
         if request.model not in names:
@@ -242,11 +257,11 @@ def build_app(
             response_format=response_format,
         )
         # A seed fixes the row's draws whatever else is batched with it; the n choices get seed, seed+1, ...
-        results = await asyncio.gather(*(
+        results = await unless_disconnected(asyncio.gather(*(
             batcher.submit(prompt, params, names[request.model], None if request.seed is None else request.seed + i,
                            request.summrl_burst)
             for i in range(request.n)
-        ))
+        )), raw.is_disconnected)
         return _chat_response(engine, request, prompt, results)
 
     return app

@@ -642,8 +642,15 @@ def test_requests_waiting_behind_a_reload_count_against_max_queue():
             await asyncio.sleep(0.05)
             with pytest.raises(HTTPException) as refused:
                 await asyncio.wait_for(service.enter(), 2)  # refused at once, not queued behind the reload
-            assert refused.value.status_code == 429 and refused.value.headers == {"Retry-After": "1"}
-        await asyncio.gather(*waiting)
-        return service.in_flight
+            assert refused.value.status_code == 429 and refused.value.headers == {"Retry-After": "1"}  # none done
+        entered = await asyncio.gather(*waiting)
+        assert service.in_flight == 2
+        for took in (2.5, 7.2, 9.0):  # Retry-After: about when a place frees, the recent requests' median time in
+            service.leave(time.monotonic() - took)  # flight, rounded up (it said 1 s however long they took)
+            service.in_flight += 1
+        with pytest.raises(HTTPException) as refused:
+            await service.enter()
+        assert refused.value.headers == {"Retry-After": "8"}
+        return entered
 
-    assert asyncio.run(main()) == 2
+    assert len(asyncio.run(main())) == 2

@@ -14,8 +14,11 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
+import statistics
 import time
+from collections import deque
 from typing import Any, Awaitable, Callable, Optional, Union
 
 import openai
@@ -72,6 +75,7 @@ class Service:
         self.failed: Optional[str] = None  # why loading failed
         self.in_flight = 0
         self.waiting = 0  # requests waiting behind a reload: they count against serve.max_queue too
+        self.served_s: deque[float] = deque(maxlen=32)  # the last requests' time in flight: a 429's Retry-After
         self.gate = asyncio.Lock()  # held by a reload: new requests wait; it waits for those in flight
         self.failed_reloads: set[int] = set()
         self.selector: Any = None
@@ -152,7 +156,8 @@ class Service:
 
     # ------------------------------------------------------------------ requests
 
-    async def enter(self) -> None:
+    async def enter(self) -> float:
+        """Wait for a place in flight; returns when it got in, for ``leave``. 429 past ``serve.max_queue``."""
         if self.failed:
             raise HTTPException(503, detail=f"the model failed to load: {self.failed}")
         if not self.ready:
@@ -160,16 +165,24 @@ class Service:
                                 headers={"Retry-After": "5"})
         if self.in_flight + self.waiting >= self.config.serve.max_queue:
             raise HTTPException(429, detail=f"{self.in_flight + self.waiting} requests in flight (serve.max_queue="
-                                            f"{self.config.serve.max_queue}): retry shortly", headers={"Retry-After": "1"})
+                                            f"{self.config.serve.max_queue}): retry shortly",
+                                headers={"Retry-After": self.retry_after()})
         self.waiting += 1
         try:
             async with self.gate:
                 self.in_flight += 1
+                return time.monotonic()
         finally:
             self.waiting -= 1
 
-    def leave(self) -> None:
+    def leave(self, entered: float) -> None:
         self.in_flight -= 1
+        self.served_s.append(time.monotonic() - entered)
+
+    def retry_after(self) -> str:
+        """A refused client's wait, in whole seconds: how long the recent requests were in flight (their median),
+        about when a place frees. 1 before any has finished."""
+        return str(max(1, math.ceil(statistics.median(self.served_s)))) if self.served_s else "1"
 
     async def watch(self) -> None:
         """serve.reload=auto: look for a newer checkpoint every ``serve.reload_check_s``, whether or not requests
@@ -454,11 +467,11 @@ def build_app(service: Service) -> FastAPI:
             parsed = SummarizeRequest.model_validate_json(await read_body(request))
         except ValidationError as e:
             raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in e.errors()]) from None
-        await service.enter()
+        entered = await service.enter()
         try:
             return await service.summarize(parsed, gone=request.is_disconnected)
         finally:
-            service.leave()
+            service.leave(entered)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request, authorization: Optional[str] = Header(default=None)) -> dict:
@@ -490,7 +503,7 @@ def build_app(service: Service) -> FastAPI:
         model = body.get("model")
         if not service.serves(model):  # before the queue: an unknown model is a 404 now, not a 429 or a wait
             raise HTTPException(404, detail=service.not_served(model))
-        await service.enter()
+        entered = await service.enter()
         try:
             if not service.serves(model):  # a reload while it waited replaced the step it named
                 raise HTTPException(404, detail=service.not_served(model))
@@ -504,6 +517,6 @@ def build_app(service: Service) -> FastAPI:
                 raise _refused_parameter(e) from None
             return {**response.model_dump(exclude_none=True), "model": service.name}
         finally:
-            service.leave()
+            service.leave(entered)
 
     return app

@@ -117,7 +117,8 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             statuses = [r.status_code for r in asyncio.run(burst())]
             assert 429 in statuses and 200 in statuses  # serve.max_queue=2: the rest are told to come back
             limited = next(r for r in asyncio.run(burst()) if r.status_code == 429)
-            assert limited.headers["retry-after"] == "1" and "serve.max_queue=2" in limited.json()["error"]["message"]
+            # whole seconds, from how long the requests before it took (test_requests_waiting_behind_a_reload_...)
+            assert int(limited.headers["retry-after"]) >= 1 and "serve.max_queue=2" in limited.json()["error"]["message"]
             assert (limited.json()["error"]["type"], limited.json()["error"]["code"]) == ("rate_limit_error", 429)
             assert httpx.get(f"{served.url}/health").json()["step"] == 2  # still serving
 

@@ -303,7 +303,8 @@ class Rows:
 
     max_tokens: Sequence[int]  # each row's own budget: the call runs to the largest, a row ends at its own
     wanted: Callable[[], Sequence[bool]]  # which rows someone still waits for; the others stop where they are
-    done: Callable[[int, "Completion"], None]  # row i's completion, as soon as it has ended (not at the call's end)
+    done: Optional[Callable[[int, "Completion"], None]] = None  # row i's completion as soon as it ends (not at the
+    # call's end); None: only the completions generate returns
 
 
 class Engine:
@@ -490,7 +491,7 @@ class Engine:
                               finish_reason=finish, prompt_tokens=len(unique[row_of[row]]))
 
         ended = None
-        if rows is not None:
+        if rows is not None and rows.done is not None:
             def ended(row: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
                 rows.done(row, completion(row, tokens, logprobs))
 

@@ -87,7 +87,6 @@ class Batcher:
         self.window_s = window_s
         self.queue: "queue.Queue[Optional[_Pending]]" = queue.Queue()
         self.batch_sizes: list[int] = []  # for tests and the perf command
-        self.abandoned_rows = 0  # rows whose clients disconnected before their completion
         self.thread = threading.Thread(target=self._run, name="summrl-batcher", daemon=True)
         self.thread.start()
 
@@ -169,10 +168,10 @@ class Batcher:
                     return [not item.future.done() for item in items]
 
                 def done(row: int, result: Completion, items=items) -> None:
-                    if self.early:
-                        items[row].loop.call_soon_threadsafe(_set_result, items[row].future, result)
+                    items[row].loop.call_soon_threadsafe(_set_result, items[row].future, result)
 
-                rows = Rows(max_tokens=[i.params.max_tokens for i in items], wanted=wanted, done=done)
+                rows = Rows(max_tokens=[i.params.max_tokens for i in items], wanted=wanted,
+                            done=done if self.early else None)
                 try:
                     results = on_compute_thread(self.engine.generate, [i.prompt for i in items], params,
                                                 use_lora=items[0].use_lora, seeds=[i.seed for i in items], rows=rows)
@@ -182,7 +181,6 @@ class Batcher:
                     continue
                 gone = sum(item.future.cancelled() for item in items)
                 if gone:
-                    self.abandoned_rows += gone
                     log.info(f"summrl: {gone} of {len(items)} rows were abandoned (their clients disconnected) and "
                              f"generated no further: the call ran {max(len(r.token_ids) for r in results)} of "
                              f"{params.max_tokens} tokens")

@@ -27,12 +27,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from summrl.config import config_error, refuse_secrets
 from summrl.errors import ConfigError, Failure, full_errors, stop_signal, stopped_by
+from summrl.secrets import redact_text
 
 
 def run(main: Callable[[], object]) -> NoReturn:
     os.environ.setdefault("SUMMRL_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", ""))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it would print; the user's choice is kept above
     signal.signal(signal.SIGTERM, _terminate)
+    if PRINTS_CONFIG.intersection(sys.argv[1:]):
+        sys.stdout = _Redacted(sys.stdout)
     try:
         try:
             main()
@@ -52,6 +55,24 @@ def run(main: Callable[[], object]) -> NoReturn:
     except SystemExit as e:
         _exit(e.code)
     _exit(0)
+
+
+# Hydra's flags that print the config (``--cfg job --resolve`` with its interpolations resolved, ``${oc.env:...}``
+# among them) or help made from it, before summrl sees the config
+PRINTS_CONFIG = {"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i"}
+
+
+class _Redacted:
+    """stdout with the secrets masked (summrl.secrets): what Hydra prints for those flags goes through ``print``."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(redact_text(text))
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding: the stream's own
+        return getattr(self.stream, name)
 
 
 def _terminate(signum: int, frame: Any) -> None:

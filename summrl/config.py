@@ -942,7 +942,7 @@ class SFTConfig:
 @dataclass
 class RunConfig:
     name: str = MISSING  # ART model name (and W&B run id): one per run; rerunning with it resumes
-    dir: str = MISSING  # the run folder: resolved config, overrides, history, checkpoints
+    dir: Optional[str] = MISSING  # the run folder (Hydra's output folder: null only under --cfg, which makes none)
 
     def __post_init__(self) -> None:
         _check_folder_name(self.name, "run.name")

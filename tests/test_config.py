@@ -646,3 +646,29 @@ def test_a_judge_or_teacher_model_litellm_cant_route_is_refused_before_anything_
     spelled = compose_config(["experiment=local", "judge=gemini_flash", "sft=distill", "storage.enabled=false",
                               "sft.teacher.model=openai/teacher", "sft.teacher.api_base=http://127.0.0.1:9/v1"])
     assert not [p for p in problems(spelled) if "provider" in p]
+
+
+@pytest.mark.parametrize("entry", ["train", "benchmark"])
+def test_cfg_job_resolve_prints_the_config_with_its_keys_masked(entry, tmp_path):
+    """Hydra's `--cfg job --resolve` ended in a config error: the run folder (Hydra's output folder) is not made
+    then, and its typed setting refused null. Printed, an ${oc.env:...} of a key is masked, as in every log."""
+    import os
+
+    override = ("judge.api_base=http://127.0.0.1:9/${oc.env:GEMINI_API_KEY}" if entry == "train"
+                else "benchmark.name=n${oc.env:GEMINI_API_KEY}")
+    result = subprocess.run([sys.executable, "-m", f"summrl.{entry}", override, "--cfg", "job", "--resolve"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "GEMINI_API_KEY": "planted-gemini-cfg-7c1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "planted-gemini-cfg-7c1" not in result.stdout + result.stderr
+    shown = {"train": ("  dir: null", "api_base: http://127.0.0.1:9/***"),
+             "benchmark": ("  output_dir: null", "name: n***")}[entry]
+    assert all(line in result.stdout for line in shown), result.stdout
+    # null set by hand in a run: refused naming the setting to use, not a TypeError's traceback later
+    null = {"train": ["experiment=local", "run.dir=null"], "benchmark": ["benchmark.output_dir=null", "benchmark.models=[]"]}
+    refused = subprocess.run([sys.executable, "-m", f"summrl.{entry}", *null[entry], f"hydra.run.dir={tmp_path}"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        {"train": "summrl: config error: run.dir=null: the run folder is Hydra's output folder; set hydra.run.dir=<folder>",
+         "benchmark": "summrl: config error: benchmark.output_dir: null; it is Hydra's output folder"}[entry])

@@ -87,7 +87,7 @@ class BenchmarkSection:
     and run folder into :class:`BenchmarkSettings`."""
 
     name: str = MISSING  # the output folder is benchmarks/<name>; rerunning with the same name resumes
-    output_dir: str = MISSING
+    output_dir: Optional[str] = MISSING  # Hydra's output folder: null only under --cfg, which makes none
     # Each entry: a litellm id; or {model: <litellm id>, label:, api_base:, api_key_env:};
     # or {best_of_n: {model: <litellm id> | step: <checkpoint step>, n: 4, label:, api_base:, api_key_env:}}.
     models: list[Any] = field(default_factory=list)
@@ -168,6 +168,9 @@ def _settings(section: BenchmarkSection) -> BenchmarkSettings:
     if duplicate:
         raise ConfigError(f"benchmark.models: two entries are labelled {duplicate!r}; give one a distinct label")
     run = _trained_run(section.run_dir, section.steps, section.every)
+    if section.output_dir is None:
+        raise ConfigError("benchmark.output_dir: null; it is Hydra's output folder (benchmarks/<benchmark.name>): set "
+                          "hydra.run.dir=<folder> instead")
     if not models and run is None:
         raise ConfigError("benchmark: nothing to benchmark; list benchmark.models or set benchmark.run_dir")
     return BenchmarkSettings(

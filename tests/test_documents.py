@@ -672,3 +672,45 @@ def test_offline_questions_checked_at_another_min_recall_are_cached_apart():
 
     assert OfflineQuestionWriter().writer == OFFLINE_WRITER  # the caches written so far stay valid
     assert OfflineQuestionWriter(min_recall=1.0).writer != OFFLINE_WRITER  # their verdicts differ: not reused
+
+
+def _old_between_characters(run, limit, count_tokens):
+    """The cuts between characters before each was searched for near the last (a binary search over the whole rest)."""
+    out = []
+    while (tokens := count_tokens(run)) > limit and len(run) > 1:
+        low, high = 1, len(run) - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if count_tokens(run[:middle]) <= limit:
+                low = middle
+            else:
+                high = middle - 1
+        out.append((run[:low], count_tokens(run[:low])))
+        run = run[low:]
+    return out + [(run, tokens)]
+
+
+def test_a_long_run_with_no_space_is_cut_as_before_in_linear_work():
+    """A 200,000-character run with no space (a URL, Chinese text) at a limit of 500 counted 411 times its characters
+    (82 M with a real tokenizer): each cut's search tokenized halves of the whole rest. The cuts are the same."""
+    import random
+
+    from summrl.data.documents import _between_characters
+
+    text, counted = "今天市政府宣布新的交通计划。" * 14_286, 0
+
+    def budgeted(piece: str) -> int:
+        nonlocal counted
+        counted += len(piece)
+        if counted > 40 * len(text):
+            raise AssertionError(f"counted {counted} characters of a {len(text)}-character text: quadratic")
+        return len(piece)
+
+    cuts = _between_characters(text, 500, budgeted)
+    assert [len(c) for c, _ in cuts] == [500] * 400 + [4] and "".join(c for c, _ in cuts) == text
+    rng = random.Random(11)
+    for counter in (len, subwords):
+        for _ in range(40):
+            run = "".join(rng.choice("ab1-.,中文") for _ in range(rng.randint(1, 900)))
+            for limit in (1, 2, 7, 50, 300):
+                assert _between_characters(run, limit, counter) == _old_between_characters(run, limit, counter)

@@ -489,19 +489,19 @@ def _first_over(low: int, high: int, guess: int, over: Callable[[int], bool]) ->
 def _between_characters(run: str, limit: int, count_tokens: Callable[[str], int]) -> list[tuple[str, int]]:
     """A run with no space to cut at (Chinese or Japanese text, a URL, a long word) over the limit: its longest
     prefixes within the limit, cut between characters (it passed the limit whole, as one part), each with its
-    token count. A run within the limit is itself."""
-    out = []
-    while (tokens := count_tokens(run)) > limit and len(run) > 1:
-        low, high = 1, len(run) - 1  # the longest prefix within the limit (at least one character)
-        while low < high:
-            middle = (low + high + 1) // 2
-            if count_tokens(run[:middle]) <= limit:
-                low = middle
-            else:
-                high = middle - 1
-        out.append((run[:low], count_tokens(run[:low])))
-        run = run[low:]
-    return out + [(run, tokens)]
+    token count. A run within the limit is itself. Each cut is searched for near the last one's length, as
+    ``_word_runs`` does: a binary search over the whole rest counted 411 times the text's characters for 200,000
+    characters at a limit of 500 tokens, quadratic in the text."""
+    out, start, guess = [], 0, limit
+    while True:
+        def over(end: int, start: int = start) -> bool:
+            return count_tokens(run[start:end]) > limit
+
+        end = _first_over(start + 2, len(run), start + guess, over) - 1  # run[start:end]: at least one character
+        out.append((run[start:end], count_tokens(run[start:end])))
+        if end >= len(run):
+            return out
+        guess, start = end - start, end
 
 
 def policy_token_counter(model: Any) -> Callable[[str], int]:

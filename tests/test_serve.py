@@ -267,9 +267,11 @@ def test_a_request_whose_client_gives_up_stops_generating_and_the_next_is_served
             httpx.post(f"{served.url}/v1/chat/completions", json={**chat, "n": 16, "max_tokens": 3000}, timeout=2)
         after = httpx.post(f"{served.url}/v1/chat/completions", json={**chat, "max_tokens": 3}, timeout=120)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 3
-        (stopped,) = re.findall(r"summrl: 16 of 16 rows were abandoned \(their clients disconnected\) and generated "
-                                r"no further: the call ran (\d+) of 3000 tokens", served.log.read_text())
-        assert int(stopped) < 3000
+        # stopped while generated, or (a slow machine) dropped before its call started
+        stopped = re.findall(r"summrl: 16 of 16 rows were abandoned \(their clients disconnected\) and generated "
+                             r"no further: the call ran (\d+) of 3000 tokens", served.log.read_text())
+        dropped = "summrl: 16 rows were abandoned (their clients disconnected) before they were generated"
+        assert (len(stopped) == 1 and int(stopped[0]) < 3000) or dropped in served.log.read_text(), served.log.read_text()
     finally:
         served.stop()
     assert "Traceback" not in served.log.read_text() and "never retrieved" not in served.log.read_text()

@@ -138,7 +138,11 @@ class Batcher:
             if first is None:
                 return
             batch, stop = self._collect(first)
+            waited = len(batch)
             batch = [item for item in batch if not item.future.done()]  # a client that gave up while it waited
+            if len(batch) < waited:
+                log.info(f"summrl: {waited - len(batch)} rows were abandoned (their clients disconnected) before "
+                         "they were generated")
             # Requests that sample differently run in separate generate calls.
             by_kind: dict[tuple, list[_Pending]] = {}
             for item in batch:  # a burst runs in calls of its own: what shares them must not depend on timing

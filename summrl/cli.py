@@ -34,7 +34,7 @@ def run(main: Callable[[], object]) -> NoReturn:
     os.environ.setdefault("SUMMRL_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", ""))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it would print; the user's choice is kept above
     signal.signal(signal.SIGTERM, _terminate)
-    if PRINTS_CONFIG.intersection(sys.argv[1:]):
+    if PRINTS_CONFIG.intersection(arg.split("=", 1)[0] for arg in sys.argv[1:]):  # --cfg job, --cfg=job
         sys.stdout = _Redacted(sys.stdout)
     try:
         try:

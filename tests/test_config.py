@@ -656,7 +656,8 @@ def test_cfg_job_resolve_prints_the_config_with_its_keys_masked(entry, tmp_path)
 
     override = ("judge.api_base=http://127.0.0.1:9/${oc.env:GEMINI_API_KEY}" if entry == "train"
                 else "benchmark.name=n${oc.env:GEMINI_API_KEY}")
-    result = subprocess.run([sys.executable, "-m", f"summrl.{entry}", override, "--cfg", "job", "--resolve"],
+    flags = ["--cfg", "job", "--resolve"] if entry == "train" else ["--cfg=job", "--resolve"]  # argparse's two forms
+    result = subprocess.run([sys.executable, "-m", f"summrl.{entry}", override, *flags],
                             cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "GEMINI_API_KEY": "planted-gemini-cfg-7c1"})
     assert result.returncode == 0, result.stderr[-2000:]

@@ -42,9 +42,9 @@ def load_config(cfg: DictConfig) -> Config:
     # serve, export, benchmark and resume read a run as one folder: its .hydra/ config (which Hydra writes into its
     # output folder before the job starts), log, result.json and checkpoints
     if config.run.dir is None or Path(config.run.dir).resolve() != Path(hydra_cfg.runtime.output_dir).resolve():
-        folder = "<folder>" if config.run.dir is None else config.run.dir
         raise ConfigError(f"run.dir={config.run.dir or 'null'}: the run folder is Hydra's output folder; set "
-                          f"hydra.run.dir={folder} instead (run.dir follows it; hydra.sweep.dir for a multirun)")
+                          f"hydra.run.dir={config.run.dir or '<folder>'} instead (run.dir follows it; hydra.sweep.dir "
+                          "for a multirun)")
     # sft's options differ only in their kind: a kind set past the option (sft.kind=best_of_n) ran that stage, while
     # the W&B tags and the group's key in the config said sft=none
     chosen = hydra_cfg.runtime.choices.get("sft")

@@ -627,19 +627,24 @@ def subwords(text: str) -> int:
     return len(re.findall(r"\w{1,3}|[^\w\s]", text))
 
 
-def test_a_long_line_with_no_sentence_end_splits_in_linear_work_within_the_limit():
-    """Each word re-counted the whole run so far: 20,000 words took 62 s, 200,000 did not finish in 120 s."""
-    text = " ".join(f"w{i % 977}" for i in range(200_000))
+def budgeted(text: str, count_tokens):
+    """``count_tokens``, failing once all its calls together have counted 40 times ``text``'s characters: linear work,
+    not quadratic."""
     counted = 0
 
-    def budgeted(piece: str) -> int:  # the characters counted, all calls together: linear, not quadratic
+    def count(piece: str) -> int:
         nonlocal counted
         counted += len(piece)
         if counted > 40 * len(text):
             raise AssertionError(f"counted {counted} characters of a {len(text)}-character text: quadratic")
-        return words(piece)
+        return count_tokens(piece)
+    return count
 
-    parts = split_text(text, 500, budgeted)
+
+def test_a_long_line_with_no_sentence_end_splits_in_linear_work_within_the_limit():
+    """Each word re-counted the whole run so far: 20,000 words took 62 s, 200,000 did not finish in 120 s."""
+    text = " ".join(f"w{i % 977}" for i in range(200_000))
+    parts = split_text(text, 500, budgeted(text, words))
     assert len(parts) == 400 and all(words(p) <= 500 for p in parts)
     assert " ".join(parts) == text  # every word, in order
 
@@ -697,16 +702,8 @@ def test_a_long_run_with_no_space_is_cut_as_before_in_linear_work():
 
     from summrl.data.documents import _between_characters
 
-    text, counted = "今天市政府宣布新的交通计划。" * 14_286, 0
-
-    def budgeted(piece: str) -> int:
-        nonlocal counted
-        counted += len(piece)
-        if counted > 40 * len(text):
-            raise AssertionError(f"counted {counted} characters of a {len(text)}-character text: quadratic")
-        return len(piece)
-
-    cuts = _between_characters(text, 500, budgeted)
+    text = "今天市政府宣布新的交通计划。" * 14_286
+    cuts = _between_characters(text, 500, budgeted(text, len))
     assert [len(c) for c, _ in cuts] == [500] * 400 + [4] and "".join(c for c, _ in cuts) == text
     rng = random.Random(11)
     for counter in (len, subwords):

@@ -439,20 +439,25 @@ def _pieces(text: str, limit: int, count_tokens: Callable[[str], int]) -> list[t
 
 
 def _word_runs(sentence: str, limit: int, count_tokens: Callable[[str], int]) -> list[str]:
-    """A sentence over the limit as runs of whole words: each run the longest that stays within the limit (at least
-    one word). The cuts are those of adding one word at a time and cutting before the word that takes the run over
-    the limit, found by probing near the last run's length instead: a few counts per run, not one per word (a
-    200,000-word line with no sentence end took minutes)."""
-    words = sentence.split(" ")
-    runs, start, guess = [], 0, limit
-    while start < len(words):
-        def over(end: int, start: int = start) -> bool:
-            return count_tokens(" ".join(words[start:end])) > limit
+    """A sentence over the limit as runs of whole words (``_longest_runs``): a 200,000-word line with no sentence end
+    took minutes when each word re-counted the run so far."""
+    return _longest_runs(sentence.split(" "), " ", limit, count_tokens)
 
-        end = _first_over(start + 2, len(words), start + 1 + guess, over) - 1  # the run is words[start:end]
-        runs.append(" ".join(words[start:end]))
+
+def _longest_runs(units: list[str], sep: str, limit: int, count_tokens: Callable[[str], int]) -> list[str]:
+    """``units`` joined by ``sep`` into runs, each the longest that stays within the limit (at least one unit). The
+    cuts are those of adding one unit at a time and cutting before the unit that takes the run over the limit, found
+    by probing near the last run's length instead: a few counts per run, not one per unit."""
+    runs, start, guess = [], 0, limit
+    while True:
+        def over(end: int, start: int = start) -> bool:
+            return count_tokens(sep.join(units[start:end])) > limit
+
+        end = _first_over(start + 2, len(units), start + 1 + guess, over) - 1  # the run is units[start:end]
+        runs.append(sep.join(units[start:end]))
+        if end >= len(units):
+            return runs
         guess, start = end - start, end
-    return runs
 
 
 def _first_over(low: int, high: int, guess: int, over: Callable[[int], bool]) -> int:
@@ -488,20 +493,10 @@ def _first_over(low: int, high: int, guess: int, over: Callable[[int], bool]) ->
 
 def _between_characters(run: str, limit: int, count_tokens: Callable[[str], int]) -> list[tuple[str, int]]:
     """A run with no space to cut at (Chinese or Japanese text, a URL, a long word) over the limit: its longest
-    prefixes within the limit, cut between characters (it passed the limit whole, as one part), each with its
-    token count. A run within the limit is itself. Each cut is searched for near the last one's length, as
-    ``_word_runs`` does: a binary search over the whole rest counted 411 times the text's characters for 200,000
-    characters at a limit of 500 tokens, quadratic in the text."""
-    out, start, guess = [], 0, limit
-    while True:
-        def over(end: int, start: int = start) -> bool:
-            return count_tokens(run[start:end]) > limit
-
-        end = _first_over(start + 2, len(run), start + guess, over) - 1  # run[start:end]: at least one character
-        out.append((run[start:end], count_tokens(run[start:end])))
-        if end >= len(run):
-            return out
-        guess, start = end - start, end
+    prefixes within the limit, cut between characters (``_longest_runs``; it passed the limit whole, as one part),
+    each with its token count. A run within the limit is itself. (A binary search over the whole rest for each cut
+    counted 411 times the text's characters for 200,000 characters at a limit of 500 tokens.)"""
+    return [(cut, count_tokens(cut)) for cut in _longest_runs(list(run), "", limit, count_tokens)]
 
 
 def policy_token_counter(model: Any) -> Callable[[str], int]:

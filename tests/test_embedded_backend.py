@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import re
 import subprocess
 import time
 import sys
@@ -174,6 +175,77 @@ def test_a_batch_is_sampled_in_one_order_whatever_order_its_requests_arrive_in(l
     backward = loop.run_until_complete(together(requests[::-1]))[::-1]
     assert backend._batcher.batch_sizes[before:] == [3, 3]  # each time, one batch of the three
     assert forward == backward
+
+
+def test_a_streamed_chat_sends_each_choices_text_as_it_is_drawn_and_ends_as_the_reply_does(loop, session):
+    """stream=true, as OpenAI's clients and chat UIs send it, was a 400. Each choice's text comes in pieces as its
+    tokens are drawn, and joined it is the reply the same request gets unstreamed; the usage chunk counts the same."""
+    backend, model, _, _ = session
+    client = model.openai_client()
+    ask = dict(model=model.get_inference_name(), messages=[{"role": "user", "content": "List three colors."}],
+               temperature=1.0, max_tokens=12, n=2, seed=5)
+
+    async def streamed() -> tuple:
+        texts, pieces, finish, usage = {0: "", 1: ""}, {0: 0, 1: 0}, {}, None
+        async for chunk in await client.chat.completions.create(**ask, stream=True,
+                                                                 stream_options={"include_usage": True}):
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    texts[choice.index] += choice.delta.content
+                    pieces[choice.index] += 1
+                if choice.finish_reason:
+                    finish[choice.index] = choice.finish_reason
+        return texts, pieces, finish, usage
+
+    texts, pieces, finish, usage = loop.run_until_complete(streamed())
+    whole = loop.run_until_complete(client.chat.completions.create(**ask))
+    assert texts == {c.index: c.message.content for c in whole.choices}
+    assert finish == {c.index: c.finish_reason for c in whole.choices}
+    assert usage.completion_tokens == whole.usage.completion_tokens and usage.prompt_tokens == whole.usage.prompt_tokens
+    assert all(count > 1 for count in pieces.values())  # in pieces as drawn, not the whole text in one chunk
+    with pytest.raises(openai.BadRequestError, match="logprobs: not supported with stream=true"):
+        loop.run_until_complete(client.chat.completions.create(**ask, stream=True, logprobs=True))
+
+
+def test_a_streamed_text_is_the_whole_texts_decoding_however_its_characters_split_into_tokens(session):
+    """Characters that span byte tokens (accents, CJK, emoji) wait for their last byte; the pieces join to the text."""
+    from summrl.backends.embedded.server import _Text
+
+    engine = session[0].engine
+    for text in ("naïve café — 日本語の要約 😀👍🏽 done.", "  two leading spaces\n\nand a\tTab", "Ünïcödé"):
+        ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+        streamed = _Text(engine)
+        pieces = [streamed.add(token) for token in ids]
+        assert not any("\ufffd" in piece for piece in pieces)
+        assert "".join(pieces) + streamed.rest(ids) == engine.decode(ids) == text
+        assert sum(bool(piece) for piece in pieces) > len(text.split()) // 2  # in pieces, not held to the end
+
+
+def test_a_stream_its_client_closes_stops_generating(loop, session, caplog):
+    """A chat UI's stop button closes the stream: its row stops where it is, and the engine is free for the next."""
+    backend, model, _, _ = session
+    client = model.openai_client()
+    ask = dict(model=model.get_inference_name(), messages=[{"role": "user", "content": "Tell a long story."}],
+               temperature=1.0, max_tokens=64, seed=3)
+    whole = loop.run_until_complete(client.chat.completions.create(**ask))
+    assert whole.choices[0].finish_reason == "length"  # unstopped, it runs all 64 tokens
+
+    async def stop_after_two_pieces() -> None:
+        stream, pieces = await client.chat.completions.create(**ask, stream=True), 0
+        async for chunk in stream:
+            pieces += bool(chunk.choices and chunk.choices[0].delta.content)
+            if pieces == 2:
+                break
+        await stream.close()
+
+    with caplog.at_level("INFO", logger="summrl.backends.embedded.server"):
+        loop.run_until_complete(stop_after_two_pieces())
+        deadline = time.monotonic() + 30
+        while not (ran := re.findall(r"1 of 1 rows were abandoned .* the call ran (\d+) of 64 tokens", caplog.text)):
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.1)
+    assert int(ran[-1]) < 64
 
 
 def test_a_burst_over_the_batch_size_runs_as_the_same_generate_calls_whatever_its_arrival_order():

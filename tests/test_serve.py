@@ -272,6 +272,19 @@ def test_a_request_whose_client_gives_up_stops_generating_and_the_next_is_served
                              r"no further: the call ran (\d+) of 3000 tokens", served.log.read_text())
         dropped = "summrl: 16 rows were abandoned (their clients disconnected) before they were generated"
         assert (len(stopped) == 1 and int(stopped[0]) < 3000) or dropped in served.log.read_text(), served.log.read_text()
+        # a streamed chat its client closes (a chat UI's stop button) once text has come: it is generating, so stopped
+        with httpx.stream("POST", f"{served.url}/v1/chat/completions", timeout=120,
+                          json={**chat, "n": 8, "max_tokens": 3000, "stream": True}) as stream:
+            pieces = (line for line in stream.iter_lines() if '"content":' in line and '"content": ""' not in line)
+            next(pieces), next(pieces)
+        deadline = time.monotonic() + 60
+        while not (ran := re.findall(r"summrl: 8 of 8 rows were abandoned \(their clients disconnected\) and "
+                                     r"generated no further: the call ran (\d+) of 3000 tokens", served.log.read_text())):
+            assert time.monotonic() < deadline, served.log.read_text()[-2000:]
+            time.sleep(0.2)
+        assert int(ran[0]) < 3000
+        after = httpx.post(f"{served.url}/v1/chat/completions", json={**chat, "max_tokens": 3}, timeout=120)
+        assert after.status_code == 200  # and its place in flight was given back
     finally:
         served.stop()
     assert "Traceback" not in served.log.read_text() and "never retrieved" not in served.log.read_text()
@@ -418,6 +431,13 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
                                     ([{"type": "text", "text": "Be brief."}],
                                      [{"type": "text", "text": "Summarize: a bridge "}, {"type": "text", "text": "reopened."}]))]
         assert replies[0] and replies[0] == replies[1]
+        # streamed, as chat UIs ask: the same greedy text, in pieces as it is drawn, under the served model's name
+        chunks = list(strict.chat.completions.create(model="shared@3", max_tokens=8, temperature=0, stream=True,
+                                                     messages=[{"role": "system", "content": "Be brief."},
+                                                               {"role": "user", "content": "Summarize: a bridge reopened."}]))
+        pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        assert "".join(pieces) == replies[0] and len(pieces) > 1 and {c.model for c in chunks} == {"shared@3"}
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
         for i in range(8):
             reply = summarize(served.url, f"Report {i}. The Harbor Festival in Port {i} drew {100 + i} visitors on "
@@ -584,8 +604,6 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             # "false" as a string was refused as if it asked to stream; a false boolean is what OpenAI's clients send
             assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stream": "false"}),
                          400) == "bad request: stream: must be true or false, got 'false'"
-            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stream": True}),
-                         400) == "bad request: stream=true is not supported"
             assert client.post("/v1/chat/completions", headers=key, json={**chat, "stream": False}).status_code == 200
             assert error(client.get("/v1/nothing"), 404) == "Not Found"
             assert error(client.get("/v1/summarize", headers=key), 405) == "Method Not Allowed"

@@ -19,12 +19,12 @@ import os
 import statistics
 import time
 from collections import deque
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
 
 import openai
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -484,15 +484,13 @@ def build_app(service: Service) -> FastAPI:
             raise HTTPException(400, detail="bad request: messages: a non-empty list of chat messages is required")
         if body.get("stream") is not None and not isinstance(body["stream"], bool):
             raise HTTPException(400, detail=f"bad request: stream: must be true or false, got {body['stream']!r}")
-        if body.get("stream"):
-            raise HTTPException(400, detail="bad request: stream=true is not supported")
         # said, not silently dropped: a client relying on them would get text they did not ask for
         unsupported = [k for k in UNSUPPORTED_CHAT if body.get(k) not in (None, [], {}, False, 0)]
         unsupported += sorted(k for k in body if k not in CHAT_FIELDS and k not in UNSUPPORTED_CHAT)
         if unsupported:
             raise HTTPException(400, detail=f"bad request: {', '.join(unsupported)}: not supported by this server "
                                             "(it samples the summarizer's text: max_tokens, temperature, top_p, seed, n, "
-                                            "logprobs, response_format)")
+                                            "logprobs, response_format, stream)")
         if not isinstance(body.get("model"), str):
             raise HTTPException(400, detail=f"bad request: model: required, the served model's id ({service.name})")
         n, max_n = 1 if body.get("n") is None else body["n"], service.config.serve.max_n
@@ -503,20 +501,40 @@ def build_app(service: Service) -> FastAPI:
         model = body.get("model")
         if not service.serves(model):  # before the queue: an unknown model is a 404 now, not a 429 or a wait
             raise HTTPException(404, detail=service.not_served(model))
-        entered = await service.enter()
+        entered, streaming = await service.enter(), False
         try:
             if not service.serves(model):  # a reload while it waited replaced the step it named
                 raise HTTPException(404, detail=service.not_served(model))
             params = {k: body[k] for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-                                          "logprobs", "top_logprobs", "response_format") if body.get(k) is not None}
+                                          "logprobs", "top_logprobs", "response_format", "stream",
+                                          "stream_options") if body.get(k) is not None}
             try:
                 response = await service.generate(messages, n, gone=request.is_disconnected, **params)
             except openai.APIStatusError as e:
                 if e.status_code not in (400, 422):
                     raise
                 raise _refused_parameter(e) from None
-            return {**response.model_dump(exclude_none=True), "model": service.name}
+            if not body.get("stream"):
+                return {**response.model_dump(exclude_none=True), "model": service.name}
+            streaming = True  # in flight until its last chunk: a reload waits for it
+            return StreamingResponse(relay(response, entered), media_type="text/event-stream")
         finally:
+            if not streaming:
+                service.leave(entered)
+
+    async def relay(stream: Any, entered: float) -> AsyncIterator[str]:
+        """The backend's chunks as they come, under the served model's name. A client that goes closes the stream
+        to the backend, which stops generating its rows."""
+        try:
+            async for chunk in stream:
+                yield f"data: {json.dumps({**chunk.model_dump(exclude_unset=True), 'model': service.name})}\n\n"
+            yield "data: [DONE]\n\n"
+        except openai.APIError as e:  # the backend failed mid-stream: said in the stream, as OpenAI says it
+            line = redact_text(" ".join(f"{type(e).__name__}: {e}".split()))[:300]
+            log.error(f"summrl: a streamed chat failed: {line}")
+            yield f"data: {json.dumps({'error': {'message': f'internal error: {line}', 'type': 'server_error'}})}\n\n"
+        finally:
+            await stream.close()
             service.leave(entered)
 
     return app

@@ -305,6 +305,8 @@ class Rows:
     wanted: Callable[[], Sequence[bool]]  # which rows someone still waits for; the others stop where they are
     done: Optional[Callable[[int, "Completion"], None]] = None  # row i's completion as soon as it ends (not at the
     # call's end); None: only the completions generate returns
+    tokens: Optional[Callable[[list[Optional[int]]], None]] = None  # each decode step's token of every row (None for
+    # a row that had ended), as it is drawn: streamed replies
 
 
 class Engine:
@@ -496,7 +498,8 @@ class Engine:
                 rows.done(row, completion(row, tokens, logprobs))
 
         tokens, logprobs = self._decode(ids, position, cache, prefix, processors, sample, params.max_tokens,
-                                        len(prompts), budgets, None if rows is None else rows.wanted, ended)
+                                        len(prompts), budgets, None if rows is None else rows.wanted, ended,
+                                        None if rows is None else rows.tokens)
         return [completion(row, tokens[row], logprobs[row]) for row in range(len(prompts))]
 
     def _prefill(self, unique: list[tuple[int, ...]], row_of: list[int], width: int,
@@ -550,6 +553,7 @@ class Engine:
                 processors: Any, sample: Optional[RowSeededSampling], max_tokens: int,
                 rows: int, budgets: Sequence[int], wanted: Optional[Callable[[], Sequence[bool]]] = None,
                 ended: Optional[Callable[[int, torch.Tensor, torch.Tensor], None]] = None,
+                drawn: Optional[Callable[[list[Optional[int]]], None]] = None,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode up to ``max_tokens`` per row from a prefilled cache: (tokens, log-probabilities), [rows, steps].
 
@@ -559,7 +563,8 @@ class Engine:
         step's full-vocabulary logits kept to the end (8 rows x 128 steps of SmolLM2's vocabulary: 200 MB).
         The first step feeds each prompt's last token; the prompts' padding is masked in ``prefix``, so the rows'
         own tokens need no mask. A row past its own budget (``budgets``), or one ``wanted()`` gives up on, is padded
-        from there, as a finished row is; ``ended(row, tokens, logprobs)`` gets each row's tokens when it ends.
+        from there, as a finished row is; ``ended(row, tokens, logprobs)`` gets each row's tokens when it ends, and
+        ``drawn(tokens)`` each step's tokens as they are drawn (None for a row that has ended).
         """
         pad = self.tokenizer.pad_token_id
         eos = torch.tensor(self.eos_ids, device=self.device)
@@ -581,6 +586,8 @@ class Engine:
             norm = sample.log_norm if sample is not None and scores is logits else torch.logsumexp(logits, dim=-1)
             logprobs.append((logits.gather(1, picked[:, None]).squeeze(1) - norm).float())
             tokens.append(picked)
+            if drawn is not None:
+                drawn([token if live else None for token, live in zip(picked.tolist(), running.tolist())])
             finished = running & (torch.isin(picked, eos) | (budget <= step + 1))
             running &= ~finished
             if ended is not None and finished.any():

@@ -19,13 +19,14 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from summrl.backends.disconnect import unless_disconnected
+from summrl.backends.disconnect import POLL_S, unless_disconnected
 from summrl.backends.embedded.compute import on_compute_thread
 from summrl.backends.embedded.engine import Completion, Engine, Rows, SamplingParams
 from summrl.backends.seed import Seed
@@ -53,6 +54,7 @@ class ChatRequest(BaseModel):
     top_logprobs: Optional[int] = None
     seed: Optional[Seed] = None  # checked here: a bad one would fail every request batched with it
     stream: Optional[bool] = None
+    stream_options: Optional[dict[str, Any]] = None  # include_usage: a last chunk with the usage
     response_format: Optional[dict[str, Any]] = None  # json_object / json_schema: constrained decoding
     summrl_burst: Optional[Burst] = None  # an extension: wait for the burst's other rows (each choice is a row)
 
@@ -68,6 +70,7 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     burst: Optional[Burst] = None
+    on_token: Optional[Callable[[int], None]] = None  # a streamed reply's: each token as it is drawn (on ``loop``)
 
 
 MAX_WAIT_S = 0.5  # a steady stream of requests still starts a batch this soon after its first
@@ -92,10 +95,16 @@ class Batcher:
 
     async def submit(self, prompt: list[int], params: SamplingParams, use_lora: bool,
                      seed: Optional[int] = None, burst: Optional[Burst] = None) -> Completion:
+        return await self.enqueue(prompt, params, use_lora, seed, burst)
+
+    def enqueue(self, prompt: list[int], params: SamplingParams, use_lora: bool, seed: Optional[int] = None,
+                burst: Optional[Burst] = None, on_token: Optional[Callable[[int], None]] = None) -> asyncio.Future:
+        """The row's completion, to come; ``on_token(token)`` is called on this event loop as each is drawn.
+        Cancelling the future drops the row (from the queue, or from its generate call where it stops)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.queue.put(_Pending(prompt, params, use_lora, seed, loop, future, burst))
-        return await future
+        self.queue.put(_Pending(prompt, params, use_lora, seed, loop, future, burst, on_token))
+        return future
 
     def close(self) -> None:
         self.queue.put(None)
@@ -174,8 +183,14 @@ class Batcher:
                 def done(row: int, result: Completion, items=items) -> None:
                     items[row].loop.call_soon_threadsafe(_set_result, items[row].future, result)
 
+                def drawn(tokens: list[Optional[int]], items=items) -> None:
+                    for item, token in zip(items, tokens):
+                        if token is not None and item.on_token is not None and not item.future.done():
+                            item.loop.call_soon_threadsafe(item.on_token, token)
+
+                streamed = any(item.on_token is not None for item in items)
                 rows = Rows(max_tokens=[i.params.max_tokens for i in items], wanted=wanted,
-                            done=done if self.early else None)
+                            done=done if self.early else None, tokens=drawn if streamed else None)
                 try:
                     results = on_compute_thread(self.engine.generate, [i.prompt for i in items], params,
                                                 use_lora=items[0].use_lora, seeds=[i.seed for i in items], rows=rows)
@@ -242,8 +257,9 @@ def build_app(
                 status_code=404,
                 detail=f"model {request.model!r} is not served here; served: {', '.join(sorted(names))}",
             )
-        if request.stream:
-            raise HTTPException(status_code=400, detail="stream=true is not supported by the embedded server")
+        if request.stream and request.logprobs:
+            raise HTTPException(status_code=400, detail="logprobs: not supported with stream=true here; ask for them "
+                                                        "without streaming")
         prompt = engine.encode_chat([m.model_dump() for m in request.messages])
         response_format = None
         if request.response_format and request.response_format.get("type") != "text":
@@ -259,10 +275,18 @@ def build_app(
             response_format=response_format,
         )
         # A seed fixes the row's draws whatever else is batched with it; the n choices get seed, seed+1, ...
+        seeds = [None if request.seed is None else request.seed + i for i in range(request.n)]
+        if request.stream:
+            events: asyncio.Queue = asyncio.Queue()
+            futures = [batcher.enqueue(prompt, params, names[request.model], seed, request.summrl_burst,
+                                       on_token=lambda token, i=i: events.put_nowait((i, token)))
+                       for i, seed in enumerate(seeds)]
+            for i, future in enumerate(futures):
+                future.add_done_callback(lambda f, i=i: events.put_nowait((i, f)))
+            return StreamingResponse(_chat_stream(engine, request, prompt, futures, events, raw.is_disconnected),
+                                     media_type="text/event-stream")
         results = await unless_disconnected(asyncio.gather(*(
-            batcher.submit(prompt, params, names[request.model], None if request.seed is None else request.seed + i,
-                           request.summrl_burst)
-            for i in range(request.n)
+            batcher.submit(prompt, params, names[request.model], seed, request.summrl_burst) for seed in seeds
         )), raw.is_disconnected)
         return _chat_response(engine, request, prompt, results)
 
@@ -329,6 +353,84 @@ def _chat_response(engine: Engine, request: ChatRequest, prompt: list[int], resu
             "total_tokens": len(prompt) + completion_tokens,
         },
     }
+
+
+async def _chat_stream(engine: Engine, request: ChatRequest, prompt: list[int], futures: list[asyncio.Future],
+                       events: asyncio.Queue, gone: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk format: each choice's text as its tokens are drawn, then its
+    finish_reason; usage last when ``stream_options.include_usage``; then ``[DONE]``. ``events`` carries
+    ``(choice, token)`` as tokens are drawn and ``(choice, future)`` when a choice ends. A client that goes
+    has its rows cancelled, which stops them in the batcher."""
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": request.model}
+    usage = bool((request.stream_options or {}).get("include_usage"))
+
+    def chunk(index: int, delta: dict, finish: Optional[str] = None) -> str:
+        body = {**head, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        return f"data: {json.dumps({**body, 'usage': None} if usage else body)}\n\n"
+
+    texts = [_Text(engine) for _ in futures]
+    left = len(futures)
+    try:
+        for index in range(len(futures)):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        while left:
+            try:
+                index, event = await asyncio.wait_for(events.get(), timeout=POLL_S)
+            except asyncio.TimeoutError:
+                if await gone():
+                    return
+                continue
+            if isinstance(event, int):
+                if event not in engine.eos_ids:
+                    piece = texts[index].add(event)
+                    if piece:
+                        yield chunk(index, {"content": piece})
+                continue
+            left -= 1
+            try:
+                result: Completion = event.result()
+            except Exception as e:  # the engine failed: said in the stream, as OpenAI's servers say it
+                yield f"data: {json.dumps({'error': {'message': f'{type(e).__name__}: {e}', 'type': 'server_error'}})}\n\n"
+                return
+            rest = texts[index].rest([t for t in result.token_ids if t not in engine.eos_ids])
+            if rest:
+                yield chunk(index, {"content": rest})
+            yield chunk(index, {}, result.finish_reason)
+        if usage:
+            completion = sum(len(f.result().token_ids) for f in futures)
+            counts = {"prompt_tokens": len(prompt), "completion_tokens": completion,
+                      "total_tokens": len(prompt) + completion}
+            yield f"data: {json.dumps({**head, 'choices': [], 'usage': counts})}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        for future in futures:  # the client went (or the stream failed): its rows stop being generated
+            future.cancel()
+
+
+class _Text:
+    """A streamed choice's text, token by token, as vLLM's incremental detokenizer does it: each new token is decoded
+    with the few before it (a tokenizer may drop a leading space, or a character span tokens), in time linear in the
+    text. A character still incomplete (its bytes in tokens to come) decodes as U+FFFD and waits."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.ids, self.sent = engine, [], ""
+        self.prefix = self.read = 0  # decoded: ids[prefix:read] is the context of what is new after it
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        before = self.engine.decode(self.ids[self.prefix:self.read])
+        now = self.engine.decode(self.ids[self.prefix:])
+        if len(now) <= len(before) or now.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        self.sent += now[len(before):]
+        return now[len(before):]
+
+    def rest(self, token_ids: list[int]) -> str:
+        """What the whole reply's text has past what was sent (its held-back last characters)."""
+        whole = self.engine.decode(token_ids)
+        return whole[len(self.sent):] if whole.startswith(self.sent) else ""
 
 
 def free_port() -> int:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from summrl.backends.embedded.server import InferenceServer
 
@@ -43,6 +43,7 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    stream_error: Optional[str] = None  # streamed: an error event in place of the words after the first
 
 
 FAULT_KINDS = ("rate_limited", "server_error", "hang", "not_json", "wrong_shape")
@@ -215,6 +216,9 @@ class FakeLLM:
             prompt_tokens = token_count(body["messages"])
             with self.lock:
                 self.prompt_tokens += prompt_tokens
+            if body.get("stream"):  # a word a chunk, as a server streams tokens
+                return StreamingResponse(self.stream(body["model"], content, reply.stream_error),
+                                         media_type="text/event-stream")
             return {
                 "id": f"fake-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
                 "model": body["model"],
@@ -229,6 +233,19 @@ class FakeLLM:
                 return {"requests": len(self.requests), "outcomes": dict(self.outcomes)}
 
         self.server = InferenceServer(app, port=port)
+
+    @staticmethod
+    async def stream(model: str, content: str, error: Optional[str]):
+        head = {"id": "fake-stream", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        words = re.findall(r"\S+\s*", content)
+        deltas = [{"role": "assistant", "content": ""}] + [{"content": word} for word in words]
+        for i, delta in enumerate(deltas):
+            if error is not None and i == 2:
+                yield f"data: {json.dumps({'error': {'message': error, 'type': 'server_error'}})}\n\n"
+                return
+            yield f"data: {json.dumps({**head, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': None}]})}\n\n"
+        yield f"data: {json.dumps({**head, 'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'stop'}]})}\n\n"
+        yield "data: [DONE]\n\n"
 
     def unscripted(self, body: dict) -> Reply:
         """Under the lock: a judge-like reply, or the fault the fault mode draws for this request."""

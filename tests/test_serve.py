@@ -563,7 +563,7 @@ def test_a_gpu_served_model_gets_its_chat_template_kwargs_in_every_request(monke
     assert [r.get("chat_template_kwargs") for r in fake.requests] == [{"enable_thinking": False}] * 2
 
 
-def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch, tmp_path):
+def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch, tmp_path, caplog):
     """Found by an audit against a running server: a 216 MB body was read whole (killed at 24 GB); stop, tools and
     logit_bias were dropped silently; a lowercase 'bearer' was refused; the router's 404/405 and a recording failure
     (a full disk) were not in OpenAI's error shape, the latter losing the summary. In front of the loopback fake."""
@@ -605,6 +605,24 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stream": "false"}),
                          400) == "bad request: stream: must be true or false, got 'false'"
             assert client.post("/v1/chat/completions", headers=key, json={**chat, "stream": False}).status_code == 200
+
+            def streamed(reply: Reply) -> list:
+                fake.script.append(reply)
+                with client.stream("POST", "/v1/chat/completions", headers=key, json={**chat, "stream": True}) as sse:
+                    assert sse.headers["content-type"].startswith("text/event-stream")
+                    return [line[6:] for line in sse.iter_lines() if line.startswith("data: ")]
+
+            # the backend's stream relayed piece by piece (vLLM's, or the embedded engine's), under the served name
+            events = streamed(Reply("Alpha beta gamma."))
+            chunks = [json.loads(event) for event in events[:-1]]
+            assert events[-1] == "[DONE]" and {c["model"] for c in chunks} == {"r@1"}
+            assert [c["choices"][0]["delta"].get("content") for c in chunks] == ["", "Alpha ", "beta ", "gamma.", None]
+            assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and service.in_flight == 0
+            # the backend failing mid-stream: an error event in OpenAI's shape (its client raises it), and it goes on
+            events = streamed(Reply("Alpha beta gamma.", stream_error="the engine fell over"))
+            assert json.loads(events[-1])["error"]["message"] == "internal error: APIError: the engine fell over"
+            assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]] == ["", "Alpha "]
+            assert service.in_flight == 0 and "a streamed chat failed: APIError: the engine fell over" in caplog.text
             assert error(client.get("/v1/nothing"), 404) == "Not Found"
             assert error(client.get("/v1/summarize", headers=key), 405) == "Method Not Allowed"
             card = client.get("/v1/models/r@1", headers=key).json()

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Optional, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
 
 from fastapi import HTTPException
+from fastapi.responses import StreamingResponse
 
 T = TypeVar("T")
 POLL_S = 0.25  # how often the connection is checked while the work runs
@@ -29,3 +30,19 @@ async def unless_disconnected(work: Awaitable[T], gone: Optional[Callable[[], Aw
         return task.result()
     finally:
         task.cancel()  # this handler cancelled (the server stopping): the work with it
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events, with ``end()`` awaited however the response ends: streamed whole, its client gone
+    mid-stream, or gone before the first byte (then Starlette never starts the events' generator, and a ``finally``
+    in it never runs: a place in flight, or rows in the engine, were kept for no one)."""
+
+    def __init__(self, events: AsyncIterator[str], end: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.end = end
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.end()

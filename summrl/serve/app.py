@@ -24,12 +24,12 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
 import openai
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from summrl.backends import takes_burst_tags
-from summrl.backends.disconnect import unless_disconnected
+from summrl.backends.disconnect import EventStream, unless_disconnected
 from summrl.backends.seed import Seed
 from summrl.checkpoints import checkpoint_steps, resolve_step
 from summrl.config import EMBEDDED_JUDGES, RubricRewardConfig, RulerRewardConfig
@@ -517,14 +517,18 @@ def build_app(service: Service) -> FastAPI:
             if not body.get("stream"):
                 return {**response.model_dump(exclude_none=True), "model": service.name}
             streaming = True  # in flight until its last chunk: a reload waits for it
-            return StreamingResponse(relay(response, entered), media_type="text/event-stream")
+
+            async def end() -> None:  # the client gone, or the stream done: the backend's stream (its rows) closed
+                await response.close()
+                service.leave(entered)
+
+            return EventStream(relay(response), end)
         finally:
             if not streaming:
                 service.leave(entered)
 
-    async def relay(stream: Any, entered: float) -> AsyncIterator[str]:
-        """The backend's chunks as they come, under the served model's name. A client that goes closes the stream
-        to the backend, which stops generating its rows."""
+    async def relay(stream: Any) -> AsyncIterator[str]:
+        """The backend's chunks as they come, under the served model's name."""
         try:
             async for chunk in stream:
                 yield f"data: {json.dumps({**chunk.model_dump(exclude_unset=True), 'model': service.name})}\n\n"
@@ -533,8 +537,5 @@ def build_app(service: Service) -> FastAPI:
             line = redact_text(" ".join(f"{type(e).__name__}: {e}".split()))[:300]
             log.error(f"summrl: a streamed chat failed: {line}")
             yield f"data: {json.dumps({'error': {'message': f'internal error: {line}', 'type': 'server_error'}})}\n\n"
-        finally:
-            await stream.close()
-            service.leave(entered)
 
     return app

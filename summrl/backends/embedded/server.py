@@ -23,10 +23,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Request
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from summrl.backends.disconnect import POLL_S, unless_disconnected
+from summrl.backends.disconnect import POLL_S, EventStream, unless_disconnected
 from summrl.backends.embedded.compute import on_compute_thread
 from summrl.backends.embedded.engine import Completion, Engine, Rows, SamplingParams
 from summrl.backends.seed import Seed
@@ -283,8 +282,12 @@ def build_app(
                        for i, seed in enumerate(seeds)]
             for i, future in enumerate(futures):
                 future.add_done_callback(lambda f, i=i: events.put_nowait((i, f)))
-            return StreamingResponse(_chat_stream(engine, request, prompt, futures, events, raw.is_disconnected),
-                                     media_type="text/event-stream")
+
+            async def end() -> None:  # the client gone (or the stream done): its rows stop being generated
+                for future in futures:
+                    future.cancel()
+
+            return EventStream(_chat_stream(engine, request, prompt, futures, events, raw.is_disconnected), end)
         results = await unless_disconnected(asyncio.gather(*(
             batcher.submit(prompt, params, names[request.model], seed, request.summrl_burst) for seed in seeds
         )), raw.is_disconnected)
@@ -359,8 +362,8 @@ async def _chat_stream(engine: Engine, request: ChatRequest, prompt: list[int], 
                        events: asyncio.Queue, gone: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk format: each choice's text as its tokens are drawn, then its
     finish_reason; usage last when ``stream_options.include_usage``; then ``[DONE]``. ``events`` carries
-    ``(choice, token)`` as tokens are drawn and ``(choice, future)`` when a choice ends. A client that goes
-    has its rows cancelled, which stops them in the batcher."""
+    ``(choice, token)`` as tokens are drawn and ``(choice, future)`` when a choice ends. (The handler's
+    ``EventStream`` cancels the rows however the stream ends, which stops them in the batcher.)"""
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
             "model": request.model}
     usage = bool((request.stream_options or {}).get("include_usage"))
@@ -371,41 +374,38 @@ async def _chat_stream(engine: Engine, request: ChatRequest, prompt: list[int], 
 
     texts = [_Text(engine) for _ in futures]
     left = len(futures)
-    try:
-        for index in range(len(futures)):
-            yield chunk(index, {"role": "assistant", "content": ""})
-        while left:
-            try:
-                index, event = await asyncio.wait_for(events.get(), timeout=POLL_S)
-            except asyncio.TimeoutError:
-                if await gone():
-                    return
-                continue
-            if isinstance(event, int):
-                if event not in engine.eos_ids:
-                    piece = texts[index].add(event)
-                    if piece:
-                        yield chunk(index, {"content": piece})
-                continue
-            left -= 1
-            try:
-                result: Completion = event.result()
-            except Exception as e:  # the engine failed: said in the stream, as OpenAI's servers say it
-                yield f"data: {json.dumps({'error': {'message': f'{type(e).__name__}: {e}', 'type': 'server_error'}})}\n\n"
+    for index in range(len(futures)):
+        yield chunk(index, {"role": "assistant", "content": ""})
+    while left:
+        try:
+            index, event = await asyncio.wait_for(events.get(), timeout=POLL_S)
+        except asyncio.TimeoutError:
+            if await gone():
                 return
-            rest = texts[index].rest([t for t in result.token_ids if t not in engine.eos_ids])
-            if rest:
-                yield chunk(index, {"content": rest})
-            yield chunk(index, {}, result.finish_reason)
-        if usage:
-            completion = sum(len(f.result().token_ids) for f in futures)
-            counts = {"prompt_tokens": len(prompt), "completion_tokens": completion,
-                      "total_tokens": len(prompt) + completion}
-            yield f"data: {json.dumps({**head, 'choices': [], 'usage': counts})}\n\n"
-        yield "data: [DONE]\n\n"
-    finally:
-        for future in futures:  # the client went (or the stream failed): its rows stop being generated
-            future.cancel()
+            continue
+        if isinstance(event, int):
+            if event not in engine.eos_ids:
+                piece = texts[index].add(event)
+                if piece:
+                    yield chunk(index, {"content": piece})
+            continue
+        left -= 1
+        try:
+            result: Completion = event.result()
+        except Exception as e:  # the engine failed: said in the stream, as OpenAI's servers say it
+            error = {"message": f"{type(e).__name__}: {e}", "type": "server_error"}
+            yield f"data: {json.dumps({'error': error})}\n\n"
+            return
+        rest = texts[index].rest([t for t in result.token_ids if t not in engine.eos_ids])
+        if rest:
+            yield chunk(index, {"content": rest})
+        yield chunk(index, {}, result.finish_reason)
+    if usage:
+        completion = sum(len(f.result().token_ids) for f in futures)
+        counts = {"prompt_tokens": len(prompt), "completion_tokens": completion,
+                  "total_tokens": len(prompt) + completion}
+        yield f"data: {json.dumps({**head, 'choices': [], 'usage': counts})}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 class _Text:

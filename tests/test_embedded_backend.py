@@ -208,6 +208,52 @@ def test_a_streamed_chat_sends_each_choices_text_as_it_is_drawn_and_ends_as_the_
         loop.run_until_complete(client.chat.completions.create(**ask, stream=True, logprobs=True))
 
 
+def test_a_stop_sequence_ends_the_reply_before_it_streamed_or_not(loop, session):
+    """OpenAI's ``stop`` (up to 4 sequences) was a 400. The row stops generating once one is drawn; the text ends
+    before it, with finish_reason "stop"; a stream never sends any of it, though it may begin mid-token."""
+    backend, model, _, _ = session
+    client = model.openai_client()
+    ask = dict(model=model.get_inference_name(), messages=[{"role": "user", "content": "List three colors."}],
+               temperature=0, max_tokens=24)
+    whole = loop.run_until_complete(client.chat.completions.create(**ask))
+    text = whole.choices[0].message.content
+    middle = len(text) // 2
+    stop = text[middle:middle + 3]  # begins wherever the middle falls, inside a token or not
+    assert len(stop) == 3 and text.find(stop) == middle, text
+
+    async def streamed() -> tuple:
+        pieces, finish = [], None
+        async for chunk in await client.chat.completions.create(**ask, stop=[stop, "never drawn"], stream=True):
+            for choice in chunk.choices:
+                pieces += [choice.delta.content] if choice.delta.content else []
+                finish = choice.finish_reason or finish
+        return pieces, finish
+
+    stopped = loop.run_until_complete(client.chat.completions.create(**ask, stop=stop))
+    assert stopped.choices[0].message.content == text[:middle] and stopped.choices[0].finish_reason == "stop"
+    assert stopped.usage.completion_tokens < whole.usage.completion_tokens  # it stopped generating there
+    pieces, finish = loop.run_until_complete(streamed())
+    assert "".join(pieces) == text[:middle] and finish == "stop"
+    with pytest.raises(openai.UnprocessableEntityError, match="at most 4 sequences"):  # (summrl.serve: a 400)
+        loop.run_until_complete(client.chat.completions.create(**ask, stop=["a", "b", "c", "d", "e"]))
+
+
+@pytest.mark.parametrize("pieces, sent, stopped", [
+    (["Red, gr", "een. E", "ND here"], ["Red, gr", "een. ", ""], True),  # begun in one piece, completed in the next
+    (["Red E", "N", "ough"], ["Red ", "", "ENough"], False),  # looked like its start, then was not
+    (["Red E", "N"], ["Red ", "EN"], False),  # the reply ended inside a possible start: all of it is sent
+    (["Say STOP", " now"], ["Say ", ""], True),  # the other sequence
+])
+def test_a_stream_holds_back_what_may_begin_a_stop_sequence_and_never_sends_one(pieces, sent, stopped):
+    from summrl.backends.embedded.server import _Held
+
+    held = _Held(("END", "STOP"))
+    released = [held.release(piece) for piece in pieces]
+    if not stopped:
+        released[-1] += held.release("", last=True)
+    assert released == sent and held.stopped == stopped
+
+
 def test_a_streamed_text_is_the_whole_texts_decoding_however_its_characters_split_into_tokens(session):
     """Characters that span byte tokens (accents, CJK, emoji) wait for their last byte; the pieces join to the text."""
     from summrl.backends.embedded.server import _Text
@@ -330,16 +376,21 @@ def test_a_row_ends_at_its_own_max_tokens_and_is_answered_then_where_the_batcher
 
     async def both():
         long = asyncio.ensure_future(batcher.submit(prompt, SamplingParams(max_tokens=48, temperature=1.0), True, 1))
+        # and one that ends at its first space drawn (a stop sequence): answered then too
+        spaced = batcher.enqueue(prompt, SamplingParams(max_tokens=48, temperature=1.0), True, 3, stops=(" ",))
         short = await batcher.submit(prompt, SamplingParams(max_tokens=3, temperature=1.0), True, 2)
+        stopped = await spaced
         running = not long.done()
-        return short, running, await long
+        return short, stopped, running, await long
 
     try:
-        short, running, long = loop.run_until_complete(both())
+        short, stopped, running, long = loop.run_until_complete(both())
     finally:
         batcher.close()
-    assert batcher.batch_sizes == [2]  # one call
+    assert batcher.batch_sizes == [3]  # one call
     assert (len(short.token_ids), short.finish_reason, len(short.logprobs)) == (3, "length", 3)
+    assert " " in engine.decode(stopped.token_ids) and len(stopped.token_ids) < 12 and \
+        " " not in engine.decode(stopped.token_ids[:-1])  # it ended with the token that drew the space
     assert running == early
     assert len(long.token_ids) > 3 and long.finish_reason in ("stop", "length") and len(long.token_ids) <= 48
 

@@ -409,6 +409,7 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
                                ({"n": 100_000}, r"n: must be an integer in 1\.\.16 \(serve\.max_n\), got 100000"),
                                ({"temperature": 5}, "temperature: Input should be less than or equal to 2"),
                                ({"top_p": 0}, "top_p: Input should be greater than 0"),
+                               ({"stop": list("abcde")}, "stop: Value error, at most 4 sequences"),
                                # past SmolLM2's 8192 positions, as vLLM refuses it (the engine decoded on, untrained)
                                ({"max_tokens": 8190}, r"maximum context length is 8192 tokens\. However, you "
                                                       r"requested \d+ tokens \(\d+ in the messages, 8190 in the "
@@ -438,6 +439,12 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
         pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
         assert "".join(pieces) == replies[0] and len(pieces) > 1 and {c.model for c in chunks} == {"shared@3"}
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        # a stop sequence: the text ends before it, answered as soon as it is drawn
+        stop = replies[0][3:6]
+        cut = strict.chat.completions.create(model="shared@3", max_tokens=8, temperature=0, stop=stop, messages=[
+            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Summarize: a bridge reopened."}])
+        assert (cut.choices[0].message.content, cut.choices[0].finish_reason) == (
+            replies[0][:replies[0].find(stop)], "stop")
 
         for i in range(8):
             reply = summarize(served.url, f"Report {i}. The Harbor Festival in Port {i} drew {100 + i} visitors on "
@@ -595,9 +602,11 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             assert error(client.post("/v1/summarize", headers=key, content=b"x" * (limit + 1)), 413).startswith(
                 f"request body over {limit} bytes")
             chat = {"model": "r@1", "messages": [{"role": "user", "content": "hi"}]}
-            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stop": ["x"], "tools": [
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "logit_bias": {"1": 5}, "tools": [
                 {"type": "function", "function": {"name": "f"}}]}), 400).startswith(
-                "bad request: stop, tools: not supported by this server")
+                "bad request: tools, logit_bias: not supported by this server")
+            assert client.post("/v1/chat/completions", headers=key, json={**chat, "stop": ["x"]}).status_code == 200
+            assert fake.requests[-1]["stop"] == ["x"]  # passed on: vLLM and the embedded engine stop there
             assert error(client.post("/v1/chat/completions", headers=key, json={"messages": chat["messages"]}),
                          400) == "bad request: model: required, the served model's id (r@1)"
             assert client.post("/v1/chat/completions", headers=key, json={**chat, "temperature": 0}).status_code == 200

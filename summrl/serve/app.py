@@ -335,7 +335,7 @@ ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_l
 
 
 # OpenAI chat parameters this server does not implement: refused by name (top_logprobs: its alternatives are not kept)
-UNSUPPORTED_CHAT = ("stop", "tools", "tool_choice", "functions", "function_call", "logit_bias", "frequency_penalty",
+UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "frequency_penalty",
                     "presence_penalty", "best_of", "top_logprobs", "parallel_tool_calls", "reasoning_effort",
                     "modalities", "audio", "prediction", "web_search_options")
 
@@ -344,7 +344,8 @@ UNSUPPORTED_CHAT = ("stop", "tools", "tool_choice", "functions", "function_call"
 # (vLLM's top_k, min_p, min_tokens, ignore_eos, repetition_penalty) is refused by name: forwarded to no backend, it
 # was dropped without a word.
 CHAT_FIELDS = ("model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-               "logprobs", "response_format", "stream", "stream_options", "user", "metadata", "store", "service_tier")
+               "logprobs", "response_format", "stream", "stream_options", "stop", "user", "metadata", "store",
+               "service_tier")
 
 
 CHAT_ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's newer name for system
@@ -490,7 +491,7 @@ def build_app(service: Service) -> FastAPI:
         if unsupported:
             raise HTTPException(400, detail=f"bad request: {', '.join(unsupported)}: not supported by this server "
                                             "(it samples the summarizer's text: max_tokens, temperature, top_p, seed, n, "
-                                            "logprobs, response_format, stream)")
+                                            "logprobs, response_format, stream, stop)")
         if not isinstance(body.get("model"), str):
             raise HTTPException(400, detail=f"bad request: model: required, the served model's id ({service.name})")
         n, max_n = 1 if body.get("n") is None else body["n"], service.config.serve.max_n
@@ -507,7 +508,7 @@ def build_app(service: Service) -> FastAPI:
                 raise HTTPException(404, detail=service.not_served(model))
             params = {k: body[k] for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
                                           "logprobs", "top_logprobs", "response_format", "stream",
-                                          "stream_options") if body.get(k) is not None}
+                                          "stream_options", "stop") if body.get(k) is not None}
             try:
                 response = await service.generate(messages, n, gone=request.is_disconnected, **params)
             except openai.APIStatusError as e:

@@ -551,7 +551,7 @@ class Engine:
 
     def _decode(self, input_ids: torch.Tensor, position: torch.Tensor, cache: Any, prefix: SharedPrefix,
                 processors: Any, sample: Optional[RowSeededSampling], max_tokens: int,
-                rows: int, budgets: Sequence[int], wanted: Optional[Callable[[], Sequence[bool]]] = None,
+                rows: int, budgets: list[int], wanted: Optional[Callable[[], Sequence[bool]]] = None,
                 ended: Optional[Callable[[int, torch.Tensor, torch.Tensor], None]] = None,
                 drawn: Optional[Callable[[list[Optional[int]]], None]] = None,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -563,7 +563,8 @@ class Engine:
         step's full-vocabulary logits kept to the end (8 rows x 128 steps of SmolLM2's vocabulary: 200 MB).
         The first step feeds each prompt's last token; the prompts' padding is masked in ``prefix``, so the rows'
         own tokens need no mask. A row past its own budget (``budgets``), or one ``wanted()`` gives up on, is padded
-        from there, as a finished row is; ``ended(row, tokens, logprobs)`` gets each row's tokens when it ends, and
+        from there, as a finished row is (and its budget lowered to what it has: its completion ends there);
+        ``ended(row, tokens, logprobs)`` gets each row's tokens when it ends (given up on included), and
         ``drawn(tokens)`` each step's tokens as they are drawn (None for a row that has ended).
         """
         pad = self.tokenizer.pad_token_id
@@ -572,9 +573,22 @@ class Engine:
         last = input_ids[:, -1]
         budget = torch.tensor(budgets, device=self.device)
         tokens, logprobs, times = [], [], [time.perf_counter()]
+
+        def report(rows: torch.Tensor) -> None:
+            """``ended`` for each of ``rows`` (a mask), with its tokens so far."""
+            if ended is not None and rows.any():
+                so_far, so_far_logprobs = torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+                for row in rows.nonzero().flatten().tolist():
+                    ended(row, so_far[row], so_far_logprobs[row])
+
         for step in range(max_tokens):
             if wanted is not None:
-                running &= torch.tensor(list(wanted()), dtype=torch.bool, device=self.device)
+                keep = torch.tensor(list(wanted()), dtype=torch.bool, device=self.device)
+                given_up, running = running & ~keep, running & keep
+                for row in given_up.nonzero().flatten().tolist():
+                    budgets[row] = len(tokens)  # its completion ends here, not at the padding drawn after
+                if tokens:  # (a stop sequence drawn: answered now)
+                    report(given_up)
                 if not running.any():
                     break
             logits = self.model(input_ids=last[:, None], position_ids=position[:, None], past_key_values=cache,
@@ -590,10 +604,7 @@ class Engine:
                 drawn([token if live else None for token, live in zip(picked.tolist(), running.tolist())])
             finished = running & (torch.isin(picked, eos) | (budget <= step + 1))
             running &= ~finished
-            if ended is not None and finished.any():
-                so_far, so_far_logprobs = torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
-                for row in finished.nonzero().flatten().tolist():
-                    ended(row, so_far[row], so_far_logprobs[row])
+            report(finished)
             times.append(time.perf_counter())
             if not running.any():
                 break

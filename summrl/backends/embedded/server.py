@@ -19,11 +19,11 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from summrl.backends.disconnect import POLL_S, EventStream, unless_disconnected
 from summrl.backends.embedded.compute import on_compute_thread
@@ -54,10 +54,26 @@ class ChatRequest(BaseModel):
     seed: Optional[Seed] = None  # checked here: a bad one would fail every request batched with it
     stream: Optional[bool] = None
     stream_options: Optional[dict[str, Any]] = None  # include_usage: a last chunk with the usage
+    stop: Optional[Union[str, list[str]]] = None  # up to 4 sequences, as OpenAI takes them: the text ends before one
     response_format: Optional[dict[str, Any]] = None  # json_object / json_schema: constrained decoding
     summrl_burst: Optional[Burst] = None  # an extension: wait for the burst's other rows (each choice is a row)
 
     model_config = {"extra": "allow"}
+
+    @field_validator("stop")
+    @classmethod
+    def at_most_four_sequences(cls, value: Optional[Union[str, list[str]]]) -> Optional[Union[str, list[str]]]:
+        sequences = [value] if isinstance(value, str) else value or []
+        if len(sequences) > MAX_STOPS or not all(sequences):
+            raise ValueError(f"at most {MAX_STOPS} sequences, none of them empty (OpenAI's bounds), got {value!r}")
+        return value
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+
+MAX_STOPS = 4
 
 
 @dataclass
@@ -70,6 +86,7 @@ class _Pending:
     future: asyncio.Future
     burst: Optional[Burst] = None
     on_token: Optional[Callable[[int], None]] = None  # a streamed reply's: each token as it is drawn (on ``loop``)
+    stops: Optional["_Stops"] = None  # the request's stop sequences, watched as the row is drawn
 
 
 MAX_WAIT_S = 0.5  # a steady stream of requests still starts a batch this soon after its first
@@ -97,12 +114,15 @@ class Batcher:
         return await self.enqueue(prompt, params, use_lora, seed, burst)
 
     def enqueue(self, prompt: list[int], params: SamplingParams, use_lora: bool, seed: Optional[int] = None,
-                burst: Optional[Burst] = None, on_token: Optional[Callable[[int], None]] = None) -> asyncio.Future:
-        """The row's completion, to come; ``on_token(token)`` is called on this event loop as each is drawn.
-        Cancelling the future drops the row (from the queue, or from its generate call where it stops)."""
+                burst: Optional[Burst] = None, on_token: Optional[Callable[[int], None]] = None,
+                stops: tuple[str, ...] = ()) -> asyncio.Future:
+        """The row's completion, to come; ``on_token(token)`` is called on this event loop as each is drawn. The row
+        ends once one of ``stops`` has been drawn. Cancelling the future drops the row (from the queue, or from its
+        generate call where it stops)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.queue.put(_Pending(prompt, params, use_lora, seed, loop, future, burst, on_token))
+        watch = _Stops(self.engine, stops) if stops else None
+        self.queue.put(_Pending(prompt, params, use_lora, seed, loop, future, burst, on_token, watch))
         return future
 
     def close(self) -> None:
@@ -177,19 +197,21 @@ class Batcher:
                 self.batch_sizes.append(len(items))
 
                 def wanted(items=items) -> list[bool]:  # done: answered early, or cancelled (its client has gone)
-                    return [not item.future.done() for item in items]
+                    return [not item.future.done() and not (item.stops and item.stops.hit) for item in items]
 
                 def done(row: int, result: Completion, items=items) -> None:
                     items[row].loop.call_soon_threadsafe(_set_result, items[row].future, result)
 
                 def drawn(tokens: list[Optional[int]], items=items) -> None:
                     for item, token in zip(items, tokens):
+                        if token is not None and item.stops is not None:
+                            item.stops.add(token)
                         if token is not None and item.on_token is not None and not item.future.done():
                             item.loop.call_soon_threadsafe(item.on_token, token)
 
-                streamed = any(item.on_token is not None for item in items)
+                watched = any(item.on_token is not None or item.stops is not None for item in items)
                 rows = Rows(max_tokens=[i.params.max_tokens for i in items], wanted=wanted,
-                            done=done if self.early else None, tokens=drawn if streamed else None)
+                            done=done if self.early else None, tokens=drawn if watched else None)
                 try:
                     results = on_compute_thread(self.engine.generate, [i.prompt for i in items], params,
                                                 use_lora=items[0].use_lora, seeds=[i.seed for i in items], rows=rows)
@@ -278,7 +300,7 @@ def build_app(
         if request.stream:
             events: asyncio.Queue = asyncio.Queue()
             futures = [batcher.enqueue(prompt, params, names[request.model], seed, request.summrl_burst,
-                                       on_token=lambda token, i=i: events.put_nowait((i, token)))
+                                       on_token=lambda token, i=i: events.put_nowait((i, token)), stops=request.stops)
                        for i, seed in enumerate(seeds)]
             for i, future in enumerate(futures):
                 future.add_done_callback(lambda f, i=i: events.put_nowait((i, f)))
@@ -289,7 +311,8 @@ def build_app(
 
             return EventStream(_chat_stream(engine, request, prompt, futures, events, raw.is_disconnected), end)
         results = await unless_disconnected(asyncio.gather(*(
-            batcher.submit(prompt, params, names[request.model], seed, request.summrl_burst) for seed in seeds
+            batcher.enqueue(prompt, params, names[request.model], seed, request.summrl_burst, stops=request.stops)
+            for seed in seeds
         )), raw.is_disconnected)
         return _chat_response(engine, request, prompt, results)
 
@@ -324,10 +347,11 @@ def _chat_response(engine: Engine, request: ChatRequest, prompt: list[int], resu
     choices = []
     for index, result in enumerate(results):
         content_ids = [t for t in result.token_ids if t not in engine.eos_ids]
+        content, stopped = cut_at_stop(engine.decode(content_ids), request.stops)
         choice: dict[str, Any] = {
             "index": index,
-            "message": {"role": "assistant", "content": engine.decode(content_ids)},
-            "finish_reason": result.finish_reason,
+            "message": {"role": "assistant", "content": content},
+            "finish_reason": "stop" if stopped else result.finish_reason,
             "logprobs": None,
         }
         if request.logprobs:
@@ -373,6 +397,7 @@ async def _chat_stream(engine: Engine, request: ChatRequest, prompt: list[int], 
         return f"data: {json.dumps({**body, 'usage': None} if usage else body)}\n\n"
 
     texts = [_Text(engine) for _ in futures]
+    held = [_Held(request.stops) for _ in futures]
     left = len(futures)
     for index in range(len(futures)):
         yield chunk(index, {"role": "assistant", "content": ""})
@@ -385,7 +410,7 @@ async def _chat_stream(engine: Engine, request: ChatRequest, prompt: list[int], 
             continue
         if isinstance(event, int):
             if event not in engine.eos_ids:
-                piece = texts[index].add(event)
+                piece = held[index].release(texts[index].add(event))
                 if piece:
                     yield chunk(index, {"content": piece})
             continue
@@ -396,10 +421,11 @@ async def _chat_stream(engine: Engine, request: ChatRequest, prompt: list[int], 
             error = {"message": f"{type(e).__name__}: {e}", "type": "server_error"}
             yield f"data: {json.dumps({'error': error})}\n\n"
             return
-        rest = texts[index].rest([t for t in result.token_ids if t not in engine.eos_ids])
+        rest = held[index].release(texts[index].rest([t for t in result.token_ids if t not in engine.eos_ids]),
+                                   last=True)
         if rest:
             yield chunk(index, {"content": rest})
-        yield chunk(index, {}, result.finish_reason)
+        yield chunk(index, {}, "stop" if held[index].stopped else result.finish_reason)
     if usage:
         completion = sum(len(f.result().token_ids) for f in futures)
         counts = {"prompt_tokens": len(prompt), "completion_tokens": completion,
@@ -431,6 +457,47 @@ class _Text:
         """What the whole reply's text has past what was sent (its held-back last characters)."""
         whole = self.engine.decode(token_ids)
         return whole[len(self.sent):] if whole.startswith(self.sent) else ""
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` before the first of ``stops`` in it, and whether there was one."""
+    at = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text, False) if at < 0 else (text[:at], True)
+
+
+class _Stops:
+    """A row's stop sequences, watched as its tokens are drawn: ``hit`` once one has appeared in its text."""
+
+    def __init__(self, engine: Engine, stops: tuple[str, ...]) -> None:
+        self.text, self.stops, self.hit = _Text(engine), stops, False
+        self.longest = max(len(s) for s in stops)
+
+    def add(self, token: int) -> None:
+        if self.hit or token in self.text.engine.eos_ids:
+            return
+        before = len(self.text.sent)
+        self.text.add(token)
+        self.hit = cut_at_stop(self.text.sent[max(0, before - self.longest + 1):], self.stops)[1]
+
+
+class _Held:
+    """A streamed choice's text held back where it may begin a stop sequence (a client must never see one), and cut
+    where one begins."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops, self.held, self.stopped = stops, "", False
+
+    def release(self, piece: str, last: bool = False) -> str:
+        """What can be sent now of the text so far; ``last``: the choice has ended, nothing more is held."""
+        if self.stopped:
+            return ""
+        text, self.stopped = cut_at_stop(self.held + piece, self.stops)
+        if self.stopped or last:
+            self.held = ""
+            return text
+        keep = max((n for s in self.stops for n in range(len(s) - 1, 0, -1) if text.endswith(s[:n])), default=0)
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
 
 
 def free_port() -> int:

@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -360,7 +361,9 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
                 overrides: tuple[str, ...] = ()) -> dict:
     """``python -m summrl.serve`` as a user starts it, one server per best_of_n: a lone /v1/summarize request (3
     times, median), then ``concurrency`` at once: their latency (p50, p95), the wall time, documents/s, and the
-    wall time over one request's (batching's figure: 1 means free, ``concurrency`` means none)."""
+    wall time over one request's (batching's figure: 1 means free, ``concurrency`` means none). With the first
+    server, a lone streamed chat (a document to summarize, 128 tokens, greedy; 3 times, median): the time to its first
+    piece of text and to its end."""
     import httpx
 
     from summrl.serve.process import ServeProcess
@@ -381,15 +384,29 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
                 response.raise_for_status()
                 return time.perf_counter() - start
 
-            async def measure() -> tuple[list[float], list[float], float]:
+            async def stream(client, text: str) -> tuple[float, float]:
+                model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+                body = {"model": model, "stream": True, "max_tokens": 128, "temperature": 0,
+                        "messages": [{"role": "user", "content": f"Summarize this document:\n\n{text}"}]}
+                start, first = time.perf_counter(), None
+                async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+                    response.raise_for_status()
+                    async for line in response.aiter_lines():
+                        if first is None and '"content": "' in line and '"content": ""' not in line:
+                            first = time.perf_counter() - start
+                return first or math.nan, time.perf_counter() - start
+
+            async def measure() -> tuple[list[float], list[float], float, list[tuple[float, float]]]:
                 async with httpx.AsyncClient(timeout=600) as client:
                     await post(client, texts[0])  # warm-up
                     alone = [await post(client, texts[i % len(texts)]) for i in range(3)]
                     start = time.perf_counter()
                     latencies = await asyncio.gather(*(post(client, texts[i % len(texts)]) for i in range(concurrency)))
-                    return alone, list(latencies), time.perf_counter() - start
+                    wall = time.perf_counter() - start
+                    streamed = [await stream(client, texts[i]) for i in range(3)] if n == best_of_n[0] else []
+                    return alone, list(latencies), wall, streamed
 
-            alone, latencies, wall = asyncio.run(measure())
+            alone, latencies, wall, streamed = asyncio.run(measure())
         finally:
             server.stop()
         ordered = sorted(latencies)
@@ -399,6 +416,9 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
             "p50_s": round(statistics.median(ordered), 2), "p95_s": round(ordered[max(0, round(0.95 * len(ordered)) - 1)], 2),
             "wall_s": round(wall, 2), "documents_per_s": round(concurrency / wall, 3),
             "wall_over_single": round(wall / single, 2)}
+        if streamed:
+            out["stream_first_piece_s"] = round(statistics.median(first for first, _ in streamed), 2)
+            out["stream_total_s"] = round(statistics.median(total for _, total in streamed), 2)
     return out
 
 

@@ -384,8 +384,7 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
                 response.raise_for_status()
                 return time.perf_counter() - start
 
-            async def stream(client, text: str) -> tuple[float, float]:
-                model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+            async def stream(client, model: str, text: str) -> tuple[float, float]:
                 body = {"model": model, "stream": True, "max_tokens": 128, "temperature": 0,
                         "messages": [{"role": "user", "content": f"Summarize this document:\n\n{text}"}]}
                 start, first = time.perf_counter(), None
@@ -403,7 +402,10 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
                     start = time.perf_counter()
                     latencies = await asyncio.gather(*(post(client, texts[i % len(texts)]) for i in range(concurrency)))
                     wall = time.perf_counter() - start
-                    streamed = [await stream(client, texts[i]) for i in range(3)] if n == best_of_n[0] else []
+                    streamed = []
+                    if n == best_of_n[0]:
+                        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+                        streamed = [await stream(client, model, texts[i]) for i in range(3)]
                     return alone, list(latencies), wall, streamed
 
             alone, latencies, wall, streamed = asyncio.run(measure())

@@ -319,7 +319,7 @@ def test_a_burst_over_the_batch_size_runs_as_the_same_generate_calls_whatever_it
         batcher = Batcher(engine, max_batch_size=4, window_s=0.2)
 
         async def burst():
-            await asyncio.gather(*(batcher.submit(prompt, SamplingParams(max_tokens=1), True, seed)
+            await asyncio.gather(*(batcher.enqueue(prompt, SamplingParams(max_tokens=1), True, seed)
                                    for seed, prompt in order))
         try:
             asyncio.run(burst())
@@ -375,10 +375,10 @@ def test_a_row_ends_at_its_own_max_tokens_and_is_answered_then_where_the_batcher
     prompt = engine.encode_chat([{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}])
 
     async def both():
-        long = asyncio.ensure_future(batcher.submit(prompt, SamplingParams(max_tokens=48, temperature=1.0), True, 1))
+        long = asyncio.ensure_future(batcher.enqueue(prompt, SamplingParams(max_tokens=48, temperature=1.0), True, 1))
         # and one that ends at its first space drawn (a stop sequence): answered then too
         spaced = batcher.enqueue(prompt, SamplingParams(max_tokens=48, temperature=1.0), True, 3, stops=(" ",))
-        short = await batcher.submit(prompt, SamplingParams(max_tokens=3, temperature=1.0), True, 2)
+        short = await batcher.enqueue(prompt, SamplingParams(max_tokens=3, temperature=1.0), True, 2)
         stopped = await spaced
         running = not long.done()
         return short, stopped, running, await long
@@ -410,7 +410,7 @@ def test_a_burst_missing_rows_runs_without_them_and_says_so(monkeypatch, caplog)
     tag = server.Burst(id="val-0004", size=3)
 
     async def two_of_three():
-        return await asyncio.gather(*(batcher.submit([i], SamplingParams(max_tokens=1), True, i, tag) for i in range(2)))
+        return await asyncio.gather(*(batcher.enqueue([i], SamplingParams(max_tokens=1), True, i, tag) for i in range(2)))
 
     try:
         started = time.monotonic()
@@ -807,7 +807,7 @@ def test_requests_that_keep_arriving_join_one_batch():
     async def post(delay: float, prompt: list[int]) -> float:
         await asyncio.sleep(delay)
         start = time.monotonic()
-        await batcher.submit(prompt, SamplingParams(max_tokens=1), use_lora=True)
+        await batcher.enqueue(prompt, SamplingParams(max_tokens=1), use_lora=True)
         return time.monotonic() - start
 
     async def arrivals() -> list[float]:

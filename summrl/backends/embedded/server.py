@@ -109,14 +109,10 @@ class Batcher:
         self.thread = threading.Thread(target=self._run, name="summrl-batcher", daemon=True)
         self.thread.start()
 
-    async def submit(self, prompt: list[int], params: SamplingParams, use_lora: bool,
-                     seed: Optional[int] = None, burst: Optional[Burst] = None) -> Completion:
-        return await self.enqueue(prompt, params, use_lora, seed, burst)
-
     def enqueue(self, prompt: list[int], params: SamplingParams, use_lora: bool, seed: Optional[int] = None,
                 burst: Optional[Burst] = None, on_token: Optional[Callable[[int], None]] = None,
                 stops: tuple[str, ...] = ()) -> asyncio.Future:
-        """The row's completion, to come; ``on_token(token)`` is called on this event loop as each is drawn. The row
+        """The row's completion, to come (await it); ``on_token(token)`` is called on this event loop as each is drawn. The row
         ends once one of ``stops`` has been drawn. Cancelling the future drops the row (from the queue, or from its
         generate call where it stops)."""
         loop = asyncio.get_running_loop()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 CONFIDENCE = 0.95
 POWER = 0.8  # for the minimum detectable difference
@@ -73,7 +73,7 @@ class Paired:
         """The smallest true difference a two-sided 5% test finds with 80% power at this noise and size."""
         if self.pairs < 2 or not math.isfinite(self.df) or self.df <= 0:
             return math.nan
-        return (float(stats.t.ppf((1 + CONFIDENCE) / 2, self.df)) + float(stats.t.ppf(POWER, self.df))) * self.se
+        return detectable_noncentrality(self.df) * self.se
 
     def verdict(self, lower_is_better: bool = False) -> str:
         if self.pairs < MIN_PAIRS or not math.isfinite(self.low):
@@ -83,6 +83,22 @@ class Paired:
         if self.high < 0:
             return "better" if lower_is_better else "worse"
         return "no detectable difference"
+
+
+def detectable_noncentrality(df: float) -> float:
+    """The true difference, in standard errors, that a two-sided t-test at ``df`` degrees of freedom finds with
+    ``POWER``: the noncentrality where P(|T'| > t crit) = POWER, T' noncentral t. The usual shortcut
+    (t.975 + t.8) is close from about 5 degrees of freedom, but at 1 or 2 (two seeds) it gives 73% or 77% power:
+    14.08 and 5.36 standard errors where 16.33 and 5.65 are needed."""
+    crit = float(stats.t.ppf((1 + CONFIDENCE) / 2, df))
+
+    def shortfall(nc: float) -> float:  # both tails, each as an upper tail (scipy's lower-tail cdf gives NaN at some nc)
+        return float(stats.nct.sf(crit, df, nc) + stats.nct.sf(crit, df, -nc)) - POWER
+
+    high = crit + float(stats.t.ppf(POWER, df))
+    while shortfall(high) < 0:
+        high *= 2
+    return float(optimize.brentq(shortfall, 0.0, high, xtol=1e-10))
 
 
 def paired(differences: np.ndarray) -> Paired:

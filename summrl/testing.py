@@ -44,6 +44,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     stream_error: Optional[str] = None  # streamed: an error event in place of the words after the first
+    stream_cut: bool = False  # streamed: the connection cut after the first word (a server that died mid-stream)
 
 
 FAULT_KINDS = ("rate_limited", "server_error", "hang", "not_json", "wrong_shape")
@@ -217,7 +218,7 @@ class FakeLLM:
             with self.lock:
                 self.prompt_tokens += prompt_tokens
             if body.get("stream"):  # a word a chunk, as a server streams tokens
-                return StreamingResponse(self.stream(body["model"], content, reply.stream_error),
+                return StreamingResponse(self.stream(body["model"], content, reply.stream_error, reply.stream_cut),
                                          media_type="text/event-stream")
             return {
                 "id": f"fake-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
@@ -235,7 +236,7 @@ class FakeLLM:
         self.server = InferenceServer(app, port=port)
 
     @staticmethod
-    async def stream(model: str, content: str, error: Optional[str]):
+    async def stream(model: str, content: str, error: Optional[str], cut: bool = False):
         head = {"id": "fake-stream", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
         words = re.findall(r"\S+\s*", content)
         deltas = [{"role": "assistant", "content": ""}] + [{"content": word} for word in words]
@@ -243,6 +244,8 @@ class FakeLLM:
             if error is not None and i == 2:
                 yield f"data: {json.dumps({'error': {'message': error, 'type': 'server_error'}})}\n\n"
                 return
+            if cut and i == 2:  # uvicorn closes the connection mid-body: the client reads an incomplete chunked body
+                raise ConnectionAbortedError("the fake server's stream was cut, as scripted")
             yield f"data: {json.dumps({**head, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': None}]})}\n\n"
         yield f"data: {json.dumps({**head, 'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'stop'}]})}\n\n"
         yield "data: [DONE]\n\n"

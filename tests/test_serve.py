@@ -632,6 +632,24 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             assert json.loads(events[-1])["error"]["message"] == "internal error: APIError: the engine fell over"
             assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]] == ["", "Alpha "]
             assert service.in_flight == 0 and "a streamed chat failed: APIError: the engine fell over" in caplog.text
+            # the backend's connection cut mid-stream (httpx's error, which the openai client does not wrap): the same
+            # error event, where the exception escaped the relay and the client's read failed
+            events = streamed(Reply("Alpha beta gamma.", stream_cut=True))
+            assert json.loads(events[-1])["error"]["message"].startswith("internal error: RemoteProtocolError")
+            assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]] == ["", "Alpha "]
+            assert service.in_flight == 0
+            # OpenAI's bounds, checked here: vLLM would take 5 stops, an empty one, and stream_options unstreamed
+            asked = len(fake.requests)
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stop": list("abcde")}),
+                         400).startswith("bad request: stop: Value error, at most 4 sequences")
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stop": ["x", ""]}),
+                         400).startswith("bad request: stop: Value error, at most 4 sequences, none of them empty")
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stop": 7}), 400).startswith(
+                "bad request: stop: Input should be a valid string")
+            assert error(client.post("/v1/chat/completions", headers=key, json={
+                **chat, "stream_options": {"include_usage": True}}), 400) == (
+                "bad request: stream_options: only with stream: true")
+            assert len(fake.requests) == asked
             assert error(client.get("/v1/nothing"), 404) == "Not Found"
             assert error(client.get("/v1/summarize", headers=key), 405) == "Method Not Allowed"
             card = client.get("/v1/models/r@1", headers=key).json()
@@ -705,3 +723,38 @@ def test_requests_waiting_behind_a_reload_count_against_max_queue():
         return entered
 
     assert len(asyncio.run(main())) == 2
+
+
+def test_a_stream_opened_as_its_client_went_is_closed():
+    """The backend's stream came back while the client's disconnect was being read: it was dropped open, and the
+    backend went on generating its rows for no one (until garbage collection closed the socket)."""
+    import asyncio
+
+    from fastapi import HTTPException
+
+    from summrl.backends.disconnect import unless_disconnected
+
+    closed = []
+
+    class Stream:
+        async def close(self) -> None:
+            closed.append(True)
+
+    async def main() -> None:
+        opened = asyncio.Event()
+
+        async def work() -> Stream:
+            await opened.wait()
+            return Stream()
+
+        async def gone() -> bool:  # the work ends while the disconnect is read
+            opened.set()
+            await asyncio.sleep(0.05)
+            return True
+
+        with pytest.raises(HTTPException) as refused:
+            await unless_disconnected(work(), gone)
+        assert refused.value.status_code == 499
+
+    asyncio.run(main())
+    assert closed == [True]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
 
 from fastapi import HTTPException
@@ -26,6 +27,11 @@ async def unless_disconnected(work: Awaitable[T], gone: Optional[Callable[[], Aw
         while not (await asyncio.wait({task}, timeout=POLL_S))[0]:
             if await gone():
                 task.cancel()
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    # done while ``gone()`` was asked: a stream opened for no one is closed, so its rows stop
+                    close = getattr(task.result(), "close", None)
+                    if inspect.iscoroutinefunction(close):
+                        await close()
                 raise HTTPException(499, detail="the client disconnected before its response")
         return task.result()
     finally:

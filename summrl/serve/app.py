@@ -21,16 +21,18 @@ import time
 from collections import deque
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
 
+import httpx
 import openai
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError, field_validator
+from pydantic import BaseModel, TypeAdapter, ValidationError, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from summrl.backends import takes_burst_tags
 from summrl.backends.disconnect import EventStream, unless_disconnected
 from summrl.backends.seed import Seed
+from summrl.backends.stops import Stop
 from summrl.checkpoints import checkpoint_steps, resolve_step
 from summrl.config import EMBEDDED_JUDGES, RubricRewardConfig, RulerRewardConfig
 from summrl.data import Document
@@ -348,6 +350,9 @@ CHAT_FIELDS = ("model", "messages", "n", "max_tokens", "max_completion_tokens", 
                "service_tier")
 
 
+STOP = TypeAdapter(Optional[Stop])
+
+
 CHAT_ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's newer name for system
 
 
@@ -485,6 +490,12 @@ def build_app(service: Service) -> FastAPI:
             raise HTTPException(400, detail="bad request: messages: a non-empty list of chat messages is required")
         if body.get("stream") is not None and not isinstance(body["stream"], bool):
             raise HTTPException(400, detail=f"bad request: stream: must be true or false, got {body['stream']!r}")
+        if body.get("stream_options") is not None and body.get("stream") is not True:  # as OpenAI and vLLM refuse it
+            raise HTTPException(400, detail="bad request: stream_options: only with stream: true")
+        try:  # here, not by the backend: vLLM takes more than 4, and an empty one
+            STOP.validate_python(body.get("stop"))
+        except ValidationError as e:
+            raise HTTPException(400, detail=f"bad request: stop: {e.errors()[0]['msg']}") from None
         # said, not silently dropped: a client relying on them would get text they did not ask for
         unsupported = [k for k in UNSUPPORTED_CHAT if body.get(k) not in (None, [], {}, False, 0)]
         unsupported += sorted(k for k in body if k not in CHAT_FIELDS and k not in UNSUPPORTED_CHAT)
@@ -520,8 +531,10 @@ def build_app(service: Service) -> FastAPI:
             streaming = True  # in flight until its last chunk: a reload waits for it
 
             async def end() -> None:  # the client gone, or the stream done: the backend's stream (its rows) closed
-                await response.close()
-                service.leave(entered)
+                try:
+                    await response.close()
+                finally:  # the place in flight given back whatever closing did: a reload waits for every place
+                    service.leave(entered)
 
             return EventStream(relay(response), end)
         finally:
@@ -534,7 +547,9 @@ def build_app(service: Service) -> FastAPI:
             async for chunk in stream:
                 yield f"data: {json.dumps({**chunk.model_dump(exclude_unset=True), 'model': service.name})}\n\n"
             yield "data: [DONE]\n\n"
-        except openai.APIError as e:  # the backend failed mid-stream: said in the stream, as OpenAI says it
+        # the backend failed mid-stream (an error event, or its connection cut: httpx's error, which the openai
+        # client's stream does not wrap): said in the stream, as OpenAI says it
+        except (openai.APIError, httpx.HTTPError) as e:
             line = redact_text(" ".join(f"{type(e).__name__}: {e}".split()))[:300]
             log.error(f"summrl: a streamed chat failed: {line}")
             yield f"data: {json.dumps({'error': {'message': f'internal error: {line}', 'type': 'server_error'}})}\n\n"

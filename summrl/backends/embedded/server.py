@@ -19,16 +19,17 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Request
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from summrl.backends.disconnect import POLL_S, EventStream, unless_disconnected
 from summrl.backends.embedded.compute import on_compute_thread
 from summrl.backends.embedded.engine import Completion, Engine, Rows, SamplingParams
 from summrl.backends.seed import Seed
+from summrl.backends.stops import Stop, stop_sequences
 from summrl.rollout import Burst
 
 log = logging.getLogger(__name__)
@@ -54,26 +55,15 @@ class ChatRequest(BaseModel):
     seed: Optional[Seed] = None  # checked here: a bad one would fail every request batched with it
     stream: Optional[bool] = None
     stream_options: Optional[dict[str, Any]] = None  # include_usage: a last chunk with the usage
-    stop: Optional[Union[str, list[str]]] = None  # up to 4 sequences, as OpenAI takes them: the text ends before one
+    stop: Optional[Stop] = None  # up to 4 sequences, as OpenAI takes them: the text ends before one
     response_format: Optional[dict[str, Any]] = None  # json_object / json_schema: constrained decoding
     summrl_burst: Optional[Burst] = None  # an extension: wait for the burst's other rows (each choice is a row)
 
     model_config = {"extra": "allow"}
 
-    @field_validator("stop")
-    @classmethod
-    def at_most_four_sequences(cls, value: Optional[Union[str, list[str]]]) -> Optional[Union[str, list[str]]]:
-        sequences = [value] if isinstance(value, str) else value or []
-        if len(sequences) > MAX_STOPS or not all(sequences):
-            raise ValueError(f"at most {MAX_STOPS} sequences, none of them empty (OpenAI's bounds), got {value!r}")
-        return value
-
     @property
     def stops(self) -> tuple[str, ...]:
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-
-
-MAX_STOPS = 4
+        return stop_sequences(self.stop)
 
 
 @dataclass

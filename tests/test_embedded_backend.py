@@ -335,6 +335,45 @@ def test_a_burst_over_the_batch_size_runs_as_the_same_generate_calls_whatever_it
     assert calls_for(shuffled) == calls_for(requests[::-1]) == in_order
 
 
+def test_a_call_that_ends_after_its_requesters_loop_closed_is_dropped_and_the_batcher_goes_on(monkeypatch):
+    """An interrupted benchmark stops its server (and the server's event loop) while a generate call runs: the
+    batcher's thread then died on 'Event loop is closed', printing its traceback before the one-line message."""
+    import threading
+
+    from summrl.backends.embedded.engine import Completion, SamplingParams
+    from summrl.backends.embedded.server import Batcher
+
+    started, release = threading.Event(), threading.Event()
+
+    class Engine:
+        def generate(self, prompts, params, use_lora=True, seeds=None, rows=None):
+            started.set()
+            release.wait(10)
+            return [Completion([1], [0.0], "stop", len(p)) for p in prompts]
+
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    batcher = Batcher(Engine(), max_batch_size=4, window_s=0.01)
+    try:
+        async def asked():
+            batcher.enqueue([1, 2], SamplingParams(max_tokens=1), True, 0)
+            await asyncio.to_thread(started.wait, 10)
+
+        gone = asyncio.new_event_loop()
+        gone.run_until_complete(asked())
+        gone.close()  # the server stopped mid-call
+        release.set()
+
+        async def next_request():
+            return await asyncio.wait_for(batcher.enqueue([3], SamplingParams(max_tokens=1), True, 1), 10)
+
+        assert asyncio.run(next_request()).token_ids == [1]
+        assert errors == []
+    finally:
+        release.set()
+        batcher.close()
+
+
 def test_a_burst_is_generated_whole_however_slowly_its_rows_arrive(loop, session):
     """The loop's passes arrive tagged as one Burst: its rows run as one generate call even when they reach the server
     further apart than the batch window (and than MAX_WAIT_S in all), as a 64-row val pass did on a 2-core machine.

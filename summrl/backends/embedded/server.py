@@ -186,14 +186,14 @@ class Batcher:
                     return [not item.future.done() and not (item.stops and item.stops.hit) for item in items]
 
                 def done(row: int, result: Completion, items=items) -> None:
-                    items[row].loop.call_soon_threadsafe(_set_result, items[row].future, result)
+                    _post(items[row].loop, _set_result, items[row].future, result)
 
                 def drawn(tokens: list[Optional[int]], items=items) -> None:
                     for item, token in zip(items, tokens):
                         if token is not None and item.stops is not None:
                             item.stops.add(token)
                         if token is not None and item.on_token is not None and not item.future.done():
-                            item.loop.call_soon_threadsafe(item.on_token, token)
+                            _post(item.loop, item.on_token, token)
 
                 watched = any(item.on_token is not None or item.stops is not None for item in items)
                 rows = Rows(max_tokens=[i.params.max_tokens for i in items], wanted=wanted,
@@ -203,7 +203,7 @@ class Batcher:
                                                 use_lora=items[0].use_lora, seeds=[i.seed for i in items], rows=rows)
                 except Exception as e:  # report to every waiting request; keep serving
                     for item in items:
-                        item.loop.call_soon_threadsafe(_set_exception, item.future, e)
+                        _post(item.loop, _set_exception, item.future, e)
                     continue
                 gone = sum(item.future.cancelled() for item in items)
                 if gone:
@@ -211,7 +211,7 @@ class Batcher:
                              f"generated no further: the call ran {max(len(r.token_ids) for r in results)} of "
                              f"{params.max_tokens} tokens")
                 for item, result in zip(items, results):  # (a row answered early: its future is done already)
-                    item.loop.call_soon_threadsafe(_set_result, item.future, result)
+                    _post(item.loop, _set_result, item.future, result)
 
 
 def _incomplete_bursts(batch: list[_Pending]) -> list[tuple[Burst, int]]:
@@ -219,6 +219,16 @@ def _incomplete_bursts(batch: list[_Pending]) -> list[tuple[Burst, int]]:
     arrived = Counter(item.burst.id for item in batch if item.burst is not None)
     tags = {item.burst.id: item.burst for item in batch if item.burst is not None}
     return [(tags[key], count) for key, count in arrived.items() if count < tags[key].size]
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
+    """``callback(*args)`` on the requester's event loop, from the batcher's thread. A loop closed meanwhile (its
+    server stopped during the call: an interrupted benchmark) has no one waiting: dropped, not the thread's traceback."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:

@@ -87,6 +87,19 @@ def _terminate(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
 
+def _already_stopping(signum: int, frame: Any) -> None:
+    """A signal while the process ends. KeyboardInterrupt there broke off the joining of threads (a wall of
+    tracebacks, then an abort: 'terminate called without an active exception') or an atexit handler (a log file
+    not flushed). Said once, with os.write: print could re-enter the stream it interrupted."""
+    global _told_stopping
+    if not _told_stopping:
+        _told_stopping = True
+        os.write(2, b"summrl: already stopping: closing threads and files (kill -9 ends it now, unsaved)\n")
+
+
+_told_stopping = False
+
+
 def _exit(code: object) -> NoReturn:
     """End the process as the interpreter would, without its teardown of every module.
 
@@ -102,6 +115,8 @@ def _exit(code: object) -> NoReturn:
     else:  # sys.exit("message"), as Python prints it
         print(code, file=sys.stderr)
         status = 1
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C while threads are joined: said, not a traceback
+        signal.signal(signum, _already_stopping)
     shutdown_threads = getattr(threading, "_shutdown", None)  # what Py_FinalizeEx calls first
     if shutdown_threads is not None:
         shutdown_threads()

@@ -66,6 +66,7 @@ class Session:
     judge_totals: dict[str, float] = field(default_factory=dict)  # the run's judge calls, tokens and cost
     missing: Optional[MissingRewards] = None  # the run's missing rewards and their limit
     tag_bursts: bool = False  # send each pass's rollouts as one Burst (backends.takes_burst_tags)
+    stopping: bool = False  # Ctrl-C or SIGTERM came while an update ran: the loop stops once its step is recorded
 
     def __post_init__(self) -> None:
         if self.missing is None:
@@ -280,8 +281,18 @@ async def train_step(session: Session, documents: Sequence[Document], step: int)
     started = time.perf_counter()
     config = session.config
     lr = algorithm.learning_rate(config.algorithm, config.model.lr, step, config.trainer.max_steps)
-    result = await session.backend.train(session.model, scored.groups, learning_rate=lr,
-                                         **algorithm.train_kwargs(config.algorithm, config.backend.kind))
+    update = asyncio.ensure_future(session.backend.train(session.model, scored.groups, learning_rate=lr,
+                                                         **algorithm.train_kwargs(config.algorithm, config.backend.kind)))
+    try:
+        result = await asyncio.shield(update)
+    except asyncio.CancelledError:
+        # Ctrl-C or SIGTERM: the update goes on (on its thread, or in the GPU's trainer) and may write its checkpoint,
+        # which the step's history and trajectories must then go with (a run resumed after it had lost them). So it
+        # is waited for and recorded, and the loop stops after it; a second signal stops without waiting.
+        log.warning("summrl: stopping once this step's update and checkpoint are done (Ctrl-C again: without "
+                    "waiting for them)")
+        result = await update
+        session.stopping = True
     result.metrics.setdefault("loss/learning_rate", lr)  # ART's key; set for a backend (or step) that reports none
     scored.timings["train_s"] = time.perf_counter() - started
     return scored, result
@@ -521,6 +532,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             timing = " ".join(f"{k[:-2]} {v:.1f}s" for k, v in scored.timings.items())
             log.info(f"summrl: step {step} | train reward {scored.mean_reward():.3f} | {timing}"
                      f"{' | nothing trained: every group scored its summaries alike' if flat else ''}")
+            if session.stopping:
+                raise asyncio.CancelledError  # the signal's stop, its step recorded
         if trained_steps and all(flat for _, flat in trained_steps):
             log.warning(nothing_learned(config, [s for s, _ in trained_steps]))
         if not scored_at(history, step, key):

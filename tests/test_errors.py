@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -404,6 +405,38 @@ def test_an_entry_point_ends_as_python_would_joining_threads_and_running_atexit(
     assert result.stderr == ("a message\n" if code == "a message" else "")
 
 
+STOPPING = """
+import sys, threading, time
+from summrl import cli
+
+def main():
+    threading.Thread(target=time.sleep, args=(2,)).start()  # joined as the process ends
+    print("ending", flush=True)
+    sys.exit(130)
+
+cli.run(main)
+"""
+
+
+def test_signals_while_the_process_ends_are_said_once_and_change_nothing():
+    """An impatient second Ctrl-C (or a SIGTERM) while an interrupted run joined its threads raised KeyboardInterrupt
+    there: about 90 lines of tracebacks, then 'terminate called without an active exception' and an abort (-6) where
+    result.json said 130; serve exited 1 where the README says 0."""
+    import signal
+    import subprocess
+
+    process = subprocess.Popen([sys.executable, "-c", STOPPING], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ending\n"
+    time.sleep(0.3)  # into the join
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+        process.send_signal(stop)
+        time.sleep(0.1)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err[-2000:]
+    assert err == "summrl: already stopping: closing threads and files (kill -9 ends it now, unsaved)\n"
+
+
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_stops_training_with_one_line_and_the_checkpoints_kept(tmp_path, tiny_weights, stop):
     """SIGINT (Ctrl-C), or SIGTERM (`kill`, a scheduler, a cancelled job), during `python -m summrl.train`: one line
@@ -439,6 +472,55 @@ def test_ctrl_c_or_sigterm_stops_training_with_one_line_and_the_checkpoints_kept
     # what it reached, for summrl.report (an interrupted or failed run showed no steps or val scores)
     assert result["steps"] == step and result["final_val_score"] == result["val_history"][-1]["val_reward"]
     assert result["best_val_score"] == max(h["val_reward"] for h in result["val_history"])
+
+
+SAVING_SLOWLY = """
+import runpy, sys, time
+from summrl.backends.embedded.engine import Engine
+
+save = Engine.save_checkpoint
+
+def slowly(self, directory):  # a checkpoint that takes a while to write, as a larger model's does
+    print("saving", flush=True)
+    time.sleep(1.5)
+    save(self, directory)
+
+Engine.save_checkpoint = slowly
+sys.argv = ["summrl.train", *sys.argv[1:]]
+runpy.run_module("summrl.train", run_name="__main__")
+"""
+
+
+def test_a_signal_while_a_checkpoint_is_written_keeps_the_step_with_its_records(tmp_path, tiny_weights):
+    """SIGTERM while step 1's checkpoint was written: the write went on (on the compute thread) and finished, but the
+    run said 'stopped before the first checkpoint', result.json 0 steps, and step 1's history row and trajectories
+    were never written; the rerun resumed after step 1, so they were lost for good. The update is now waited for,
+    and its step recorded."""
+    import signal
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SAVING_SLOWLY, "experiment=local", tiny_weights, "trainer.max_steps=50",
+         "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
+         "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", "run.name=saving", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in process.stdout:
+        if line == "saving\n":
+            process.send_signal(signal.SIGTERM)
+            break
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err[-3000:]
+    assert "Traceback" not in out + err
+    assert "summrl: interrupted: stopped after step 1 (SIGTERM); its checkpoint is kept" in err
+    model = run_dir / "art" / "summrl" / "models" / "saving"
+    assert sorted(p.name for p in (model / "checkpoints").iterdir()) == ["0001"]
+    rows = [json.loads(line) for line in (model / "history.jsonl").read_text().splitlines()]
+    assert any(row.get("step") == 1 and "train/reward" in row for row in rows), rows
+    assert (model / "trajectories" / "train" / "0001.parquet").exists()
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["status"], result["steps"], result["attempts"][-1]["end_step"]) == ("interrupted", 1, 1)
 
 
 def test_the_w_and_b_mirror_sends_whole_history_lines_only_and_skips_one_a_crash_cut_short(tmp_path):

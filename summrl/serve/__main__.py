@@ -21,7 +21,7 @@ from dotenv import load_dotenv
 from omegaconf import DictConfig
 
 from summrl import cli
-from summrl.errors import ConfigError, exit_on
+from summrl.errors import ConfigError, exit_on, stop_signal
 from summrl.serve.config import validate_serve
 
 log = logging.getLogger("summrl.serve")
@@ -104,6 +104,8 @@ def main(cfg: DictConfig) -> None:
         sock = listening_socket(config.serve.host, config.serve.port)
         os.environ.setdefault("TQDM_DISABLE", "1")
         asyncio.run(serve(config, sock))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before uvicorn took the signals (while the libraries import): the
+        log.info(f"summrl: the server stopped ({stop_signal()})")  # same graceful stop, exit 0, as once it has
     except Exception as e:
         exit_on(e)
 

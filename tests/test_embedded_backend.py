@@ -495,6 +495,31 @@ def assert_training_forward_reproduces_sampling(loop, backend, model, doc) -> No
     assert torch.allclose(new[mask], old[mask], atol=2e-3)
 
 
+def test_a_checkpoint_write_that_a_killed_process_left_is_removed_when_its_step_is_saved(tmp_path):
+    """A process killed while it saved step 1 left .0001.tmp-<its pid> (an adapter and AdamW state: hundreds of MB
+    at 3B); the resumed run, another pid, saved step 1 again beside it and nothing ever removed it."""
+    import threading
+    from types import SimpleNamespace
+
+    from summrl.backends.embedded.engine import Engine
+
+    def save_pretrained(path):
+        Path(path).mkdir(parents=True)
+        (Path(path) / "adapter_model.safetensors").write_bytes(b"weights")
+
+    engine = SimpleNamespace(lock=threading.Lock(), model=SimpleNamespace(save_pretrained=save_pretrained),
+                             optimizer=SimpleNamespace(state_dict=dict))
+    checkpoints = tmp_path / "checkpoints"
+    left = checkpoints / ".0001.tmp-4194303"
+    left.mkdir(parents=True)
+    (left / "optimizer.pt").write_bytes(b"half written")
+    other = checkpoints / ".0002.tmp-4194303"  # another step's: not this save's to judge
+    other.mkdir()
+    Engine.save_checkpoint(engine, checkpoints / "0001")
+    assert sorted(p.name for p in checkpoints.iterdir()) == [".0002.tmp-4194303", "0001"]
+    assert (checkpoints / "0001" / "adapter_model.safetensors").read_bytes() == b"weights"
+
+
 def test_train_updates_lora_skips_flat_groups_and_checkpoints(loop, session):
     backend, model, docs, tmp = session
     groups = loop.run_until_complete(art.gather_trajectory_groups(

@@ -792,7 +792,9 @@ class Engine:
         """Write adapter and optimizer state to ``directory`` atomically (a temp folder, then a rename)."""
         directory = Path(directory)
         tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        # this step's unfinished writes: a process killed in one left its own (another pid's) for good
+        for unfinished in directory.parent.glob(f".{directory.name}.tmp-*"):
+            shutil.rmtree(unfinished, ignore_errors=True)
         with self.lock:
             self.model.save_pretrained(str(tmp))
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")

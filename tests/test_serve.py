@@ -268,18 +268,20 @@ def test_a_request_whose_client_gives_up_stops_generating_and_the_next_is_served
             httpx.post(f"{served.url}/v1/chat/completions", json={**chat, "n": 16, "max_tokens": 3000}, timeout=2)
         after = httpx.post(f"{served.url}/v1/chat/completions", json={**chat, "max_tokens": 3}, timeout=120)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 3
-        # stopped while generated, or (a slow machine) dropped before its call started
-        stopped = re.findall(r"summrl: 16 of 16 rows were abandoned \(their clients disconnected\) and generated "
+        # stopped while generated, or (a slow machine) dropped before its call started; a row that reached its end
+        # of text before the client left is not abandoned (15 of 16, under load)
+        stopped = re.findall(r"summrl: (\d+) of 16 rows were abandoned \(their clients disconnected\) and generated "
                              r"no further: the call ran (\d+) of 3000 tokens", served.log.read_text())
         dropped = "summrl: 16 rows were abandoned (their clients disconnected) before they were generated"
-        assert (len(stopped) == 1 and int(stopped[0]) < 3000) or dropped in served.log.read_text(), served.log.read_text()
+        assert (len(stopped) == 1 and int(stopped[0][0]) >= 1 and int(stopped[0][1]) < 3000
+                ) or dropped in served.log.read_text(), served.log.read_text()
         # a streamed chat its client closes (a chat UI's stop button) once text has come: it is generating, so stopped
         with httpx.stream("POST", f"{served.url}/v1/chat/completions", timeout=120,
                           json={**chat, "n": 8, "max_tokens": 3000, "stream": True}) as stream:
             pieces = (line for line in stream.iter_lines() if '"content":' in line and '"content": ""' not in line)
             next(pieces), next(pieces)
         deadline = time.monotonic() + 60
-        while not (ran := re.findall(r"summrl: 8 of 8 rows were abandoned \(their clients disconnected\) and "
+        while not (ran := re.findall(r"summrl: [1-8] of 8 rows were abandoned \(their clients disconnected\) and "
                                      r"generated no further: the call ran (\d+) of 3000 tokens", served.log.read_text())):
             assert time.monotonic() < deadline, served.log.read_text()[-2000:]
             time.sleep(0.2)

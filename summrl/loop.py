@@ -7,10 +7,13 @@ or which reward it runs with.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
 import random
+import signal
+import threading
 import time
 import traceback
 from collections import Counter
@@ -288,14 +291,29 @@ async def train_step(session: Session, documents: Sequence[Document], step: int)
     except asyncio.CancelledError:
         # Ctrl-C or SIGTERM: the update goes on (on its thread, or in the GPU's trainer) and may write its checkpoint,
         # which the step's history and trajectories must then go with (a run resumed after it had lost them). So it
-        # is waited for and recorded, and the loop stops after it; a second signal stops without waiting.
-        log.warning("summrl: stopping once this step's update and checkpoint are done (Ctrl-C again: without "
-                    "waiting for them)")
-        result = await update
+        # is waited for and recorded, and the caller stops after it. Further signals meanwhile are let pass: the
+        # exit would wait for the update's thread anyway, and without the records.
+        log.warning("summrl: stopping once this step's update and checkpoint are done (kill -9 stops now, dropping "
+                    "the step)")
+        with _signals_let_pass():
+            result = await update
         session.stopping = True
     result.metrics.setdefault("loss/learning_rate", lr)  # ART's key; set for a backend (or step) that reports none
     scored.timings["train_s"] = time.perf_counter() - started
     return scored, result
+
+
+@contextlib.contextmanager
+def _signals_let_pass():
+    """Ctrl-C (and SIGTERM, which cli.run sends down Ctrl-C's path) ignored in the block, in the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial_step: int):

@@ -119,6 +119,8 @@ async def bench_step(steps: int, repeats: int) -> dict:
                     session.config.algorithm = algorithm
                     start = time.perf_counter()
                     scored, result = await train_step(session, documents, i)
+                    if session.stopping:  # Ctrl-C while it trained: its update finished, the benchmark stops
+                        raise asyncio.CancelledError
                     # a group whose rollouts scored alike is skipped: train_s depends on how many the rewards left
                     skipped = result.metrics.get("train/skipped_zero_variance_groups", 0.0) if result else 0.0
                     times.append({"step_s": time.perf_counter() - start, **scored.timings,

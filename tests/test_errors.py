@@ -495,7 +495,7 @@ def test_a_signal_while_a_checkpoint_is_written_keeps_the_step_with_its_records(
     """SIGTERM while step 1's checkpoint was written: the write went on (on the compute thread) and finished, but the
     run said 'stopped before the first checkpoint', result.json 0 steps, and step 1's history row and trajectories
     were never written; the rerun resumed after step 1, so they were lost for good. The update is now waited for,
-    and its step recorded."""
+    and its step recorded, a second signal notwithstanding."""
     import signal
     import subprocess
 
@@ -509,6 +509,8 @@ def test_a_signal_while_a_checkpoint_is_written_keeps_the_step_with_its_records(
     for line in process.stdout:
         if line == "saving\n":
             process.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            process.send_signal(signal.SIGINT)  # impatient: it waited for the update's thread anyway, unrecorded
             break
     out, err = process.communicate(timeout=120)
     assert process.returncode == 143, err[-3000:]

@@ -284,32 +284,41 @@ async def train_step(session: Session, documents: Sequence[Document], step: int)
     started = time.perf_counter()
     config = session.config
     lr = algorithm.learning_rate(config.algorithm, config.model.lr, step, config.trainer.max_steps)
-    update = asyncio.ensure_future(session.backend.train(session.model, scored.groups, learning_rate=lr,
-                                                         **algorithm.train_kwargs(config.algorithm, config.backend.kind)))
-    try:
-        result = await asyncio.shield(update)
-    except asyncio.CancelledError:
-        # Ctrl-C or SIGTERM: the update goes on (on its thread, or in the GPU's trainer) and may write its checkpoint,
-        # which the step's history and trajectories must then go with (a run resumed after it had lost them). So it
-        # is waited for and recorded, and the caller stops after it. Further signals meanwhile are let pass: the
-        # exit would wait for the update's thread anyway, and without the records.
-        log.warning("summrl: stopping once this step's update and checkpoint are done (kill -9 stops now, dropping "
-                    "the step)")
-        with _signals_let_pass():
+    # Ctrl-C or SIGTERM: the update goes on (on its thread, or in the GPU's trainer) and may write its checkpoint,
+    # which the step's history and trajectories must then go with (a run resumed after it had lost them). So it is
+    # waited for and recorded, and the caller stops after it. The signals after the first are let pass from before
+    # the update starts: the exit would wait for the update's thread anyway, and without the records.
+    with _first_signal_only():
+        update = asyncio.ensure_future(session.backend.train(
+            session.model, scored.groups, learning_rate=lr,
+            **algorithm.train_kwargs(config.algorithm, config.backend.kind)))
+        try:
+            result = await asyncio.shield(update)
+        except asyncio.CancelledError:
+            log.warning("summrl: stopping once this step's update and checkpoint are done (kill -9 stops now, "
+                        "dropping the step)")
             result = await update
-        session.stopping = True
+            session.stopping = True
     result.metrics.setdefault("loss/learning_rate", lr)  # ART's key; set for a backend (or step) that reports none
     scored.timings["train_s"] = time.perf_counter() - started
     return scored, result
 
 
 @contextlib.contextmanager
-def _signals_let_pass():
-    """Ctrl-C (and SIGTERM, which cli.run sends down Ctrl-C's path) ignored in the block, in the main thread only."""
-    if threading.current_thread() is not threading.main_thread():
+def _first_signal_only():
+    """In the block, the first Ctrl-C (or SIGTERM, which cli.run sends down Ctrl-C's path) goes to the handler it
+    would have reached (asyncio's runner cancels the run's task); those after it are ignored. Main thread only."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None:  # not the main thread, or a handler not set from Python: left as it is
         yield
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    first = [previous]
+
+    def first_only(signum, frame):
+        if first and callable(handler := first.pop()):
+            handler(signum, frame)
+
+    signal.signal(signal.SIGINT, first_only)
     try:
         yield
     finally:

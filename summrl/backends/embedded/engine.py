@@ -623,7 +623,10 @@ class Engine:
         return getattr(self.model.get_base_model().config, "max_position_embeddings", None)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        """The tokens' text as vLLM returns it: special tokens skipped, no clean-up of spaces. (SmolLM2's tokenizer
+        asks for BERT-era clean-up, which turns " 's" into "'s" and " ." into ".": the text is then not the tokens'
+        and cannot be streamed: a piece's clean-up depends on the tokens after it.)"""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     # ------------------------------------------------------------------ training
 

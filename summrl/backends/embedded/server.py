@@ -356,7 +356,8 @@ def _chat_response(engine: Engine, request: ChatRequest, prompt: list[int], resu
                     {
                         "token": f"token_id:{token}",
                         "logprob": logprob,
-                        "bytes": list(engine.tokenizer.decode([token]).encode("utf-8")),
+                        "bytes": list(engine.tokenizer.decode([token], clean_up_tokenization_spaces=False)
+                                       .encode("utf-8")),
                         "top_logprobs": [],
                     }
                     for token, logprob in zip(result.token_ids, result.logprobs)
@@ -450,9 +451,12 @@ class _Text:
         return now[len(before):]
 
     def rest(self, token_ids: list[int]) -> str:
-        """What the whole reply's text has past what was sent (its held-back last characters)."""
+        """What the whole reply's text has past what was sent (its held-back last characters). Should the whole
+        not begin with what was sent, what the last pieces held back, decoded as they were: never lost."""
         whole = self.engine.decode(token_ids)
-        return whole[len(self.sent):] if whole.startswith(self.sent) else ""
+        if whole.startswith(self.sent):
+            return whole[len(self.sent):]
+        return self.engine.decode(self.ids[self.prefix:])[len(self.engine.decode(self.ids[self.prefix:self.read])):]
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:

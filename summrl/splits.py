@@ -25,7 +25,7 @@ from summrl.cost import Calls, confirmed
 from summrl.data import Document, all_documents, load_splits, split
 from summrl import inbox
 from summrl.data.documents import (PART, Loaded, by_source, limit_length, policy_token_counter, read,
-                                   source_id, text_hash)
+                                   same_text, source_id, text_hash)
 from summrl.errors import ConfigError, ExpectedFailure
 from summrl.judges import build_judge, missing_keys
 from summrl.judges.cache import JsonCache
@@ -110,11 +110,10 @@ async def load_inbox(config: Any) -> Splits:
     documents, lines, seen = [], {}, set()
     for row in got.rows:
         text = row["text"].strip()
-        digest = text_hash(text)
-        if digest in seen:  # served twice: trained on once
+        if same_text(text) in seen:  # served twice: trained on once
             continue
-        seen.add(digest)
-        doc_id = str(row.get("id") or digest[:16])
+        seen.add(same_text(text))
+        doc_id = str(row.get("id") or text_hash(text)[:16])
         if doc_id in lines or PART.search(doc_id):  # one id for two texts, or a part's name: keep both, apart
             doc_id = f"{doc_id}~{row['line']}"
         documents.append(Document(id=doc_id, topic="", text=text, questions=()))

@@ -92,11 +92,14 @@ def test_duplicate_documents_are_kept_once_and_reported(tmp_path):
     folder = tmp_path / "docs"
     shutil.copytree(FIXTURE, folder)
     shutil.copy(folder / "town-council.md", folder / "zz-copy.md")
+    # the same text saved on Windows: its line endings differ (a copy in val, the other in train, inflated val)
+    (folder / "zz-windows.md").write_bytes((folder / "research-note.md").read_bytes().replace(b"\n", b"\r\n"))
     loaded = read(dataset(folder))
     assert [d.id for d in loaded.documents].count("zz-copy.md") == 0 and len(loaded.documents) == 10
-    assert loaded.duplicates == [("zz-copy.md", "town-council.md")]
-    assert loaded.record()["duplicates"] == [{"id": "zz-copy.md", "same_text_as": "town-council.md"}]
-    assert any("1 duplicate document(s) kept once: zz-copy.md = town-council.md" in line for line in loaded.lines())
+    assert loaded.duplicates == [("zz-copy.md", "town-council.md"), ("zz-windows.md", "research-note.md")]
+    assert loaded.record()["duplicates"][0] == {"id": "zz-copy.md", "same_text_as": "town-council.md"}
+    assert any("2 duplicate document(s) kept once: zz-copy.md = town-council.md; zz-windows.md = research-note.md"
+               in line for line in loaded.lines())
 
 
 def test_a_jsonl_with_custom_column_names(tmp_path):
@@ -389,6 +392,29 @@ def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, c
     assert "all 10 documents' questions are cached; nothing to write" in caplog.text
     splits = asyncio.run(load(config_for(FIXTURE, tmp_path, f"dataset.questions.cache_dir={tmp_path / 'q'}")))
     assert splits.record["questions"]["cache_hits"] == 10 and splits.record["questions"]["written_now"] == 0
+
+
+def test_data_prepare_and_inspect_split_a_folder_with_a_split_document_as_training_does(tmp_path, capsys):
+    """A long document's parts: summrl.data shuffled the parts one by one, training shuffles whole documents, so
+    prepare wrote the questions of other val documents than training's (which then wrote its own), and inspect
+    printed other split sizes."""
+    from summrl.data.__main__ import main
+
+    folder = tmp_path / "docs"
+    shutil.copytree(FIXTURE, folder)
+    (folder / "long.md").write_text("\n\n".join(f"Section {i}. " + "The committee reviewed the budget line by line. " * 8
+                                                 for i in range(8)))
+    for seed in range(4):
+        args = ["experiment=local", "dataset=documents", f"dataset.path={folder}", "reward=ruler",
+                f"dataset.questions.cache_dir={tmp_path / f'q{seed}'}", "dataset.max_document_tokens=200",
+                "dataset.val_size=0.3", f"dataset.seed={seed}"]
+        main(["prepare", *args])
+        main(["inspect", *args])
+        shown = re.search(r"split \(dataset.seed=\d+\): (\d+) val, (\d+) train", capsys.readouterr().out)
+        splits = asyncio.run(load(compose_config(args)))
+        assert any("#part" in d.id for d in splits.val + splits.train)
+        assert (int(shown[1]), int(shown[2])) == (len(splits.val), len(splits.train)), seed
+        assert splits.record["questions"]["written_now"] == 0, seed  # prepare wrote what training reads
 
 
 def test_on_a_cloud_gpu_the_documents_travel_in_the_project_folder(tmp_path):

@@ -77,6 +77,13 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.strip().encode()).hexdigest()
 
 
+def same_text(text: str) -> str:
+    """Duplicates' key: texts that differ only in line endings (a copy saved on Windows) or in the white space around
+    them are one document (kept apart, the copies went one to val and one to train). The text itself is kept as read:
+    its questions are cached under its hash."""
+    return text_hash(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -96,7 +103,7 @@ def read(dataset: "DocumentsDatasetConfig") -> Loaded:
     kept: dict[str, str] = {}  # text hash -> id
     documents = []
     for document in loaded.documents:
-        digest = text_hash(document.text)
+        digest = same_text(document.text)
         if digest in kept:
             loaded.duplicates.append((document.id, kept[digest]))
             continue

@@ -9,13 +9,17 @@ it are kept.
 ``<run_dir>/inbox/watermark.json`` maps a checkpoint step to how many inbox lines the run had consumed when it reached
 that step. An online step writes its entry *before* it trains: a crash before its checkpoint is saved resumes at the
 previous step, whose entry still holds; a crash after resumes at this step, whose entry is already there. So nothing
-is trained twice and nothing is skipped. The first ``dataset.val_size`` documents ever recorded are the run's val set
-for online learning (fixed as the inbox grows) and are never trained on.
+is trained twice and nothing is skipped. Each entry also keeps a hash of the last line it consumed, and the watermark
+the val size: an inbox replaced or cut (archived, restored from an older copy) no longer has those lines where the
+watermark counts them, and is refused rather than having the documents recorded since skipped. The first
+``dataset.val_size`` documents ever recorded are the run's val set for online learning (fixed as the inbox grows, and
+its size kept: a larger one would take documents already trained on into val) and are never trained on.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -92,22 +96,31 @@ def read(run_dir: Any) -> InboxRead:
     return InboxRead(rows, cut)
 
 
-def watermark(run_dir: Any) -> dict[int, int]:
-    """Each checkpoint step's consumed inbox lines; empty before the first online step. An unreadable watermark stops
-    the run: read as empty, it would train every recorded document again."""
+def _watermark(run_dir: Any) -> dict:
+    """The watermark file's fields: ``consumed`` (step -> lines), ``last_line`` (step -> the hash of the last line
+    consumed), ``val_size``; empty before the first online step. An unreadable watermark stops the run: read as empty,
+    it would train every recorded document again."""
     path = inbox_dir(run_dir) / WATERMARK
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return {}
+        return {"consumed": {}, "last_line": {}, "val_size": None}
     try:
-        return {int(k): int(v) for k, v in json.loads(raw)["consumed"].items()}
+        saved = json.loads(raw)
+        return {"consumed": {int(k): int(v) for k, v in saved["consumed"].items()},
+                "last_line": {int(k): str(v) for k, v in saved.get("last_line", {}).items()},  # none before 2026-11-28
+                "val_size": None if saved.get("val_size") is None else int(saved["val_size"])}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DataError(
             f"{path} is unreadable ({type(e).__name__}): it records which inbox documents this run has trained on. "
             "Restore it from a backup, or delete it to train on the whole inbox again, documents already trained on "
             "included"
         ) from None
+
+
+def watermark(run_dir: Any) -> dict[int, int]:
+    """Each checkpoint step's consumed inbox lines; empty before the first online step."""
+    return _watermark(run_dir)["consumed"]
 
 
 def consumed_at(run_dir: Any, step: int) -> int:
@@ -117,12 +130,47 @@ def consumed_at(run_dir: Any, step: int) -> int:
     return marks[max(earlier)] if earlier else 0
 
 
-def mark(run_dir: Any, step: int, consumed: int) -> None:
+def _line_hash(run_dir: Any, number: int) -> Optional[str]:
+    """The hash of the inbox's line ``number`` (0-based), None if the file has no such line."""
+    path = inbox_dir(run_dir) / DOCUMENTS
+    lines = path.read_bytes().split(b"\n") if path.exists() else []
+    return hashlib.sha256(lines[number]).hexdigest()[:16] if number < len(lines) - 1 else None  # a whole line
+
+
+def mark(run_dir: Any, step: int, consumed: int, val_size: Optional[int] = None) -> None:
     """Record (atomically) that reaching ``step`` consumes the inbox up to line ``consumed``; later entries, from a
     crashed attempt, are dropped."""
-    marks = {s: c for s, c in watermark(run_dir).items() if s < step}
-    marks[step] = consumed
-    write_json(inbox_dir(run_dir) / WATERMARK, {"consumed": {str(s): c for s, c in sorted(marks.items())}})
+    saved = _watermark(run_dir)
+    marks = {s: c for s, c in saved["consumed"].items() if s < step}
+    hashes = {s: h for s, h in saved["last_line"].items() if s < step}
+    marks[step], hashes[step] = consumed, _line_hash(run_dir, consumed - 1)
+    write_json(inbox_dir(run_dir) / WATERMARK, {
+        "consumed": {str(s): c for s, c in sorted(marks.items())},
+        "last_line": {str(s): h for s, h in sorted(hashes.items()) if h is not None},
+        "val_size": val_size if val_size is not None else saved["val_size"]})
+
+
+def check_watermark(run_dir: Any, step: int, val_size: int) -> None:
+    """Refuse an inbox that no longer holds, where the watermark counts them, the lines the run trained on by
+    ``step``, and a val size other than the one the run's online learning began with."""
+    saved = _watermark(run_dir)
+    path, documents = inbox_dir(run_dir) / WATERMARK, inbox_dir(run_dir) / DOCUMENTS
+    if saved["val_size"] is not None and saved["val_size"] != val_size:
+        raise DataError(f"dataset.val_size={val_size}: this run's online val set is the first {saved['val_size']} "
+                        f"recorded documents ({path}); another size would move documents it trained on into val, or "
+                        f"val documents into training: set dataset.val_size={saved['val_size']}")
+    earlier = [s for s in saved["consumed"] if s <= step]
+    if not earlier:
+        return
+    at = max(earlier)
+    consumed = saved["consumed"][at]
+    found = _line_hash(run_dir, consumed - 1)
+    if found is None or (at in saved["last_line"] and found != saved["last_line"][at]):
+        raise DataError(
+            f"{documents}: line {consumed} is not the last line this run had trained on by step {at} ({path}): the "
+            "inbox was replaced, cut or edited since, and the documents recorded after it would be skipped. Put the "
+            "original file back (new documents appended after its lines), or, if the file holds only documents "
+            f"recorded since, delete {path}: the run then trains on all of them, its first dataset.val_size as val")
 
 
 @dataclass
@@ -139,6 +187,7 @@ class Online:
     run_dir: Path
     new: list[tuple[Any, int]]  # (document, its line)
     start: int  # lines consumed at the step the run resumes from
+    val_size: int  # dataset.val_size, kept in the watermark
 
     def batches(self, step: int, size: int) -> list[Batch]:
         """``size`` documents a step, except that the parts of a split document (one inbox line) train in one step:
@@ -154,13 +203,15 @@ class Online:
         return out
 
     def before_step(self, batch: Batch) -> None:
-        mark(self.run_dir, batch.step + 1, batch.consumed)
+        mark(self.run_dir, batch.step + 1, batch.consumed, self.val_size)
 
 
-def online(run_dir: Any, step: int, documents: list[Any], lines: dict[str, int], val_ids: set[str],
+def online(run_dir: Any, step: int, documents: list[Any], lines: dict[str, int], val_ids: set[str], val_size: int,
            limit: Optional[int] = None) -> Online:
-    """The documents recorded after what ``step`` consumed, val documents left out."""
+    """The documents recorded after what ``step`` consumed, val documents left out. Raises DataError for an inbox
+    or a val size the watermark does not match (:func:`check_watermark`)."""
+    check_watermark(run_dir, step, val_size)
     start = consumed_at(run_dir, step)
     new = sorted(((d, lines[d.id]) for d in documents if d.id not in val_ids and lines[d.id] >= start),
                  key=lambda pair: pair[1])
-    return Online(Path(run_dir), new[:limit] if limit else new, start)
+    return Online(Path(run_dir), new[:limit] if limit else new, start, val_size)

@@ -382,7 +382,8 @@ async def online_documents(config: Config, splits: Splits) -> tuple[Splits, Opti
     deadline = time.monotonic() + t.wait_for_documents_s
     while True:
         step = get_step_from_dir(str(model_dir(config)))  # the checkpoint the backend will resume from
-        online = inbox.online(config.run.dir, step, splits.train, splits.lines or {}, {d.id for d in splits.val})
+        online = inbox.online(config.run.dir, step, splits.train, splits.lines or {}, {d.id for d in splits.val},
+                              config.dataset.val_size)
         remaining = deadline - time.monotonic()
         if (len(online.new) >= t.min_new_documents and splits.val) or remaining <= 0:
             return splits, online

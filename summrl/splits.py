@@ -107,19 +107,22 @@ async def load_inbox(config: Any) -> Splits:
     got = inbox.read(config.run.dir)
     if got.cut_short:
         log.info(f"summrl: inbox: {got.cut_short} line(s) cut short (a crash while recording): skipped")
-    documents, lines, seen = [], {}, set()
+    documents, lines, seen, duplicates = [], {}, {}, []
     for row in got.rows:
         text = row["text"].strip()
-        if same_text(text) in seen:  # served twice: trained on once
-            continue
-        seen.add(same_text(text))
         doc_id = str(row.get("id") or text_hash(text)[:16])
+        if same_text(text) in seen:  # served twice: trained on once
+            duplicates.append((f"{doc_id} (line {row['line'] + 1})", seen[same_text(text)]))
+            continue
         if doc_id in lines or PART.search(doc_id):  # one id for two texts, or a part's name: keep both, apart
             doc_id = f"{doc_id}~{row['line']}"
+        seen[same_text(text)] = doc_id
         documents.append(Document(id=doc_id, topic="", text=text, questions=()))
         lines[doc_id] = row["line"]
-    loaded = limit_length(Loaded(str(inbox.inbox_dir(config.run.dir) / inbox.DOCUMENTS), documents), config.dataset,
-                          LazyCounter(config.model))
+    loaded = limit_length(Loaded(str(inbox.inbox_dir(config.run.dir) / inbox.DOCUMENTS), documents,
+                                 duplicates=duplicates), config.dataset, LazyCounter(config.model))
+    for line in loaded.lines()[1:]:  # duplicates and documents over the limit (skipped: the watermark passes them)
+        log.info(line)
     groups = by_source(loaded.documents)  # the first val_size recorded documents, each with all its parts
     n_val = config.dataset.val_size
     val, train = [d for g in groups[:n_val] for d in g], [d for g in groups[n_val:] for d in g]

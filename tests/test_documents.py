@@ -478,6 +478,58 @@ def test_an_unreadable_inbox_watermark_stops_the_run_instead_of_training_every_d
         assert path.read_bytes() == damaged
 
 
+def test_an_inbox_replaced_or_cut_under_its_watermark_or_a_new_val_size_is_refused(tmp_path):
+    """The watermark counts lines: an inbox archived (a new file), restored from an older copy or cut had the
+    documents recorded since, up to the old count, skipped without a word; a larger dataset.val_size took documents
+    already trained on into val."""
+    from summrl import inbox
+    from summrl.data import DataError, Document
+
+    recorder = inbox.Recorder(tmp_path)
+    for i in range(10):
+        recorder.record(f"d{i}", f"document {i}", 1)
+    original = recorder.path.read_bytes()
+    batch = inbox.online(tmp_path, 1, [], {}, set(), 4)
+    batch.before_step(inbox.Batch(1, [], 6))  # step 2 consumes lines 0-5
+    documents = [Document(id=f"d{i}", topic="", text=f"document {i}", questions=()) for i in range(10)]
+    found = inbox.online(tmp_path, 2, documents, {f"d{i}": i for i in range(10)}, {"d0", "d1", "d2", "d3"}, 4)
+    assert [d.id for d, _ in found.new] == ["d6", "d7", "d8", "d9"]
+    shifted = b"\n".join(original.split(b"\n")[1:])  # archived: the new file's lines are other documents
+    for inbox_now in (b"\n".join(original.split(b"\n")[:3]) + b"\n", shifted + shifted):
+        recorder.path.write_bytes(inbox_now)
+        with pytest.raises(DataError, match=re.escape(f"{recorder.path}: line 6 is not the last line this run had "
+                                                      "trained on by step 2") + ".*Put the original file back"):
+            inbox.online(tmp_path, 2, [], {}, set(), 4)
+    recorder.path.write_bytes(original)
+    recorder.record("d10", "document 10", 2)  # appended after the original: the run goes on
+    assert inbox.online(tmp_path, 2, [], {}, set(), 4).start == 6
+    with pytest.raises(DataError, match=r"^dataset.val_size=8: this run's online val set is the first 4 recorded "
+                                        r"documents .* set dataset.val_size=4$"):
+        inbox.online(tmp_path, 2, [], {}, set(), 8)
+
+
+def test_an_inbox_run_says_which_recorded_documents_it_leaves_out(tmp_path, caplog):
+    """A document served twice, and one over dataset.max_document_tokens (skipped: the watermark then passes it),
+    were left out with nothing said but a count in result.json."""
+    import logging
+
+    from summrl import inbox
+    from summrl.splits import load_inbox
+
+    caplog.set_level(logging.INFO, logger="summrl")
+    recorder = inbox.Recorder(tmp_path)
+    for i in range(6):
+        recorder.record(f"d{i}", f"The council met on day {i} and approved item {i}.", 1)
+    recorder.record("again", "The council met on day 2 and approved item 2.\r\n", 1)  # served twice
+    recorder.record("long", " ".join(["The harbor budget grew again."] * 40), 1)
+    config = compose_config(["experiment=local", "dataset=inbox", "reward=ruler", f"run.dir={tmp_path}",
+                             "dataset.max_document_tokens=60", f"dataset.questions.cache_dir={tmp_path / 'q'}"])
+    splits = asyncio.run(load_inbox(config))
+    assert [d.id for d in splits.train] == ["d4", "d5"]
+    assert "summrl: dataset: 1 duplicate document(s) kept once: again (line 7) = d2" in caplog.text
+    assert "summrl: dataset: 1 document(s) over dataset.max_document_tokens=60 skipped" in caplog.text
+
+
 def test_an_inbox_documents_line_is_found_whatever_its_id_holds():
     from summrl.data import Document
     from summrl.splits import source_lines
@@ -494,7 +546,7 @@ def test_the_parts_of_a_split_inbox_document_train_in_one_step():
     from summrl import inbox
 
     new = [("a", 3), ("b#part1", 4), ("b#part2", 4), ("b#part3", 4), ("c", 5), ("d", 6)]
-    batches = inbox.Online(Path("."), new, 3).batches(2, 2)
+    batches = inbox.Online(Path("."), new, 3, 4).batches(2, 2)
     assert [(b.step, b.items, b.consumed) for b in batches] == [
         (2, ["a", "b#part1", "b#part2", "b#part3"], 5), (3, ["c", "d"], 7)]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import re
 import shutil
@@ -467,7 +468,9 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
             first = run_cli(online, cwd=ROOT)
             assert first.returncode == 0, first.stderr[-3000:]
             assert "4 new inbox documents, 1 step(s) from step 3" in first.stdout
-            assert json.loads((run_copy / "inbox" / "watermark.json").read_text()) == {"consumed": {"4": 8}}
+            last = hashlib.sha256((run_copy / "inbox" / "documents.jsonl").read_bytes().split(b"\n")[7]).hexdigest()
+            assert json.loads((run_copy / "inbox" / "watermark.json").read_text()) == {
+                "consumed": {"4": 8}, "last_line": {"4": last[:16]}, "val_size": 4}
             # online val is its own val set and reward: step 3 scored again on it, and best compares like with like
             # (it compared RULER on the inbox with QA on the original val split)
             online_record = json.loads((run_copy / "result.json").read_text())

@@ -75,16 +75,23 @@ def test_a_folder_is_read_with_relative_paths_as_ids_html_and_pdf_included_and_o
     (folder / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     (folder / ".DS_Store").write_bytes(b"\x00\x01")
     (folder / "moved.md").symlink_to(folder / "no-longer-here.md")  # dropped without a word, before
+    shared = tmp_path / "shared"  # a folder linked in: its documents were left out, unlisted
+    shared.mkdir()
+    (shared / "linked-memo.md").write_text("The ferry schedule changes on April 2.")
+    (folder / "from-shared").symlink_to(shared)
+    (shared / "loop").symlink_to(folder)  # a link back: read once, listed
     loaded = read(dataset(folder))
     ids = [d.id for d in loaded.documents]
-    assert "incidents/2024-03-outage.md" in ids and "contracts/supply-agreement.md" in ids and len(ids) == 12
+    assert "incidents/2024-03-outage.md" in ids and "contracts/supply-agreement.md" in ids and len(ids) == 13
+    assert "from-shared/linked-memo.md" in ids
     html = next(d for d in loaded.documents if d.id == "notes.html")
     assert "52,000 dollars" in html.text and "secret" not in html.text and "p {}" not in html.text
     pdf = next(d for d in loaded.documents if d.id == "scan.pdf")
     assert pdf.text == "The Quarry Lane depot opened on May 3, 2021."
     assert dict(loaded.skipped_files) == {".DS_Store": "hidden", "logo.png": "not txt/md/markdown/html/htm/pdf",
-                                          "moved.md": "a broken link"}
-    assert any("skipped 3 file(s)" in line and "logo.png" in line for line in loaded.lines())
+                                          "moved.md": "a broken link",
+                                          "from-shared/loop": "a link to a folder read already"}
+    assert any("skipped 4 file(s)" in line and "logo.png" in line for line in loaded.lines())
     assert all(not d.questions for d in loaded.documents)
 
 
@@ -631,6 +638,19 @@ def test_a_table_that_is_not_utf8_or_holds_half_a_character_is_one_line_naming_i
     (tmp_path / "bad.jsonl").write_bytes(b'{"document_id": "a"\n')
     with pytest.raises(DataError, match=r"bad.jsonl, line 1: not JSON \("):
         _read_rows(tmp_path / "bad.jsonl")
+    (tmp_path / "latin.csv").write_bytes("text\nfine\ncaf\xe9\n".encode("latin-1"))  # a pandas traceback's words
+    with pytest.raises(DataError, match=r"latin.csv, line 3: not UTF-8 \(byte 0xe9 .*: re-save it as UTF-8"):
+        _table_rows(tmp_path / "latin.csv")
+    (tmp_path / "excel.csv").write_bytes(b"\xef\xbb\xbftext,id\r\nsaved by Excel,a\r\n")
+    assert _table_rows(tmp_path / "excel.csv")[0] == [{"text": "saved by Excel", "id": "a"}]
+    # UTF-16 (Notepad's "Unicode", PowerShell 5's >): a .txt was "a binary file", a table "not UTF-8 (byte 0xff)"
+    (tmp_path / "wide.jsonl").write_bytes(json.dumps({"text": "wide"}).encode("utf-16"))
+    with pytest.raises(DataError, match=r"wide.jsonl: UTF-16 text .*iconv -f utf-16 -t utf-8"):
+        _table_rows(tmp_path / "wide.jsonl")
+    (tmp_path / "wide").mkdir()
+    (tmp_path / "wide" / "notes.txt").write_bytes("Minutes of the meeting.".encode("utf-16"))
+    with pytest.raises(DataError, match=r"^notes.txt: UTF-16 text"):
+        read(dataset(tmp_path / "wide"))
     (tmp_path / "bad.parquet").write_bytes(b"not parquet")
     with pytest.raises(DataError, match=r"bad.parquet: can't be read as \.parquet \("):
         _read_rows(tmp_path / "bad.parquet")

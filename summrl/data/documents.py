@@ -14,7 +14,9 @@ Duplicate documents (same text) are kept once and reported. Documents longer tha
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -113,9 +115,26 @@ def read(dataset: "DocumentsDatasetConfig") -> Loaded:
     return loaded
 
 
+def _folder_files(folder: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Every file under ``folder`` (broken links included, to be listed), linked folders followed, as a user who
+    linked one in expects (Path.rglob left them out unlisted); a real folder is read once, so a link loop ends."""
+    files, skipped, seen = [], [], {os.path.realpath(folder)}
+    for root, folders, names in os.walk(folder, followlinks=True):
+        folders.sort()  # one order on every machine: the first path to a folder names its documents
+        for name in list(folders):
+            real = os.path.realpath(os.path.join(root, name))
+            if real in seen:
+                folders.remove(name)
+                skipped.append(((Path(root) / name).relative_to(folder).as_posix(), "a link to a folder read already"))
+            seen.add(real)
+        files += [Path(root) / name for name in names]
+    return sorted(files), skipped
+
+
 def _read_folder(folder: Path) -> Loaded:
-    documents, skipped = [], []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() or (p.is_symlink() and not p.exists())):
+    documents = []
+    files, skipped = _folder_files(folder)
+    for path in files:
         relative = path.relative_to(folder).as_posix()
         if not path.exists():  # a link to nothing: listed, as every file left out is
             skipped.append((relative, "a broken link"))
@@ -135,8 +154,16 @@ def _read_folder(folder: Path) -> Loaded:
     return Loaded(str(folder), documents, skipped)
 
 
+def _not_utf16(data: bytes, where: str) -> None:
+    """UTF-16 (Notepad's "Unicode", PowerShell 5's ``>``) is named as such: it was called a binary file, or Latin-1."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise DataError(f"{where}: UTF-16 text (its first bytes say so), not UTF-8: re-save it as UTF-8, e.g. "
+                        "iconv -f utf-16 -t utf-8")
+
+
 def _utf8(data: bytes, where: str, also: str = "", by_line: bool = False) -> str:
     """``data`` as UTF-8 text (a BOM taken off), or a DataError naming the byte (and its line, for a table)."""
+    _not_utf16(data, where)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -153,6 +180,7 @@ def _file_text(path: Path, relative: str) -> str:
     if suffix in PDF_SUFFIXES:
         text = _pdf_text(path, relative)
     else:
+        _not_utf16(data, relative)
         if b"\x00" in data:
             raise DataError(f"{relative}: a binary file, not text (it has NUL bytes): remove it from the folder, or "
                             "save its text as .txt")
@@ -254,8 +282,11 @@ def _table_rows(path: Path) -> tuple[list[Row], list[str]]:
     import pandas as pd
 
     try:
-        frame = (pd.read_parquet(path) if path.suffix.lower() == ".parquet"
-                 else pd.read_csv(path, dtype=str, keep_default_na=False))
+        frame = (pd.read_parquet(path) if path.suffix.lower() == ".parquet"  # a CSV's bytes as .jsonl's: errors named
+                 else pd.read_csv(io.StringIO(_utf8(path.read_bytes(), str(path), by_line=True)), dtype=str,
+                                  keep_default_na=False))
+    except DataError:
+        raise
     except Exception as e:  # pandas' and pyarrow's many parse errors
         raise DataError(f"{path}: can't be read as {path.suffix} ({type(e).__name__}: {str(e)[:200]})") from None
     return frame_rows(frame.to_dict("records"), path), [str(c) for c in frame.columns]

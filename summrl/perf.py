@@ -393,7 +393,9 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
                 async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
                     response.raise_for_status()
                     async for line in response.aiter_lines():
-                        if first is None and '"content": "' in line and '"content": ""' not in line:
+                        if first is None and line.startswith("data: {") and any(
+                                (choice.get("delta") or {}).get("content")
+                                for choice in json.loads(line[len("data: "):]).get("choices") or ()):
                             first = time.perf_counter() - start
                 return first or math.nan, time.perf_counter() - start
 

@@ -110,13 +110,13 @@ async def load_inbox(config: Any) -> Splits:
     documents, lines, seen, duplicates = [], {}, {}, []
     for row in got.rows:
         text = row["text"].strip()
-        doc_id = str(row.get("id") or text_hash(text)[:16])
-        if same_text(text) in seen:  # served twice: trained on once
-            duplicates.append((f"{doc_id} (line {row['line'] + 1})", seen[same_text(text)]))
+        doc_id, key = str(row.get("id") or text_hash(text)[:16]), same_text(text)
+        if key in seen:  # served twice: trained on once
+            duplicates.append((f"{doc_id} (line {row['line'] + 1})", seen[key]))
             continue
         if doc_id in lines or PART.search(doc_id):  # one id for two texts, or a part's name: keep both, apart
             doc_id = f"{doc_id}~{row['line']}"
-        seen[same_text(text)] = doc_id
+        seen[key] = doc_id
         documents.append(Document(id=doc_id, topic="", text=text, questions=()))
         lines[doc_id] = row["line"]
     loaded = limit_length(Loaded(str(inbox.inbox_dir(config.run.dir) / inbox.DOCUMENTS), documents,

@@ -281,12 +281,10 @@ def _table_rows(path: Path) -> tuple[list[Row], list[str]]:
         return rows, columns
     import pandas as pd
 
+    parquet = path.suffix.lower() == ".parquet"
+    text = None if parquet else _utf8(path.read_bytes(), str(path), by_line=True)  # a CSV's encoding named as a .jsonl's
     try:
-        frame = (pd.read_parquet(path) if path.suffix.lower() == ".parquet"  # a CSV's bytes as .jsonl's: errors named
-                 else pd.read_csv(io.StringIO(_utf8(path.read_bytes(), str(path), by_line=True)), dtype=str,
-                                  keep_default_na=False))
-    except DataError:
-        raise
+        frame = pd.read_parquet(path) if parquet else pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except Exception as e:  # pandas' and pyarrow's many parse errors
         raise DataError(f"{path}: can't be read as {path.suffix} ({type(e).__name__}: {str(e)[:200]})") from None
     return frame_rows(frame.to_dict("records"), path), [str(c) for c in frame.columns]

@@ -88,6 +88,26 @@ def test_all_matching_answers_need_one_call(fake, secret_env):
     assert len(fake.requests) == 1
 
 
+def test_answers_that_differ_in_a_sign_a_currency_or_another_script_are_graded_not_matched(fake, secret_env):
+    """The no-call shortcut once kept only [a-z0-9]: "€5 million" matched "£5 million", "3%" matched "-3%", and any
+    answer in Chinese matched any Chinese gold, all marked correct without a grading call."""
+    doc = Document(id="d2", topic="Finance", text="x", questions=(
+        Question("d2-q1", "How much was raised?", "£5 million", ""),
+        Question("d2-q2", "How did the index move?", "-3%", ""),
+        Question("d2-q3", "Which city?", "北京", ""),
+        Question("d2-q4", "Which mark?", "?", ""),
+        Question("d2-q5", "Who chaired it?", "Ruth Okafor", ""),
+    ))
+    fake.script = [Reply(json.dumps({"answers": ["€5 million", "3%", "東京", "!", "ＲＵＴＨ OKAFOR."]})),
+                   Reply(json.dumps({"correct": [False, False, False, False]}))]
+    assert asyncio.run(LLMJudge(client(fake)).grade("s", doc.questions)) == [False, False, False, False, True]
+    assert len(fake.requests) == 2
+    graded = fake.requests[1]["messages"][-1]["content"]
+    for candidate in ("€5 million", "3%", "東京", "!"):
+        assert f": {candidate}\n" in graded + "\n"
+    assert "OKAFOR" not in graded  # full-width letters and a full stop still match with no call
+
+
 def test_retries_429_and_5xx_with_backoff_honouring_retry_after(fake, secret_env):
     fake.script = [Reply(status=429, headers={"Retry-After": "0.3"}), Reply(status=503), Reply(status=500),
                    Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]}))]

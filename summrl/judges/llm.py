@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import re
+import unicodedata
 from typing import Optional, Sequence, Union
 
 from summrl.data import UNANSWERABLE, Document, Question
@@ -24,8 +25,18 @@ def listing(questions: Sequence[Question]) -> str:
     return "\n".join(f"{i + 1}. {q.question}" for i, q in enumerate(questions))
 
 
+# A number (thousands separators and a decimal point kept in it), a run of letters or digits of any script, or one
+# symbol. Sentence punctuation is dropped; signs, currency and units (-, +, %, £, €) decide a match and are kept.
+_TOKEN = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?|\w+|[^\w\s]")
+_PUNCTUATION = frozenset(".,;:!?'\"()[]{}…“”‘’«»。、「」『』【】《》・·")
+
+
 def normalize(text: str) -> str:
-    return " ".join(re.findall(r"[a-z0-9]+", text.lower().replace(",", "")))
+    """An answer reduced to what decides a match with no grading call: NFKC (full-width forms), case-folded,
+    "2,100" read as "2100", sentence punctuation dropped. Only an equal non-empty result skips the grader, so a
+    stricter key costs a call, never a wrong verdict."""
+    tokens = _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
+    return " ".join(t.replace(",", "") if t[0].isdigit() else t for t in tokens if t not in _PUNCTUATION)
 
 
 ANSWER_PROMPT = """Using only this summary, answer each question briefly. If the summary lacks the answer, write "{unanswerable}".
@@ -116,7 +127,8 @@ class LLMJudge:
                 continue
             row: list[Optional[bool]] = []
             for q, (question, answer) in enumerate(zip(questions, answers)):
-                same = normalize(answer) == normalize(question.answer)  # exact and normalized matches need no call
+                gold = normalize(question.answer)  # a gold of punctuation alone is graded, never matched by key
+                same = bool(gold) and normalize(answer) == gold  # exact and normalized matches need no call
                 row.append(True if same else None)
                 if not same:
                     pending.append((t, q))

@@ -271,6 +271,25 @@ def test_a_streamed_text_is_the_whole_texts_decoding_however_its_characters_spli
         assert sum(bool(piece) for piece in pieces) > len(text.split()) // 2  # in pieces, not held to the end
 
 
+def test_a_code_models_infilling_markers_are_plain_text_to_smollm2(loop, session):
+    """transformers read SmolLM2's GGUF tokenizer as CodeLlama's: "<FILL_ME>" and "▁<PRE>" became ids past the
+    embedding (a request holding one raised IndexError, failing every request batched with it), and after one the
+    tokenizer encoded every later text with "▁" for its spaces. They are text, as SmolLM2's own tokenizer reads them;
+    eos is <|im_end|>, as in the file (it was read from bos)."""
+    backend, model, _, _ = session
+    engine = backend.engine
+    asked = [{"role": "user", "content": "Summarize: the cat sat on the mat."}]
+    before = engine.encode_chat(asked)
+    text = "Code models fill <FILL_ME> between ▁<PRE> and ▁<SUF> markers."
+    ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert max(ids) < engine.model.get_base_model().config.vocab_size and engine.decode(ids) == text
+    reply = loop.run_until_complete(model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=[{"role": "user", "content": text}], max_tokens=4, temperature=0))
+    assert reply.choices[0].message.content
+    assert engine.encode_chat(asked) == before  # the same tokens as before the markers were read
+    assert (len(engine.tokenizer), engine.tokenizer.eos_token, engine.eos_ids) == (49152, "<|im_end|>", [2])
+
+
 def test_a_stream_its_client_closes_stops_generating(loop, session, caplog):
     """A chat UI's stop button closes the stream: its row stops where it is, and the engine is free for the next."""
     backend, model, _, _ = session
@@ -773,9 +792,7 @@ def test_the_data_tools_count_a_gguf_models_tokens_with_the_saved_copys_tokenize
     the GGUF's own tokenizer does."""
     import json
 
-    from transformers import AutoTokenizer
-
-    from summrl.backends.embedded.engine import dequantized_cache
+    from summrl.backends.embedded.engine import dequantized_cache, gguf_tokenizer
     from summrl.data import resolve_path
     from summrl.data.tokenizer import load_tokenizer
 
@@ -785,7 +802,7 @@ def test_the_data_tools_count_a_gguf_models_tokens_with_the_saved_copys_tokenize
     assert (saved / "config.json").exists()  # the session's engine load wrote it
     tokenizer = load_tokenizer(model)
     assert tokenizer.name_or_path == str(saved)
-    own = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    own = gguf_tokenizer(gguf_path)
     texts = sorted({json.loads(line)["document_extracted"] for line in SAMPLE.read_text().splitlines()})
     for text in texts:
         assert tokenizer(text, add_special_tokens=False)["input_ids"] == own(text, add_special_tokens=False)["input_ids"]

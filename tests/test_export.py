@@ -159,6 +159,8 @@ def test_merged_model_generates_what_the_adapter_and_the_served_checkpoint_gener
 
     folder = exported.folder
     tokenizer = AutoTokenizer.from_pretrained(folder / "merged")
+    # decoded as summrl.serve and vLLM decode: no BERT-era clean-up of spaces ("x 's y" was "x's y")
+    assert tokenizer.decode(tokenizer("x 's y .", add_special_tokens=False)["input_ids"]) == "x 's y ."
     document = Document(id="d", topic="", text="The Harbor Festival in Townsville drew 4,200 visitors on June 3, 2024.",
                          questions=())
     inputs = tokenizer.apply_chat_template(FACTS.messages(document), add_generation_prompt=True,

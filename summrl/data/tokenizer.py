@@ -3,11 +3,9 @@ any model loads.
 
 From ``model.weights`` when set (a folder, a .gguf file or a ``pkg:`` path), else the hub id from the local Hugging
 Face cache. Reading a tokenizer out of a GGUF file takes transformers 8 to 18 s on 2 cores, so a .gguf's tokenizer is
-read from the embedded engine's de-quantized copy once a load has saved one (about 0.5 s): the tokenizer the engine
-itself prompts with. That copy holds the model's config.json beside the tokenizer, by which AutoTokenizer picks the
-GGUF's own byte-level BPE; a tokenizer folder saved alone is read as CodeLlamaTokenizer (transformers 5.2.0), which
-counted 829 tokens where the GGUF's counted 418: a wrong count would split or skip the wrong documents.
-It is loaded only when a document is long enough to need it.
+read from the embedded engine's de-quantized copy once a load has saved one (about 0.5 s), and converted as the
+engine converts it (:func:`summrl.backends.embedded.engine.gguf_tokenizer`) before that: the tokenizer the engine
+itself prompts with. It is loaded only when a document is long enough to need it.
 """
 
 from __future__ import annotations
@@ -37,19 +35,19 @@ def load_tokenizer(model: Any, fix: str = TRAIN_FIX) -> Any:
 def _load_tokenizer(model: Any, fix: str) -> Any:
     from transformers import AutoTokenizer
 
-    source, kwargs = model.base_model, {}
+    source, gguf = model.base_model, None
     if model.weights:
         path = resolve_path(model.weights)
         if not path.exists():
             raise DataError(f"model.weights={model.weights}: {path} does not exist")
         source = str(path)
         if path.suffix == ".gguf":
-            from summrl.backends.embedded.engine import saved_dequantized
+            from summrl.backends.embedded.engine import gguf_tokenizer, saved_dequantized
 
             saved = saved_dequantized(path)
-            source, kwargs = (str(saved), {}) if saved else (str(path.parent), {"gguf_file": path.name})
+            source, gguf = (str(saved), None) if saved else (str(path), path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        tokenizer = gguf_tokenizer(gguf) if gguf else AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as e:
         why = " ".join(str(e).split())  # transformers' message spans lines: the error is one
         raise DataError(f"can't load the policy's tokenizer from {source!r} to measure the documents ({why}); with no "

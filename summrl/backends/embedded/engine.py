@@ -81,7 +81,9 @@ def _file_sha256(path: Path) -> str:
 def _dequantized_entry(gguf: Path, content: str, dtype: torch.dtype) -> Path:
     import transformers  # heavy: kept off the import path of this module's light users
 
-    key = f"{content}:{dtype}:{transformers.__version__}"
+    # "tokenizer-2": entries saved before the tokenizer was converted by its own model (:func:`gguf_tokenizer`) hold
+    # transformers' CodeLlama one, and are not reused.
+    key = f"{content}:{dtype}:{transformers.__version__}:tokenizer-2"
     root = Path(os.environ.get("SUMMRL_CACHE_DIR") or Path.home() / ".cache" / "summrl")
     return root / "dequantized" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
@@ -109,6 +111,34 @@ def sorted_sets(config: Any) -> Any:
     return config
 
 
+def gguf_tokenizer(path: Path) -> Any:
+    """The tokenizer of a .gguf file, converted as the file's tokenizer model says.
+
+    transformers picks the converter by the architecture: a llama-architecture file with a byte-level BPE vocabulary
+    (tokenizer.ggml.model "gpt2", as SmolLM2's) gets the SentencePiece llama converter in a CodeLlamaTokenizer. That
+    tokenizer adds 5 infilling tokens past the embedding (a text holding "<FILL_ME>" raised IndexError, and left the
+    tokenizer encoding every later text with "▁" for spaces), and reads eos from bos. Such a file is converted with
+    transformers' GPT-2 converter, with the file's own special tokens; any other file as transformers does it.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers.integrations.ggml import GGUF_TO_FAST_CONVERTERS, GGUFGPTConverter, GGUFLlamaConverter
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    read = load_gguf_checkpoint(str(path), return_tensors=False)
+    vocab, architecture = read["tokenizer"], read["config"].get("model_type")
+    if vocab.get("tokenizer_type") != "gpt2" or GGUF_TO_FAST_CONVERTERS.get(architecture) is not GGUFLlamaConverter:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokens = vocab["tokens"]
+    named = {f"{role}_token": tokens[vocab[f"{role}_token_id"]]
+             for role in ("bos", "eos", "unk", "pad") if vocab.get(f"{role}_token_id") is not None}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=GGUFGPTConverter(dict(vocab)).converted(), clean_up_tokenization_spaces=False,  # as vLLM
+        chat_template=read["tokenizer_config"].get("chat_template"), **named)
+    control = [tokens[i] for i, kind in enumerate(vocab.get("token_type", ())) if kind == 3]  # GGUF's CONTROL type
+    tokenizer.add_special_tokens({"additional_special_tokens": control})  # one id each, skipped when decoding
+    return tokenizer
+
+
 def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, device: torch.device):
     """Load tokenizer and model from ``weights`` (folder, .gguf file, ``pkg:`` path) or the hub id.
     A .gguf file is de-quantized once and read from :func:`dequantized_cache` after that."""
@@ -134,7 +164,8 @@ def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, 
     else:
         source = base_model
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        tokenizer = (gguf_tokenizer(path) if "gguf_file" in kwargs
+                     else AutoTokenizer.from_pretrained(source, **kwargs))
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=ATTENTION, **kwargs)
     except OSError as e:
         raise RuntimeError(

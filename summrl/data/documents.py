@@ -194,13 +194,33 @@ def _file_text(path: Path, relative: str) -> str:
     return text
 
 
+# Tags a browser starts a new line for; any other (b, a, span, em) runs on in its line. A table's cells share their
+# row's line.
+_HTML_BLOCKS = ("address", "article", "aside", "blockquote", "caption", "dd", "details", "div", "dl", "dt",
+                "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "li",
+                "main", "ol", "p", "pre", "section", "summary", "table", "tr", "ul")
+
+
 def _html_text(html: str) -> str:
-    from bs4 import BeautifulSoup
+    """The text a browser shows: a line per block, inline tags within their line, whitespace collapsed but in
+    <pre>. (``get_text("\\n")`` broke lines at every tag: "got <b>52,000</b> dollars" read "got\\n52,000\\ndollars".)"""
+    from bs4 import BeautifulSoup, NavigableString
 
     soup = BeautifulSoup(html, "html.parser")
-    for tag in soup(["script", "style", "head", "nav"]):
+    for tag in soup(["script", "style", "head", "nav", "template", "noscript"]):
         tag.decompose()
-    return re.sub(r"\n\s*\n+", "\n\n", soup.get_text("\n")).strip()
+    for string in soup.find_all(string=True):
+        if type(string) is NavigableString and not string.find_parent("pre"):  # not a comment or a doctype
+            string.replace_with(re.sub(r"\s+", " ", string))
+    for tag in soup.find_all("br"):
+        tag.replace_with("\n")
+    for tag in soup.find_all(["td", "th"]):
+        tag.insert_after(" ")
+    for tag in soup.find_all(_HTML_BLOCKS):
+        tag.insert_before("\n")
+        tag.insert_after("\n")
+    lines = "\n".join(line.strip() for line in soup.get_text().split("\n"))
+    return re.sub(r"\n{3,}", "\n\n", lines).strip()
 
 
 def _pdf_text(path: Path, relative: str) -> str:

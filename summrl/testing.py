@@ -45,6 +45,7 @@ class Reply:
     delay_s: float = 0.0
     stream_error: Optional[str] = None  # streamed: an error event in place of the words after the first
     stream_cut: bool = False  # streamed: the connection cut after the first word (a server that died mid-stream)
+    finish_reason: str = "stop"  # unstreamed: "length" as a server's reply cut at max_tokens
 
 
 FAULT_KINDS = ("rate_limited", "server_error", "hang", "not_json", "wrong_shape")
@@ -223,7 +224,8 @@ class FakeLLM:
             return {
                 "id": f"fake-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
                 "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                             "finish_reason": reply.finish_reason}],
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(content.split()),
                           "total_tokens": prompt_tokens + len(content.split())},
             }

@@ -342,6 +342,25 @@ def test_a_second_inbox_run_of_one_run_is_refused_while_the_first_trains(tmp_pat
     inbox.hold_training(run_dir).close()  # released with its file
 
 
+def test_the_length_selector_returns_the_shortest_summary_within_the_limit_never_an_empty_one():
+    """A sample that stopped at once (an eos first, or only whitespace) has 0 words: the shortest, and it was returned."""
+    from types import SimpleNamespace
+
+    import summrl.serve.app as app
+    from summrl.data import Document
+    from summrl.serve.config import ServeConfig, ServeSection
+    from tests.conftest import compose_config
+
+    train = compose_config(["experiment=local"])
+    service = app.Service(ServeConfig(run=SimpleNamespace(name="r", run_dir=Path("runs/r")), step=1, follow="fixed",
+                                      train=train, serve=ServeSection(best_of_n=4, selector="length")))
+    document = Document(id="d", topic="", text="The ferry runs twice a day.", questions=())
+    over = " ".join(["word"] * (train.trainer.max_words + 1))
+    assert asyncio.run(service.select(document, [over, " \n", "The ferry runs twice daily.", "Twice a day."]))[0] == 3
+    assert asyncio.run(service.select(document, ["", over, " ", over + " more"]))[0] == 1  # none within: the shortest
+    assert asyncio.run(service.select(document, ["", " "]))[0] == 0  # nothing said at all: the first
+
+
 def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(monkeypatch):
     """The first of concurrent requests reaches the engine's server well before the rest (it rides the one warm
     connection while this app and that server tokenize the others: 153 ms on a 2-core Zen 3, past the batcher's
@@ -429,13 +448,15 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
                 strict.chat.completions.create(**{"model": "shared@3", "max_tokens": 8,
                                                   "messages": [{"role": "user", "content": "Summarize: a."}],
                                                   **refused})
-        # text parts, as OpenAI's clients send them, are the text joined: the same greedy reply as the plain string
+        # text parts, as OpenAI's clients send them, are the text a line each, as vLLM joins them: the same greedy
+        # reply as the plain string
         replies = [strict.chat.completions.create(model="shared@3", max_tokens=8, temperature=0, messages=[
             {"role": "developer", "content": system}, {"role": "user", "content": content}]).choices[0].message.content
             for system, content in (("Be brief.", "Summarize: a bridge reopened."),
+                                    ("Be brief.", "Summarize: a bridge\nreopened."),
                                     ([{"type": "text", "text": "Be brief."}],
-                                     [{"type": "text", "text": "Summarize: a bridge "}, {"type": "text", "text": "reopened."}]))]
-        assert replies[0] and replies[0] == replies[1]
+                                     [{"type": "text", "text": "Summarize: a bridge"}, {"type": "text", "text": "reopened."}]))]
+        assert replies[0] and replies[1] == replies[2]
         # streamed, as chat UIs ask: the same greedy text, in pieces as it is drawn, under the served model's name
         chunks = list(strict.chat.completions.create(model="shared@3", max_tokens=8, temperature=0, stream=True,
                                                      messages=[{"role": "system", "content": "Be brief."},
@@ -613,6 +634,11 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
                 "bad request: tools, logit_bias: not supported by this server")
             assert client.post("/v1/chat/completions", headers=key, json={**chat, "stop": ["x"]}).status_code == 200
             assert fake.requests[-1]["stop"] == ["x"]  # passed on: vLLM and the embedded engine stop there
+            parts = [{"type": "text", "text": "Summarize: a bridge"}, {"type": "text", "text": "reopened."}]
+            assert client.post("/v1/chat/completions", headers=key,
+                               json={**chat, "messages": [{"role": "user", "content": parts}]}).status_code == 200
+            # a line each, as vLLM joins text parts: "bridgereopened." was one word to the model
+            assert fake.requests[-1]["messages"] == [{"role": "user", "content": "Summarize: a bridge\nreopened."}]
             assert error(client.post("/v1/chat/completions", headers=key, json={"messages": chat["messages"]}),
                          400) == "bad request: model: required, the served model's id (r@1)"
             assert client.post("/v1/chat/completions", headers=key, json={**chat, "temperature": 0}).status_code == 200
@@ -665,6 +691,10 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             (tmp_path / "inbox" / "documents.jsonl").mkdir(parents=True)  # the inbox can't be written
             reply = client.post("/v1/summarize", headers=key, json={"document": "A short document."})
             assert reply.status_code == 200 and reply.json()["summary"] and reply.json()["recorded"] is False
+            # a summary cut at trainer.max_summary_tokens says so, as a chat completion does
+            fake.script.append(Reply("The memo says the ferry", finish_reason="length"))
+            cut = client.post("/v1/summarize", headers=key, json={"document": "A memo about the ferry."}).json()
+            assert (cut["summary"], cut["finish_reason"]) == ("The memo says the ferry", "length")
             # vLLM's refusal where the server can't count the context (local_gpu, max_model_len null): a 500 before
             fake.script.append(Reply("This model's maximum context length is 32768 tokens. However, you requested "
                                      "33000 tokens.", status=400))

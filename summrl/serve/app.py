@@ -291,6 +291,7 @@ class Service:
                 recorded = False
                 log.error(redact_text(f"summrl: serve.record: document {document.id} not recorded: {type(e).__name__}: {e}"))
         return {"summary": samples[chosen], "words": word_count(samples[chosen]), "step": step, "model": self.name,
+                "finish_reason": response.choices[chosen].finish_reason,  # "length": cut at trainer.max_summary_tokens
                 "best_of_n": s.best_of_n, "selector": s.selector if s.best_of_n > 1 else None, "chosen": chosen,
                 "rank_score": score, "judge_cost_usd": cost, "fallback": fallback, "recorded": recorded}
 
@@ -301,7 +302,8 @@ class Service:
             return 0, None, None, 0.0
         if s.selector == "length":  # the shortest within the limit (the shortest of all, when none is)
             words = [word_count(x) for x in samples]
-            within = [i for i, w in enumerate(words) if w <= max_words] or list(range(len(samples)))
+            said = [i for i, w in enumerate(words) if w] or list(range(len(samples)))  # an empty one is no summary
+            within = [i for i in said if words[i] <= max_words] or said
             best = min(within, key=lambda i: (words[i], i))
             return best, 1.0 - words[best] / max_words, None, 0.0
         spent = [0.0]  # this request's own calls (the client's usage is every request's)
@@ -357,7 +359,7 @@ CHAT_ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's
 
 
 def chat_messages(messages: list) -> list[dict]:
-    """A chat's messages as the chat template reads them: text content (OpenAI's text parts joined), one of
+    """A chat's messages as the chat template reads them: text content (OpenAI's text parts, a line each), one of
     CHAT_ROLES (developer as system). Anything else is a 400 naming the message: a role like "robot" or "tool" went
     into the template and was sampled from, and text parts, which OpenAI's clients send, were refused."""
     out = []
@@ -376,7 +378,7 @@ def chat_messages(messages: list) -> list[dict]:
                 got = f"a part of type {other!r}" if other is not None else "a text part with no text string"
                 raise HTTPException(400, detail=f"{where}.content: only text parts ({{\"type\": \"text\", \"text\": "
                                                 f"...}}) are read by a summarizer, got {got}")
-            content = "".join(p["text"] for p in content)
+            content = "\n".join(p["text"] for p in content)  # as vLLM joins them for a chat template that reads text
         out.append({**message, "role": "system" if role == "developer" else role, "content": content})
     return out
 

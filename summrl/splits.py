@@ -26,6 +26,7 @@ from summrl.data import Document, all_documents, load_splits, split
 from summrl import inbox
 from summrl.data.documents import (PART, Loaded, by_source, limit_length, policy_token_counter, read,
                                    same_text, source_id, text_hash)
+from summrl.data.split import DataError
 from summrl.errors import ConfigError, ExpectedFailure
 from summrl.judges import build_judge, missing_keys
 from summrl.judges.cache import JsonCache
@@ -123,9 +124,18 @@ async def load_inbox(config: Any) -> Splits:
                                  duplicates=duplicates), config.dataset, LazyCounter(config.model))
     for line in loaded.lines()[1:]:  # duplicates and documents over the limit (skipped: the watermark passes them)
         log.info(line)
-    groups = by_source(loaded.documents)  # the first val_size recorded documents, each with all its parts
+    # Val is the first val_size documents recorded, each with all its parts, counted before the length limit skips
+    # any: one over it leaves val short, where the next one took its place, and another limit in a later run moved a
+    # document already trained on into val.
     n_val = config.dataset.val_size
-    val, train = [d for g in groups[:n_val] for d in g], [d for g in groups[n_val:] for d in g]
+    first = {d.id for d in documents[:n_val]}
+    groups = by_source(loaded.documents)
+    val = [d for g in groups if source_id(g[0].id) in first for d in g]
+    train = [d for g in groups if source_id(g[0].id) not in first for d in g]
+    if not val and train:
+        raise DataError(f"the online val set, the first {n_val} recorded documents, are all over "
+                        f"dataset.max_document_tokens={config.dataset.max_document_tokens} and skipped: raise the "
+                        "limit, or set dataset.long_documents=split")
     if not val:
         return Splits([], [], {"kind": "inbox", "recorded": len(got.rows), "documents": 0}, lines={})
     splits = await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True),

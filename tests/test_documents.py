@@ -540,6 +540,30 @@ def test_an_inbox_run_says_which_recorded_documents_it_leaves_out(tmp_path, capl
     assert "summrl: dataset: 1 document(s) over dataset.max_document_tokens=60 skipped" in caplog.text
 
 
+def test_the_online_val_set_is_the_first_documents_recorded_whatever_the_length_limit(tmp_path):
+    """Val was counted after the limit skipped a document: the next one took its place, and a limit changed between
+    online runs moved a document already trained on into val."""
+    from summrl import inbox
+    from summrl.data.split import DataError
+    from summrl.splits import load_inbox
+
+    recorder = inbox.Recorder(tmp_path)
+    recorder.record("long", " ".join(["The harbor budget grew again."] * 40), 1)
+    for i in range(1, 7):
+        recorder.record(f"d{i}", f"The council met on day {i} and approved item {i}.", 1)
+
+    def split(*overrides: str) -> tuple[list[str], list[str]]:
+        config = compose_config(["experiment=local", "dataset=inbox", "reward=ruler", f"run.dir={tmp_path}",
+                                 f"dataset.questions.cache_dir={tmp_path / 'q'}", *overrides])
+        splits = asyncio.run(load_inbox(config))
+        return [d.id for d in splits.val], [d.id for d in splits.train]
+
+    assert split("dataset.max_document_tokens=null") == (["long", "d1", "d2", "d3"], ["d4", "d5", "d6"])
+    assert split("dataset.max_document_tokens=60") == (["d1", "d2", "d3"], ["d4", "d5", "d6"])  # d4 was val
+    with pytest.raises(DataError, match=r"the first 1 recorded documents, are all over dataset.max_document_tokens=60"):
+        split("dataset.max_document_tokens=60", "dataset.val_size=1")
+
+
 def test_an_inbox_documents_line_is_found_whatever_its_id_holds():
     from summrl.data import Document
     from summrl.splits import source_lines

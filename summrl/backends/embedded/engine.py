@@ -136,6 +136,7 @@ def gguf_tokenizer(path: Path) -> Any:
         chat_template=read["tokenizer_config"].get("chat_template"), **named)
     control = [tokens[i] for i, kind in enumerate(vocab.get("token_type", ())) if kind == 3]  # GGUF's CONTROL type
     tokenizer.add_special_tokens({"additional_special_tokens": control})  # one id each, skipped when decoding
+    tokenizer.add_tokens(list(vocab.get("added_tokens", ())))  # the file's own added tokens, as transformers adds them
     return tokenizer
 
 

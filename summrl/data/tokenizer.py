@@ -2,10 +2,10 @@
 any model loads.
 
 From ``model.weights`` when set (a folder, a .gguf file or a ``pkg:`` path), else the hub id from the local Hugging
-Face cache. Reading a tokenizer out of a GGUF file takes transformers 8 to 18 s on 2 cores, so a .gguf's tokenizer is
-read from the embedded engine's de-quantized copy once a load has saved one (about 0.5 s), and converted as the
-engine converts it (:func:`summrl.backends.embedded.engine.gguf_tokenizer`) before that: the tokenizer the engine
-itself prompts with. It is loaded only when a document is long enough to need it.
+Face cache. A .gguf's tokenizer is read from the embedded engine's de-quantized copy once a load has saved one (about
+0.5 s), and converted from the file as the engine converts it before that
+(:func:`summrl.backends.embedded.engine.gguf_tokenizer`, 2.5 to 4 s for SmolLM2's on 2 cores): the tokenizer the
+engine itself prompts with. It is loaded only when a document is long enough to need it.
 """
 
 from __future__ import annotations

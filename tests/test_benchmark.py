@@ -562,6 +562,27 @@ def test_a_model_error_carrying_a_key_it_was_not_given_is_masked(monkeypatch):
     assert "AIza-planted-4411" not in str(failed.value) and "key=" in str(failed.value)
 
 
+def test_an_empty_reply_from_a_paid_model_is_a_failed_call_not_a_summary_scored(monkeypatch):
+    """An empty reply (a reasoning model's tokens spent on thinking, a content filter) was scored: 0.2 on a repliqa
+    document, its unanswerable question answered. The row stays undone, saying why; a checkpoint's is scored."""
+    import litellm
+
+    from summrl.benchmark.sources import LiteLLMSource, SummaryError
+    from summrl.data import Document
+    from summrl.prompt import SummaryPrompt
+
+    async def empty(**kwargs):
+        return litellm.ModelResponse(choices=[{"index": 0, "finish_reason": "length",
+                                               "message": {"role": "assistant", "content": ""}}])
+
+    monkeypatch.setattr(litellm, "acompletion", empty)
+    document = Document(id="d", topic="", text="A text.", questions=())
+    ask = dict(prompt=SummaryPrompt("facts", 350), max_tokens=8, temperature=1.0, timeout_s=5, max_retries=0)
+    with pytest.raises(SummaryError, match=r"openai/o4-mini: an empty reply \(finish_reason=length\)"):
+        asyncio.run(LiteLLMSource(model="openai/o4-mini", **ask).summarize(document))
+    assert asyncio.run(LiteLLMSource(model="openai/policy", local=True, **ask).summarize(document)).text == ""
+
+
 @pytest.mark.parametrize("reward", ["qa", "length_penalized", "qa_rubric"])
 def test_the_full_documents_qa_baseline_is_never_paid_for_whatever_wraps_the_qa_reward(reward):
     """length_penalized and qa_rubric keep their QA reward among a weighted reward's terms: the benchmark paid the

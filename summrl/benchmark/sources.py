@@ -64,6 +64,11 @@ class LiteLLMSource:
             # every known secret, and a key in a URL (litellm puts gemini/* keys in the request URL as ?key=)
             raise SummaryError(f"{self.model}: {redact_text(message)[:500]}") from None
         text = response.choices[0].message.content or ""
+        if not text.strip() and not self.local:
+            # a reasoning model that spent max_tokens thinking, or a content filter: not a summary to score (an empty
+            # one answers every unanswerable question); the row stays undone. A checkpoint's empty summary is scored.
+            raise SummaryError(f"{self.model}: an empty reply (finish_reason={response.choices[0].finish_reason}); "
+                               "a reasoning model needs more of trainer.max_summary_tokens")
         return Summary(text=text, model_calls=1, model_cost_usd=0.0 if self.local else call_cost(response))
 
 

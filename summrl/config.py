@@ -1164,6 +1164,9 @@ def typed_config(cfg: DictConfig, schema: type) -> Any:
 
 
 VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A key that is also a valid variable name (Gemini's AIza..., Hugging Face's hf_..., GitHub's, AWS's key id), or any
+# long run of mixed-case letters and digits: no variable is named like that, and the key is saved with the run.
+KEY_LIKE = re.compile(r"(AIza|hf_|ghp_|gho_|ghs_|github_pat_|AKIA|ASIA)\w{12,}|(?=\w*[a-z])(?=\w*[A-Z])(?=\w*\d)\w{32,}")
 
 
 def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
@@ -1200,7 +1203,7 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
             raise ConfigError(f"{path}: must name the environment variable that holds the key, as it is, not an "
                               f"interpolation: set {path}=MY_KEY")
         if path.endswith("_env") and isinstance(raw, str):
-            if not VARIABLE_NAME.fullmatch(raw):
+            if not VARIABLE_NAME.fullmatch(raw) or KEY_LIKE.fullmatch(raw):
                 raise ConfigError(f"{path}: must name the environment variable that holds the key (letters, digits "
                                   f"and _), not hold the key itself: export MY_KEY=<the key> and set {path}=MY_KEY")
             named.append(raw)

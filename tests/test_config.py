@@ -545,6 +545,10 @@ PLANTED = "QSECRET-9f3a"  # a credential no message, log or file may show
     ("judge.api_base='https://llm.example.com/v1?key=${oc.env:SUMMRL_PLANTED}'", "judge.api_base", "judge.api_key_env"),
     (f"storage.endpoint_url='http://ak:{PLANTED}@localhost:9000'", "storage.endpoint_url", "AWS_SECRET_ACCESS_KEY"),
     (f"judge.api_key_env={PLANTED}", "judge.api_key_env", "export MY_KEY=<the key> and set judge.api_key_env=MY_KEY"),
+    # keys that are also valid variable names: Gemini's, Hugging Face's, a long mixed-case one (saved and echoed)
+    ("judge.api_key_env=AIzaSyPLANTED0123456789abcdefghijklmno", "judge.api_key_env", "set judge.api_key_env=MY_KEY"),
+    ("sft.teacher.api_key_env=hf_PLANTEDabcdefghijklmnopqrstu", "sft.teacher.api_key_env", "MY_KEY=<the key>"),
+    ("judge.api_key_env=x9PLANTEDk2Lm4Nq7Rs8Tu0Vw3Xy5Za6Bc1De", "judge.api_key_env", "MY_KEY=<the key>"),
     # a setting named for a secret, with the secret itself (Unsloth takes token=): it reached result.json, the W&B
     # run name and config (the "." before token was no word boundary to the mask)
     (f"+model.init_args.token={PLANTED}", "model.init_args.token", "${oc.env:THE_VARIABLE}"),
@@ -559,7 +563,7 @@ def test_a_secret_in_the_config_is_refused_naming_the_key_and_where_a_key_goes_n
     with pytest.raises(ConfigError) as refused:
         compose_config([*LOCAL, "judge=openai_compatible", override])
     assert str(refused.value).startswith(f"{key}: ") and fix in str(refused.value)
-    assert PLANTED not in str(refused.value)
+    assert PLANTED not in str(refused.value) and "PLANTED" not in str(refused.value)
 
 
 def test_urls_without_credentials_and_variable_names_pass_and_the_named_variables_are_masked(monkeypatch):

@@ -27,7 +27,7 @@ import pandas as pd
 
 from summrl.compare import Interval, advice, mean_ci, paired, per_doc
 from summrl.config import AlgorithmConfig
-from summrl.job import RESULT_FILE, JobInfo, jsonl_rows, read_result
+from summrl.job import RESULT_FILE, JobInfo, jsonl_rows, override_key, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
            "final_val_qa_accuracy", "final_val_hallucination_rate", "algorithm", "sft", "val_qa_before_sft",
@@ -83,6 +83,19 @@ def common_overrides(results: list[dict]) -> list[str]:
     return sorted(set.intersection(*sets)) if len(sets) > 1 else []
 
 
+def presets(overrides: list[str]) -> list[str]:
+    return sorted(o for o in overrides if override_key(o) == "experiment")
+
+
+def configuration(overrides: list[str], with_preset: bool) -> str:
+    """A job's configuration, as the report groups seeds: its name, with the preset it picked when the jobs' presets
+    differ. W&B names leave ``experiment=`` out; arms that differed by preset alone were merged into one "defaults",
+    their scores averaged as if seeds of one configuration."""
+    name = JobInfo(overrides=overrides).name
+    preset = presets(overrides) if with_preset else []
+    return ",".join([*preset, *([name] if name != "defaults" else [])]) or "defaults"
+
+
 def _unread(job_dir: Path) -> dict:
     """A job without a readable result.json: none (never started), or one that is not JSON (cut, or edited)."""
     if not (job_dir / RESULT_FILE).is_file():
@@ -98,13 +111,14 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
     rows, curves, results = [], {}, {}
     jobs = [(d, read_result(d) or _unread(d)) for d in job_folders(folder)]
     common = common_overrides([r for _, r in jobs])
+    by_preset = len({tuple(presets(r.get("overrides", []))) for _, r in jobs}) > 1
     for job_dir, result in jobs:
         overrides = result.get("overrides", [])
         job = job_dir.name if job_dir != folder else folder.name
         sft = result.get("sft") or {}
         rows.append({
             "job": job,
-            "configuration": JobInfo(overrides=[o for o in overrides if o not in common]).name,
+            "configuration": configuration([o for o in overrides if o not in common], by_preset),
             "seed": result.get("seed", _seed(overrides)),
             "status": result.get("status"),
             "best_val_score": result.get("best_val_score"),

@@ -80,6 +80,21 @@ def test_report_table_stats_and_plots(sweep, tmp_path):
         assert image[..., :3].std() > 0.05, f"{name} is blank"
 
 
+def test_arms_that_differ_by_preset_alone_are_two_configurations_not_one(tmp_path):
+    """experiment= is left out of a job's W&B name: a sweep over two presets was one configuration, "defaults", its
+    two arms averaged as if seeds."""
+    from summrl.report import by_configuration, collect
+
+    sweep = tmp_path / "multirun"
+    write_job(sweep / "0", ["experiment=local"], "1", [0.3, 0.3])
+    write_job(sweep / "1", ["experiment=local_lr_high"], "1", [0.3, 0.9])
+    write_job(sweep / "2", ["experiment=local_lr_high", "model.lr=1e-5"], "1", [0.3, 0.6])
+    table = collect(sweep)[0]
+    assert table.configuration.tolist() == ["experiment=local", "experiment=local_lr_high",
+                                            "experiment=local_lr_high,model.lr=1e-5"]
+    assert len(by_configuration(table, "qa_accuracy")) == 3
+
+
 def test_a_jobs_unreadable_result_is_said_to_be_unreadable_not_missing(sweep, tmp_path, capsys):
     """A result.json cut or edited was reported as "no result.json (job never started?)"."""
     from summrl.report import collect

@@ -167,14 +167,15 @@ def curve_bands(curves: dict[str, list[tuple[int, float]]], table: pd.DataFrame,
                 metric: str) -> dict[str, tuple[str, list[tuple[int, Interval]]]]:
     """configuration -> (what the band is over, [(step, mean and 95% CI)]).
 
-    Several seeds: the mean over seeds and its CI over seeds. One: the mean and CI over the val documents (per_doc),
+    Completed jobs only. Several seeds: the mean over seeds and its CI over seeds, at the steps every seed has. One: the mean and CI over the val documents (per_doc),
     so that the line and its band are one estimate; runs without per-document scores get a line and no band.
     """
     bands = {}
-    for configuration, jobs in table.groupby("configuration", sort=False).job:
+    completed = table[table.status == "completed"]  # a failed seed's curve stops early: the band would lose it midway
+    for configuration, jobs in completed.groupby("configuration", sort=False).job:
         jobs = [job for job in jobs if curves.get(job)]
-        if len(jobs) > 1:
-            steps = sorted({step for job in jobs for step, _ in curves[job]})
+        if len(jobs) > 1:  # the steps every seed measured, so that each point is over the same seeds
+            steps = sorted(set.intersection(*({step for step, _ in curves[job]} for job in jobs)))
             by_step = {job: dict(curves[job]) for job in jobs}
             bands[configuration] = (f"{len(jobs)} seeds", [
                 (step, mean_ci(by_step[job][step] for job in jobs if step in by_step[job])) for step in steps])

@@ -95,6 +95,23 @@ def test_arms_that_differ_by_preset_alone_are_two_configurations_not_one(tmp_pat
     assert len(by_configuration(table, "qa_accuracy")) == 3
 
 
+def test_val_curves_are_over_the_completed_seeds_at_the_steps_every_seed_has(tmp_path):
+    """A failed seed's early points were averaged in, and its later steps averaged over the surviving seed alone,
+    under a "2 seeds" label: the curve ended on one seed's score."""
+    from summrl.report import collect, curve_bands
+
+    sweep = tmp_path / "multirun"
+    write_job(sweep / "0", ["reward=qa"], "1", [0.3, 0.4, 0.5, 0.6])
+    write_job(sweep / "1", ["reward=qa"], "2", [0.3, 0.2, 0.7, 0.8])
+    write_job(sweep / "2", ["reward=qa"], "3", [0.3, 0.1], status="failed")
+    write_job(sweep / "3", ["reward=qa"], "4", [0.3, 0.5, 0.5])  # stopped at max_steps=2
+    table, curves, _, results = collect(sweep)
+    over, points = curve_bands({job: c["qa_accuracy"] for job, c in curves.items()}, table, results,
+                               "qa_accuracy")["defaults"]  # reward=qa: shared, stated once
+    assert over == "3 seeds" and [step for step, _ in points] == [0, 1, 2]
+    assert [round(band.mean, 4) for _, band in points] == [0.3, round((0.4 + 0.2 + 0.5) / 3, 4), 0.5667]
+
+
 def test_a_jobs_unreadable_result_is_said_to_be_unreadable_not_missing(sweep, tmp_path, capsys):
     """A result.json cut or edited was reported as "no result.json (job never started?)"."""
     from summrl.report import collect

@@ -1165,8 +1165,10 @@ def typed_config(cfg: DictConfig, schema: type) -> Any:
 
 VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A key that is also a valid variable name (Gemini's AIza..., Hugging Face's hf_..., GitHub's, AWS's key id), or any
-# long run of mixed-case letters and digits: no variable is named like that, and the key is saved with the run.
-KEY_LIKE = re.compile(r"(AIza|hf_|ghp_|gho_|ghs_|github_pat_|AKIA|ASIA)\w{12,}|(?=\w*[a-z])(?=\w*[A-Z])(?=\w*\d)\w{32,}")
+# long run of mixed-case letters and digits with no "_" between words: no variable is named like that, and the key
+# is saved with the run.
+KEY_LIKE = re.compile(r"(AIza|hf_|ghp_|gho_|ghs_|github_pat_|AKIA|ASIA)\w{12,}"
+                      r"|(?=[A-Za-z0-9]*[a-z])(?=[A-Za-z0-9]*[A-Z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]{32,}")
 
 
 def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:

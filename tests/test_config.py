@@ -573,6 +573,9 @@ def test_urls_without_credentials_and_variable_names_pass_and_the_named_variable
     config = compose_config([*LOCAL, "judge=openai_compatible", "judge.api_base='http://127.0.0.1:8000/v1?model=x'",
                              "judge.api_key_env=JUDGE_KEY", "storage.endpoint_url=http://localhost:9000"])
     assert config.judge.api_key_env == "JUDGE_KEY"
+    long_name = "Azure_OpenAI_Api_Key_For_Prod_Env2"  # mixed case, digits, 34 characters: a name, by its "_"s
+    assert compose_config([*LOCAL, "judge=openai_compatible", f"judge.api_key_env={long_name}"]).judge.api_key_env == (
+        long_name)
     assert redact_text(f"the judge said {PLANTED}") == "the judge said ***"  # named by judge.api_key_env: masked
     # a credential that reaches a message another way (a library's error) is masked too
     assert redact_text(f"at https://u:{PLANTED}@h/v1 and https://h/v1?a=1&key={PLANTED}", []) == (

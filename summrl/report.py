@@ -87,7 +87,7 @@ def presets(overrides: list[str]) -> list[str]:
     return sorted(o for o in overrides if override_key(o) == "experiment")
 
 
-def configuration(overrides: list[str], with_preset: bool) -> str:
+def configuration_name(overrides: list[str], with_preset: bool) -> str:
     """A job's configuration, as the report groups seeds: its name, with the preset it picked when the jobs' presets
     differ. W&B names leave ``experiment=`` out; arms that differed by preset alone were merged into one "defaults",
     their scores averaged as if seeds of one configuration."""
@@ -118,7 +118,7 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
         sft = result.get("sft") or {}
         rows.append({
             "job": job,
-            "configuration": configuration([o for o in overrides if o not in common], by_preset),
+            "configuration": configuration_name([o for o in overrides if o not in common], by_preset),
             "seed": result.get("seed", _seed(overrides)),
             "status": result.get("status"),
             "best_val_score": result.get("best_val_score"),
@@ -167,8 +167,9 @@ def curve_bands(curves: dict[str, list[tuple[int, float]]], table: pd.DataFrame,
                 metric: str) -> dict[str, tuple[str, list[tuple[int, Interval]]]]:
     """configuration -> (what the band is over, [(step, mean and 95% CI)]).
 
-    Completed jobs only. Several seeds: the mean over seeds and its CI over seeds, at the steps every seed has. One: the mean and CI over the val documents (per_doc),
-    so that the line and its band are one estimate; runs without per-document scores get a line and no band.
+    Completed jobs only. Several seeds: the mean over seeds and its CI over seeds, at the steps every seed has. One:
+    the mean and CI over the val documents (per_doc), so that the line and its band are one estimate; runs without
+    per-document scores get a line and no band.
     """
     bands = {}
     completed = table[table.status == "completed"]  # a failed seed's curve stops early: the band would lose it midway

@@ -75,14 +75,28 @@ class Paired:
             return math.nan
         return detectable_noncentrality(self.df) * self.se
 
-    def verdict(self, lower_is_better: bool = False) -> str:
-        if self.pairs < MIN_PAIRS or not math.isfinite(self.low):
+    @property
+    def p(self) -> float:
+        """The two-sided p-value of "no difference" (nan where there is no noise estimate): below 0.05 exactly when
+        the 95% CI excludes 0."""
+        if not (self.se > 0 and math.isfinite(self.df)):
+            return math.nan
+        return float(2 * stats.t.sf(abs(self.difference) / self.se, self.df))
+
+    def verdict(self, lower_is_better: bool = False, p: Optional[float] = None) -> str:
+        """better, worse or no detectable difference, by ``p`` (default: this comparison's own; the report passes
+        one adjusted for the other arms compared with the same baseline)."""
+        if self.pairs < MIN_PAIRS:
             return "too few pairs to tell"
-        if self.low > 0:
-            return "worse" if lower_is_better else "better"
-        if self.high < 0:
-            return "better" if lower_is_better else "worse"
-        return "no detectable difference"
+        if self.se == 0:  # every pair differs by the same amount: a t-interval of width 0 is no evidence
+            return "no detectable difference" if self.difference == 0 else "no noise estimate"
+        p = self.p if p is None else p
+        if not math.isfinite(p):
+            return "too few pairs to tell"
+        if p >= 1 - CONFIDENCE:
+            return "no detectable difference"
+        return ("worse" if lower_is_better else "better") if self.difference > 0 else (
+            "better" if lower_is_better else "worse")
 
 
 def detectable_noncentrality(df: float) -> float:
@@ -135,14 +149,26 @@ def paired(differences: np.ndarray) -> Paired:
         if keep_documents:
             components["documents"] = (mean_squares["documents"][0] - ms_res) / n
     var = sum(c * mean_squares[name][0] for name, c in coefficients.items())
-    if var <= 1e-12:  # every difference equal (up to rounding): no noise to measure
-        return Paired(mean, mean, mean, seeds, docs, 0.0, math.inf, {})
+    if var <= 1e-12:  # every difference equal (up to rounding): no noise to measure, so no CI
+        return Paired(mean, math.nan, math.nan, seeds, docs, 0.0, math.nan, {})
     df = var**2 / sum((c * mean_squares[name][0]) ** 2 / mean_squares[name][1]
                       for name, c in coefficients.items() if c != 0)
     se = math.sqrt(var)
     half = float(stats.t.ppf((1 + CONFIDENCE) / 2, df)) * se
     return Paired(mean, mean - half, mean + half, seeds, docs, se, df,
                   {name: value / var for name, value in components.items()})
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment: each p-value made comparable to 0.05 when several arms are tested against one
+    baseline (five arms with no true difference got a verdict in about 1 report of 5 unadjusted). nan stays nan and
+    is not counted as a test."""
+    order = sorted((p, i) for i, p in enumerate(p_values) if math.isfinite(p))
+    adjusted, running = [math.nan] * len(p_values), 0.0
+    for rank, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * p))  # never below a smaller p's adjusted value
+        adjusted[i] = running
+    return adjusted
 
 
 def advice(result: Paired) -> str:

@@ -4,7 +4,7 @@ Writes ``summary.csv`` and ``report.md`` (one row per job: overrides, status, be
 score and QA accuracy, final val hallucination rate, steps, judge cost, minutes), ``val_curves.png``
 (val score against step, one line per configuration with a 95% CI band: over its seeds when it has several,
 else over the val documents; arms with an SFT stage are drawn on the GRPO steps, their SFT at step 0)
-and ``best_val.png`` (best val score per configuration, mean ± std over its seeds).
+and ``final_val.png`` (final val score per configuration, mean ± std over its seeds).
 ``--baseline 'reward=qa'`` adds the paired table: each configuration's final val score minus the
 baseline's on the same documents and seeds, with a 95% CI (seeds × documents, see summrl.compare), a verdict,
 the minimum detectable difference and where the noise comes from.
@@ -17,6 +17,7 @@ when every job has it, so that different rewards are compared on one axis; other
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from dataclasses import fields
@@ -25,12 +26,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from summrl.compare import Interval, advice, mean_ci, paired, per_doc
+from summrl.compare import Interval, advice, holm, mean_ci, paired, per_doc
 from summrl.config import AlgorithmConfig
 from summrl.job import RESULT_FILE, JobInfo, jsonl_rows, override_key, read_result
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
-           "final_val_qa_accuracy", "final_val_hallucination_rate", "algorithm", "sft", "val_qa_before_sft",
+           "final_val_qa_accuracy", "final_val_hallucination_rate", "val_passes", "algorithm", "sft", "val_qa_before_sft",
            "val_qa_after_sft", "sft_samples_kept", "steps", "steps_untrained", "judge_cost_usd", "minutes", "overrides",
            "error"]
 SFT_COLUMNS = ["sft", "val_qa_before_sft", "val_qa_after_sft", "sft_samples_kept"]  # shown when a job has an SFT stage
@@ -127,6 +128,8 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
             "final_val_qa_accuracy": result.get("final_val_qa_accuracy"),
             # the share of val summaries stating a number, date or name absent from their document
             "final_val_hallucination_rate": result.get("final_val_hallucination_rate"),
+            # how many val passes "best" is the maximum of: more passes, more chances of a lucky one
+            "val_passes": len(result.get("val_history") or []) or None,
             "algorithm": algorithm_summary(result.get("algorithm")),
             "sft": sft.get("kind", "none"),
             "val_qa_before_sft": (sft.get("val_before") or {}).get("val_qa_accuracy"),
@@ -144,8 +147,11 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
         })
         curves[job] = val_curves(job_dir, result)
         results[job] = result
+    for row in rows:  # a result without its val history (written before it was kept): the history.jsonl's passes
+        curve = curves[row["job"]]
+        row["val_passes"] = row["val_passes"] or len(curve["qa_accuracy"] or curve["reward"]) or None
     table = pd.DataFrame(rows, columns=COLUMNS).astype({"steps": "Int64", "steps_untrained": "Int64",
-                                                        "sft_samples_kept": "Int64"})
+                                                        "sft_samples_kept": "Int64", "val_passes": "Int64"})
     return table, curves, common, results
 
 
@@ -155,12 +161,55 @@ def score_metric(table: pd.DataFrame) -> str:
     return "qa_accuracy" if len(done) and done.best_val_qa_accuracy.notna().all() else "reward"
 
 
-def by_configuration(table: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Best val score per configuration over its completed seeds: mean, std (0 for one seed), count."""
-    column = "best_val_qa_accuracy" if metric == "qa_accuracy" else "best_val_score"
+# What a val score is a function of besides the policy and the val documents: the judge that grades it, and for the
+# val reward the reward's own settings. Jobs that differ here are not on one scale.
+JUDGE_KEYS = ("kind", "model", "min_recall")
+
+
+def measured_with(result: dict, metric: str) -> dict[str, str]:
+    """The settings ``metric`` was measured with (dotted key -> value), from the job's saved config; a result.json
+    without one: its judge and reward choices and the overrides that touch them."""
+    if metric not in METRICS:  # the hallucination rate: counted in the text itself, by no judge
+        return {}
+    config = result.get("config")
+    if isinstance(config, dict):
+        keys = {f"judge.{k}" for k in JUDGE_KEYS} | ({k for k in config if k.startswith("reward.")}
+                                                      if metric == "reward" else set())
+        return {k: str(config[k]) for k in sorted(keys) if k in config}
+    groups = ("judge", "reward") if metric == "reward" else ("judge",)
+    said = {f"{g}": c for g, c in (result.get("choices") or {}).items() if g in groups}
+    said.update(o.split("=", 1) for o in result.get("overrides", [])
+                if "=" in o and override_key(o).lstrip("+").split(".")[0] in groups)
+    return {k.lstrip("+"): str(v) for k, v in sorted(said.items())}
+
+
+def differing(settings: list[dict[str, str]]) -> list[str]:
+    """The keys whose values are not the same in every one of ``settings``."""
+    keys = set().union(*settings) if settings else set()
+    return sorted(k for k in keys if len({s.get(k) for s in settings}) > 1)
+
+
+def not_on_one_scale(table: pd.DataFrame, results: dict, metric: str) -> list[str]:
+    """The settings the completed jobs' ``metric`` differs in ([]: one scale)."""
     done = table[table.status == "completed"]
-    stats = done.groupby("configuration")[column].agg(["mean", "std", "count"]).fillna({"std": 0.0})
-    return stats.sort_values("mean", ascending=False)
+    return differing([measured_with(results[job], metric) for job in done.job])
+
+
+def by_configuration(table: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per configuration, over its completed seeds: the final val score's mean and std (0 for one seed), the seeds,
+    the mean best val score and the val passes it is the best of. Sorted by the final score: the best of more passes
+    is higher by chance alone, so arms that validated more often would rank above as good ones."""
+    columns = {"qa_accuracy": ("final_val_qa_accuracy", "best_val_qa_accuracy"),
+               "reward": ("final_val_score", "best_val_score")}[metric]
+    done = table[table.status == "completed"].astype({columns[0]: float, columns[1]: float})
+    grouped = done.groupby("configuration")
+    stats = grouped[columns[0]].agg(["mean", "std", "count"]).fillna({"std": 0.0}).rename(
+        columns={"mean": "final_mean", "std": "final_std", "count": "seeds"})
+    stats["best_mean"] = grouped[columns[1]].mean()
+    passes = grouped.val_passes.agg(["min", "max"])
+    stats["val_passes"] = ["" if pd.isna(low) else str(low) if low == high else f"{low}-{high}"
+                           for low, high in zip(passes["min"], passes["max"])]
+    return stats.sort_values("final_mean", ascending=False)
 
 
 def curve_bands(curves: dict[str, list[tuple[int, float]]], table: pd.DataFrame, results: dict,
@@ -255,8 +304,12 @@ def matching_configuration(table: pd.DataFrame, results: dict, baseline: str) ->
 def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
                  lower_is_better: bool = False) -> pd.DataFrame:
     """Each configuration's last val pass minus the baseline's, over the seeds both ran and the documents every one
-    of those jobs scored (see summrl.compare). ``note`` says what could not be paired."""
+    of those jobs scored (see summrl.compare). ``note`` says what could not be paired. The verdicts are by Holm's
+    adjusted p-values (``p_holm``) over the arms compared: each one is a test, and with several some pass by chance.
+    An arm whose score was measured with other settings (another judge; for the val reward, another reward) is not
+    compared."""
     done = table[table.status == "completed"]
+    settings = {job: measured_with(results[job], metric) for job in done.job}
     scores: dict[str, dict[str, dict[str, float]]] = {}
     samples: dict[str, dict[str, dict[str, float]]] = {}  # how many summaries each document's score is the mean of
     notes: dict[str, list[str]] = {}
@@ -268,7 +321,8 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
             by_seed[str(seed)] = per_doc(results[job], metric)
             samples.setdefault(configuration, {})[str(seed)] = per_doc(results[job], "n")
     base = scores.get(baseline, {})
-    rows = []
+    base_settings = [settings[job] for job in done[done.configuration == baseline].job]
+    rows, tests = [], []
     for configuration, arm in scores.items():
         if configuration == baseline:
             continue
@@ -298,12 +352,28 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
         result = paired(np.array([[arm[s][d] - base[s][d] for d in docs] for s in seeds]).reshape(len(seeds), len(docs)))
         if len(seeds) == 1:
             note.append("one seed: a comparison of these two trained checkpoints, not of the arms' training")
+        unlike = differing(base_settings + [settings[job] for job in done[done.configuration == configuration].job])
+        if unlike:
+            note.insert(0, f"measured with other settings than the baseline ({', '.join(unlike)}): its "
+                           f"{METRICS[metric].split(' (')[0]} is on another scale")
+        tests.append(math.nan if unlike else result.p)
         rows.append({"configuration": configuration, "baseline": baseline, "seeds": result.seeds,
                      "documents": result.documents, "difference": result.difference, "ci_low": result.low,
-                     "ci_high": result.high, "verdict": result.verdict(lower_is_better), "min_detectable": result.min_detectable,
-                     "noise": advice(result), "note": "; ".join(note)})
+                     "ci_high": result.high, "verdict": "not comparable" if unlike else None,
+                     "min_detectable": result.min_detectable, "noise": advice(result), "note": note, "paired": result})
+    tested = sum(math.isfinite(p) for p in tests)
+    for row, p in zip(rows, holm(tests)):
+        row["p_holm"] = p
+        if row["verdict"] is None:
+            row["verdict"] = row["paired"].verdict(lower_is_better, p if math.isfinite(p) else None)
+            if tested > 1 and row["verdict"] == "no detectable difference" and math.isfinite(row["ci_low"]) and (
+                    row["ci_low"] > 0 or row["ci_high"] < 0):
+                row["note"].append(f"its own 95% CI excludes 0, but not after Holm's adjustment for the {tested} arms "
+                                   "compared")
+        row["note"] = "; ".join(row.pop("note"))
+        del row["paired"]
     return pd.DataFrame(rows, columns=["configuration", "baseline", "seeds", "documents", "difference", "ci_low",
-                                       "ci_high", "verdict", "min_detectable", "noise", "note"])
+                                       "ci_high", "p_holm", "verdict", "min_detectable", "noise", "note"])
 
 
 def paired_section(paired_rows: pd.DataFrame, metric: str, side: dict[str, pd.DataFrame]) -> list[str]:
@@ -316,8 +386,11 @@ def paired_section(paired_rows: pd.DataFrame, metric: str, side: dict[str, pd.Da
         " the same seeds, with its 95% CI (`ci_low`, `ci_high`). The documents of one seed share its training"
         " randomness, so the CI is not the pooled t over pairs: a two-way random-effects ANOVA splits the noise"
         " into seeds, documents and the rest (summrl/compare.py), and `noise` says which part is largest and what"
-        " to raise. The verdict is `better` or `worse` when the CI excludes 0. `min_detectable` is the true"
-        f" difference this noise and size find with {int(100 * 0.8)}% power: smaller ones are likely missed.",
+        " to raise. The verdict is `better` or `worse` when `p_holm` is below 0.05: the p-value of no difference,"
+        " adjusted by Holm's method for the number of arms compared with the baseline (with one arm, exactly when the"
+        " CI excludes 0; the CIs are not adjusted). `no noise estimate`: every pair differed by the same amount, so"
+        " nothing says how far that is from chance. `min_detectable` is the true difference this noise and size find"
+        f" with {int(100 * 0.8)}% power, for one arm: smaller ones are likely missed.",
         "",
         *(line for name, rows in side.items() for line in (
             f"## Difference from the baseline: final {SIDE_METRICS[name]}", "",
@@ -325,7 +398,7 @@ def paired_section(paired_rows: pd.DataFrame, metric: str, side: dict[str, pd.Da
     ]
 
 
-def plot_best(stats: pd.DataFrame, metric: str, path: Path) -> None:
+def plot_final(stats: pd.DataFrame, metric: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -333,15 +406,33 @@ def plot_best(stats: pd.DataFrame, metric: str, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 0.6 * max(len(stats), 2) + 1.5))
     names = [n[:60] for n in stats.index]
-    ax.barh(names, stats["mean"], xerr=stats["std"], capsize=4, color="tab:blue")
-    for i, (mean, n) in enumerate(zip(stats["mean"], stats["count"])):
+    ax.barh(names, stats["final_mean"], xerr=stats["final_std"], capsize=4, color="tab:blue")
+    for i, (mean, n) in enumerate(zip(stats["final_mean"], stats["seeds"])):
         ax.text(mean, i, f" {mean:.3f} (n={n})", va="center", fontsize=8)
     ax.invert_yaxis()
     name = METRICS[metric].split(" (")[0]
-    ax.set(xlabel=f"best {name} (mean ± std over seeds)", title=f"Best {name} per configuration")
+    ax.set(xlabel=f"final {name} (mean ± std over seeds)", title=f"Final {name} per configuration")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def scale_warnings(table: pd.DataFrame, metric: str, unlike: list[str]) -> list[str]:
+    """What the reader must know before comparing the rows: a score that fell back to the val reward, and jobs whose
+    score was measured with different settings."""
+    warnings = []
+    if metric == "reward":
+        done = table[table.status == "completed"]
+        lacking = done[done.best_val_qa_accuracy.isna()].job.tolist()
+        if lacking and len(lacking) < len(done):
+            warnings.append(f"job(s) {', '.join(map(str, lacking))} recorded no val QA accuracy, so the score is each"
+                            " job's val reward")
+    if unlike:
+        warnings.append(f"the jobs' {METRICS[metric].split(' (')[0]} was measured with different settings "
+                        f"({', '.join(unlike)}): scores under different "
+                        f"{'rewards or judges' if metric == 'reward' else 'judges'} are not on one scale, and the "
+                        "paired table does not compare them")
+    return warnings
 
 
 class ReportError(Exception):
@@ -365,7 +456,10 @@ def write_report(folder: Path, out: Path, baseline: str | None = None) -> pd.Dat
     stats = by_configuration(table, metric)
     plot_curves(curve_bands({job: c[metric] for job, c in curves.items()}, table, results, metric), metric,
                 out / "val_curves.png", sft_offsets(table, results))
-    plot_best(stats, metric, out / "best_val.png")
+    plot_final(stats, metric, out / "final_val.png")
+    warnings = scale_warnings(table, metric, not_on_one_scale(table, results, metric))
+    for warning in warnings:
+        print(f"summrl.report: warning: {warning}", file=sys.stderr)
     paired, side = None, {}
     if baseline:
         paired = paired_table(table, results, metric, baseline)
@@ -383,18 +477,22 @@ def write_report(folder: Path, out: Path, baseline: str | None = None) -> pd.Dat
         "",
         f"Overrides common to every job: `{' '.join(common)}`" if common else "",
         "",
+        *(line for warning in warnings for line in (f"**Warning:** {warning}", "")),
         "## Jobs",
         "",
         shown.to_markdown(index=False, floatfmt=".3f"),
         "",
-        f"## Best {METRICS[metric]} per configuration (completed jobs; mean ± std over seeds)",
+        f"## Final {METRICS[metric]} per configuration (completed jobs; mean ± std over seeds)",
         "",
         stats.reset_index().to_markdown(index=False, floatfmt=".3f") if len(stats) else "No completed job.",
+        "",
+        "`best_mean` is the mean over seeds of each job's best val pass, out of `val_passes`: the best of more passes"
+        " is higher by chance alone, so the table is sorted by the final pass.",
         "",
         *(paired_section(paired, metric, side) if paired is not None else []),
         f"![{METRICS[metric]} by step, 95% CI bands](val_curves.png)",
         "",
-        f"![best {METRICS[metric]} per configuration](best_val.png)",
+        f"![final {METRICS[metric]} per configuration](final_val.png)",
         "",
     ]
     (out / "report.md").write_text("\n".join(lines))
@@ -417,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as e:
         print(e, file=sys.stderr)
         return 2
-    print(f"summrl.report: {len(table)} jobs -> {out / 'report.md'}, summary.csv, val_curves.png, best_val.png")
+    print(f"summrl.report: {len(table)} jobs -> {out / 'report.md'}, summary.csv, val_curves.png, final_val.png")
     return 0
 
 

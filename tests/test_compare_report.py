@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -77,8 +78,10 @@ def test_one_seed_paired_t_over_documents_matches_hand_computed_values(tmp_path)
     # +0.2 +0.2 +0.4 +0.2 0.0: mean 0.2, sd sqrt(0.08/4) = 0.141421, se 0.0632456; t(0.975, 4) = 2.776445 -> half
     # width 0.175598; 80% power at 4 df needs a noncentrality of 3.761060 -> min detectable 3.761060 * se = 0.237870
     # (the (t.975 + t.8) * se shortcut said 0.235110)
+    # t = 3.162 at 4 df: p = 0.03411, and ruler's is 1; Holm over the 2 arms: 2 x 0.03411 = 0.06822, no verdict
     better = paired.loc["reward=length_penalized"]
-    assert (better.seeds, better.documents, better.verdict) == (1, 5, "better")
+    assert (better.seeds, better.documents, better.verdict) == (1, 5, "no detectable difference")
+    assert better.p_holm == pytest.approx(0.06822, abs=1e-4) and "not after Holm's adjustment for the 2" in better.note
     assert (better.difference, better.ci_low, better.ci_high) == pytest.approx((0.2, 0.024402, 0.375598), abs=1e-5)
     assert better.min_detectable == pytest.approx(0.237870, abs=1e-5)
     assert "one seed" in better.note and "val_size" in better.noise
@@ -88,12 +91,18 @@ def test_one_seed_paired_t_over_documents_matches_hand_computed_values(tmp_path)
     assert (same.difference, same.ci_low, same.ci_high) == pytest.approx((0.0, -0.248332, 0.248332), abs=1e-5)
     text = (tmp_path / "out" / "report.md").read_text()
     assert "Difference from the baseline" in text and "no detectable difference" in text
-    # The hallucination rate is paired too, and lower is better: -0.2 with CI [-0.376, -0.024] reads "better".
+    # The hallucination rate is paired too, and lower is better: -0.2 with CI [-0.376, -0.024] would read "better"
+    # alone, and is adjusted as the score is.
     side = pd.read_csv(tmp_path / "out" / "paired.csv").query("metric == 'hallucination_rate'").set_index("configuration")
     invents_less = side.loc["reward=length_penalized"]
     assert (invents_less.difference, invents_less.ci_low, invents_less.ci_high) == pytest.approx(
         (-0.2, -0.375598, -0.024402), abs=1e-5)
-    assert invents_less.verdict == "better" and "val hallucination rate" in text
+    assert invents_less.verdict == "no detectable difference" and "val hallucination rate" in text
+    write_sweep(tmp_path / "alone", {k: v for k, v in ONE_SEED.items() if k != "reward=ruler"})
+    assert report(tmp_path / "alone", tmp_path / "alone_out", "reward=qa").returncode == 0
+    alone = pd.read_csv(tmp_path / "alone_out" / "paired.csv").set_index("metric")
+    assert alone.verdict.tolist() == ["better", "better"] and alone.p_holm.tolist() == pytest.approx([0.03411] * 2,
+                                                                                                     abs=1e-4)
 
 
 def test_seeds_by_documents_ci_matches_a_hand_computed_two_way_anova(sweep, tmp_path):
@@ -211,7 +220,11 @@ def test_arms_that_scored_every_pair_alike_say_so_instead_of_a_noise_source():
     from summrl.compare import advice, paired
 
     same = paired(np.zeros((2, 8)))  # e.g. algorithm=grpo_kl at coefficient 0.001 beside grpo, 8 steps
-    assert (same.difference, same.low, same.high, same.verdict()) == (0.0, 0.0, 0.0, "no detectable difference")
+    assert (same.difference, same.verdict()) == (0.0, "no detectable difference")
+    assert math.isnan(same.low) and math.isnan(same.high) and math.isnan(same.min_detectable)
+    # the same nonzero difference on every pair: a CI of width 0 said "better" from 3 pairs
+    shifted = paired(np.full((1, 3), 0.2))
+    assert shifted.verdict() == "no noise estimate" and math.isnan(shifted.low) and math.isnan(shifted.p)
     assert advice(same) == "none: every pair differs by the same amount"
     assert advice(paired(np.array([[0.1, -0.1], [-0.1, 0.1], [0.1, -0.1], [-0.1, 0.1], [0.1, -0.1]]))) == (
         "100% of the noise is sampling noise within documents: raise trainer.val_rollouts_per_doc or dataset.val_size")
@@ -275,3 +288,35 @@ def test_a_pair_whose_sides_scored_different_numbers_of_summaries_is_named():
     (row,) = paired_table(table, results, "qa_accuracy", "reward=qa").itertuples()
     assert row.documents == 3
     assert "1 pair(s) scored from different numbers of summaries on the two sides (missing rewards)" in row.note
+
+
+def test_holm_adjusts_the_arms_p_values_and_the_report_verdicts_follow_it(tmp_path):
+    import numpy as np
+
+    from summrl.compare import holm, paired
+    from summrl.report import paired_table
+
+    # hand-computed: sorted 0.01, 0.02, 0.04 -> 3 x 0.01, max(0.03, 2 x 0.02), max(0.04, 1 x 0.04); nan is no test
+    assert holm([0.04, 0.01, math.nan, 0.02]) == pytest.approx([0.04, 0.03, math.nan, 0.04], nan_ok=True)
+    assert holm([0.5, 0.01]) == pytest.approx([0.5, 0.02])  # never above 1, never below a smaller p's value
+    assert holm([0.9, 0.3]) == pytest.approx([0.9, 0.6])
+    one = paired(np.array([[0.2, 0.2, 0.4, 0.2, 0.0]]))
+    assert one.p == pytest.approx(0.03411, abs=1e-4)  # t = 0.2 / 0.0632456 = 3.162 at 4 df
+    assert one.verdict() == "better" and one.verdict(p=0.0682) == "no detectable difference"
+
+    def job(diffs):
+        return {"val_history": [{"step": 4, "per_doc": {f"d{i}": {"qa_accuracy": 0.3 + v} for i, v in enumerate(diffs)}}]}
+
+    results = {"0": job([0.0] * 5), "1": job([0.2, 0.2, 0.4, 0.2, 0.0]), "2": job([0.0, 0.1, -0.1, 0.0, 0.05]),
+               "3": job([0.4, 0.4, 0.5, 0.3, 0.4])}
+    table = pd.DataFrame({"job": list(results), "seed": [1] * 4, "status": ["completed"] * 4,
+                          "configuration": ["base", "lucky", "null", "strong"]})
+    rows = paired_table(table, results, "qa_accuracy", "base").set_index("configuration")
+    # p: lucky 0.0341, strong ~0.0001, null ~0.7 -> Holm: strong x3, lucky x2 = 0.0682, null
+    assert rows.loc["lucky", "p_holm"] == pytest.approx(2 * one.p)
+    assert rows.loc["lucky", "ci_low"] > 0  # its own CI excludes 0 ...
+    assert rows.loc["lucky", "verdict"] == "no detectable difference"  # ... but not after the adjustment
+    assert "not after Holm's adjustment for the 3 arms compared" in rows.loc["lucky", "note"]
+    assert rows.loc["strong", "verdict"] == "better" and rows.loc["null", "verdict"] == "no detectable difference"
+    alone = paired_table(table[table.configuration.isin(["base", "lucky"])], results, "qa_accuracy", "base")
+    assert alone.verdict.tolist() == ["better"] and alone.p_holm[0] == pytest.approx(one.p)

@@ -68,13 +68,15 @@ def test_report_table_stats_and_plots(sweep, tmp_path):
     report = (out / "report.md").read_text()
     assert "5 jobs: 4 completed, 1 failed." in report
     assert "`experiment=local`" in report  # the overrides every job shares, stated once
-    # qa: best 0.5 and 0.7 -> mean 0.6, sample std 0.141; ruler: 0.3 and 0.4 -> 0.35, 0.071
-    assert "| reward=qa       |  0.600 | 0.141 |       2 |" in report
-    assert "| reward=ruler    |  0.350 | 0.071 |       2 |" in report
+    # final: qa 0.5 and 0.7 -> mean 0.6, sample std 0.141; ruler 0.3 and 0.2 -> 0.25, 0.071; then the mean best
+    # (qa 0.6, ruler 0.3 and 0.4 -> 0.35) out of 3 val passes each
+    assert "| reward=qa       |        0.600 |       0.141 |       2 |       0.600 |            3 |" in report
+    assert "| reward=ruler    |        0.250 |       0.071 |       2 |       0.350 |            3 |" in report
+    assert "Warning" not in report
 
     import matplotlib.image as mpimg
 
-    for name in ("val_curves.png", "best_val.png"):
+    for name in ("val_curves.png", "final_val.png"):
         image = mpimg.imread(out / name)
         assert image.shape[0] > 200 and image.shape[1] > 400
         assert image[..., :3].std() > 0.05, f"{name} is blank"
@@ -167,3 +169,71 @@ def test_report_shows_both_stages_of_an_sft_run(tmp_path):
     # a sweep with no SFT stage keeps its table as it was
     write_report(sweep / "0", tmp_path / "plain")
     assert "val_qa_after_sft" not in (tmp_path / "plain" / "report.md").read_text()
+
+
+def test_configurations_rank_by_their_final_val_not_the_best_of_more_passes(tmp_path):
+    """The best of more val passes is higher by chance alone: an arm that validated 7 times ranked above one that
+    validated twice and ended higher."""
+    from summrl.report import by_configuration, collect
+
+    sweep = tmp_path / "multirun"
+    write_job(sweep / "0", ["model.lr=1e-5"], "1", [0.3, 0.5, 0.35, 0.5, 0.3, 0.55, 0.4])
+    write_job(sweep / "1", ["model.lr=2e-5"], "1", [0.3, 0.5])
+    stats = by_configuration(collect(sweep)[0], "qa_accuracy")
+    assert stats.index.tolist() == ["model.lr=2e-5", "model.lr=1e-5"]
+    assert stats.final_mean.tolist() == [0.5, 0.4] and stats.best_mean.tolist() == [0.5, 0.55]
+    assert stats.val_passes.tolist() == ["2", "7"]
+
+
+def _with_config(job_dir: Path, **config) -> None:
+    result = json.loads((job_dir / "result.json").read_text())
+    result["config"] = {"judge.kind": "local", "judge.min_recall": 0.6, "reward.kind": "qa", **config}
+    write_result(job_dir, result)
+
+
+def test_val_rewards_of_different_reward_functions_are_not_compared(tmp_path, capsys):
+    """A job without val QA accuracy made the score every job's val reward: the weighted reward's and qa's were
+    ranked and paired as one scale."""
+    from summrl.report import write_report
+
+    sweep = tmp_path / "multirun"
+    write_job(sweep / "0", ["reward=qa"], "1", [0.2, 0.4])
+    write_job(sweep / "1", ["reward=weighted"], "1", [0.2, 0.9])
+    _with_config(sweep / "0")
+    _with_config(sweep / "1", **{"reward.kind": "weighted", "reward.terms.qa.weight": 2.0})
+    result = json.loads((sweep / "1" / "result.json").read_text())
+    result["best_val_qa_accuracy"] = result["final_val_qa_accuracy"] = None  # it logs <term>_qa_accuracy instead
+    write_result(sweep / "1", result)
+    for job in ("0", "1"):  # per-document scores for the paired table
+        result = json.loads((sweep / job / "result.json").read_text())
+        result["val_history"] = [{"step": 1, "val_reward": 0.5, "val_qa_accuracy": None,
+                                  "per_doc": {f"d{i}": {"reward": 0.1 * i + (0.5 if job == "1" else 0)}
+                                              for i in range(6)}}]
+        write_result(sweep / job, result)
+    write_report(sweep, tmp_path / "out", baseline="reward=qa")
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "job(s) 1 recorded no val QA accuracy, so the score is each job's val reward" in report
+    assert ("measured with different settings (reward.kind, reward.terms.qa.weight): scores under different rewards "
+            "or judges are not on one scale") in report
+    paired = pd.read_csv(tmp_path / "out" / "paired.csv")
+    assert paired.verdict.tolist() == ["not comparable"]  # +0.5 on every document was "better"
+    assert paired.note[0].startswith("measured with other settings than the baseline (reward.kind, "
+                                     "reward.terms.qa.weight)")
+    assert "not on one scale" in capsys.readouterr().err
+
+
+def test_qa_accuracy_graded_by_another_judge_is_not_compared(tmp_path):
+    from summrl.report import paired_table, collect
+
+    sweep = tmp_path / "multirun"
+    write_job(sweep / "0", ["judge=local"], "1", [0.2, 0.4])
+    write_job(sweep / "1", ["judge=gemini_flash"], "1", [0.2, 0.9])
+    write_job(sweep / "2", ["judge=local", "model.lr=2e-5"], "1", [0.2, 0.5])
+    _with_config(sweep / "0")
+    _with_config(sweep / "1", **{"judge.kind": "litellm", "judge.model": "gemini/gemini-2.5-flash"})
+    _with_config(sweep / "2", **{"reward.kind": "weighted"})  # the reward differs: QA accuracy is still one scale
+    table, _, _, results = collect(sweep)
+    rows = paired_table(table, results, "qa_accuracy", "judge=local").set_index("configuration")
+    assert rows.loc["judge=gemini_flash", "verdict"] == "not comparable"
+    assert "(judge.kind, judge.model)" in rows.loc["judge=gemini_flash", "note"]
+    assert rows.loc["judge=local,model.lr=2e-5", "verdict"] != "not comparable"

@@ -77,7 +77,7 @@ def test_wandb_sweep_isolates_a_failing_job_and_reports(shared_sweep, tmp_path):
     assert summary[summary.status == "completed"].steps_untrained.tolist() == [1, 1]
     import matplotlib.image as mpimg
 
-    for name in ("val_curves.png", "best_val.png"):
+    for name in ("val_curves.png", "final_val.png"):
         image = mpimg.imread(tmp_path / "report" / name)
         assert image.shape[1] > 400 and image[..., :3].std() > 0.05
 

@@ -299,6 +299,7 @@ def test_cost_guard_estimates_and_refusal_calls_nothing(tmp_path):
                                                   "nothing was called (benchmark.confirm=false skips the question)"
                                                   in result.stderr)
     assert not (out / "rows.csv").exists()
+    assert not (out / "benchmark.json").exists()  # declined: the labels are not taken (another model may have them)
     assert "sk-fake" not in result.stdout + result.stderr + "".join(p.read_text() for p in out.rglob("*") if p.is_file())
 
 
@@ -689,7 +690,7 @@ def test_a_summary_whose_judge_failed_is_scored_on_the_rerun_without_paying_the_
 def test_a_label_that_now_names_another_model_is_refused_in_a_resumed_folder(tmp_path):
     """Rows are matched by label: changing a labelled entry's model mixed the new model's rows with the old one's
     under one name in summary.md."""
-    from summrl.benchmark.runner import check_identity
+    from summrl.benchmark.runner import check_identity, record_identity
 
     out = tmp_path / "out"
     out.mkdir()
@@ -697,12 +698,15 @@ def test_a_label_that_now_names_another_model_is_refused_in_a_resumed_folder(tmp
     def config(model, label="mine"):
         return compose_benchmark(["experiment=local", f"benchmark.models=[{{model: {model}, label: {label}}}]"], out)
 
-    check_identity(out, config("openai/a"))
-    check_identity(out, config("openai/a"))  # the same: resumes
+    def check(config):
+        record_identity(out, check_identity(out, config))
+
+    check(config("openai/a"))
+    check(config("openai/a"))  # the same: resumes
     with pytest.raises(ConfigError, match=r"holds rows labelled 'mine' made by \{\"model\": \"openai/a\".*not "
                                           r"\{\"model\": \"openai/b\""):
-        check_identity(out, config("openai/b"))
-    check_identity(out, config("openai/b", "other"))  # another label joins the folder
+        check(config("openai/b"))
+    check(config("openai/b", "other"))  # another label joins the folder
     assert set(json.loads((out / "benchmark.json").read_text())["sources"]) == {"mine", "other"}
 
 
@@ -727,3 +731,67 @@ def test_the_benchmark_estimate_counts_the_rubric_rewards_calls():
                            judge_calls([RubricRewardConfig(cache_dir=None)]))
     assert kept - plain == 2 * 3 + 3  # a scoring call per entry and document, and the rubrics written once each
     assert unkept - plain == 2 * 3 + 2 * 3  # no cache: written again for each entry
+
+
+def test_a_best_of_n_candidate_paid_for_is_kept_when_a_sibling_fails(tmp_path):
+    """The candidates were gathered whole or not at all: one failed call threw away the others, already paid for,
+    and the rerun bought all n again."""
+    candidates = ["Short one.", "A much longer candidate summary that RULER ranks first by length here.", "Medium text."]
+    with FakeLLM() as policy, FakeLLM() as judge:
+        policy.script = [Reply(candidates[0]), Reply(status=400), Reply(candidates[2])]
+        entry = "{best_of_n: " + fake_model(policy, n=3, label="bo3") + "}"
+        config = compose_benchmark(
+            ["experiment=local", "judge=openai_compatible", f"judge.api_base={judge.base_url}", "judge.model=openai/fake-judge",
+             f"judge.cache_dir={tmp_path / 'cache'}", "dataset.val_size=1", "benchmark.rollouts_per_doc=1",
+             "benchmark.max_retries=0", f"benchmark.models=[{entry}]", "benchmark.confirm=false"], tmp_path / "out")
+        assert asyncio.run(run(config)) == 1
+        assert len(policy.requests) == 3
+        rows_file = tmp_path / "out" / "rows.csv"
+        assert not rows_file.exists() or read_rows(rows_file).empty
+        policy.script = [Reply(candidates[1])]
+        assert asyncio.run(run(config)) == 0
+        assert len(policy.requests) == 4  # only the failed candidate again
+    (row,) = read_rows(tmp_path / "out" / "rows.csv").itertuples()
+    assert row.summary == candidates[1] and row.model_calls == 3  # the three it is the best of
+
+
+def test_a_best_of_n_label_over_another_runs_checkpoint_is_refused_in_a_resumed_folder(tmp_path):
+    """A best-of-N entry over a checkpoint was recorded as its step alone: step 2 of another run resumed the rows
+    of the first under the same label."""
+    from summrl.benchmark.config import BestOfNEntry
+    from summrl.benchmark.runner import check_identity, record_identity
+    from summrl.checkpoints import TrainedRun
+
+    out = tmp_path / "out"
+    out.mkdir()
+    base = compose_benchmark(["experiment=local", "benchmark.models=[{model: openai/a}]"], out)
+
+    def config(run: str):
+        trained = TrainedRun(run_dir=tmp_path / run, name=run, checkpoints_dir=tmp_path / run / "checkpoints", steps=[])
+        return dataclasses.replace(base, benchmark=dataclasses.replace(
+            base.benchmark, run=trained, models=[BestOfNEntry(n=4, label="bo4", step=2)]))
+
+    record_identity(out, check_identity(out, config("first")))
+    assert check_identity(out, config("first")) is None  # the same: resumes
+    with pytest.raises(ConfigError, match=r"holds rows labelled 'bo4' made by .*first.*: give this one another label"):
+        check_identity(out, config("second"))
+
+
+def test_every_summary_line_is_over_the_documents_every_line_scored():
+    """A model that failed a document every time was averaged over the others: its % answered and the rest's were
+    over different documents."""
+    from summrl.benchmark.summary import markdown, summarize
+
+    def rows(model, scores):
+        return [{"model": model, "step": None, "document_id": d, "score": s, "reward": s, "words": 10,
+                 "hallucinated": 0, "model_cost_usd": 0.0, "judge_cost_usd": 0.0} for d, s in scores.items()]
+
+    full = {"d1": 0.2, "d2": 1.0, "d3": 0.4}
+    table = summarize(pd.DataFrame(rows("a", full) + rows("b", {"d1": 0.4, "d3": 0.6})))  # b failed the easy d2
+    assert table.documents.tolist() == [2, 2] and table.left_out.tolist() == [1, 0]
+    assert table.answered_pct.tolist() == pytest.approx([30.0, 50.0])  # a was 53.3 over its 3: ahead of b
+    assert "over the 2 documents every line scored" in markdown(table) and "a 1" in markdown(table)
+    whole = summarize(pd.DataFrame(rows("a", full) + rows("b", full)))
+    assert whole.left_out.tolist() == [0, 0] and "every line scored" not in markdown(whole)
+    apart = summarize(pd.DataFrame(rows("a", {"d1": 0.2}) + rows("b", {"d2": 0.4})))
+    assert apart.documents.tolist() == [1, 1] and "not comparable" in markdown(apart)

@@ -140,12 +140,16 @@ class KeptSummaries:
         self.path = Path(path)
         self.kept: dict[tuple, dict] = {}
         for record in jsonl_rows(self.path.read_text(encoding="utf-8", errors="replace")) if self.path.exists() else []:
-            self.kept[row_key(*record["key"])] = record
+            self.kept[(*row_key(*record["key"]), record.get("candidate"))] = record
 
-    def get(self, model: str, step: Optional[int], document_id: str, rollout: int) -> Optional[dict]:
-        return self.kept.get(row_key(model, step, document_id, rollout))
+    def get(self, model: str, step: Optional[int], document_id: str, rollout: int,
+            candidate: Optional[int] = None) -> Optional[dict]:
+        """The rollout's summary; with ``candidate``, one of its best-of-N candidates."""
+        return self.kept.get((*row_key(model, step, document_id, rollout), candidate))
 
-    def add(self, model: str, step: Optional[int], document_id: str, rollout: int, summary: dict) -> None:
-        record = {"key": [model, step, document_id, rollout], **summary}
+    def add(self, model: str, step: Optional[int], document_id: str, rollout: int, summary: dict,
+            candidate: Optional[int] = None) -> None:
+        record = {"key": [model, step, document_id, rollout], **summary,
+                  **({"candidate": candidate} if candidate is not None else {})}
         append_jsonl(self.path, [record])
-        self.kept[row_key(model, step, document_id, rollout)] = record
+        self.kept[(*row_key(model, step, document_id, rollout), candidate)] = record

@@ -143,6 +143,23 @@ def skip_full_document_baseline(reward: Any, document: Document) -> None:
 
 
 @dataclass
+class KeptCandidates:
+    """A rollout's best-of-N candidates in generated.jsonl, each kept as it comes back."""
+
+    store: KeptSummaries
+    job: Job
+    document_id: str
+    rollout: int
+
+    def get(self, index: int) -> Optional[Summary]:
+        record = self.store.get(self.job.label, self.job.step, self.document_id, self.rollout, candidate=index)
+        return Summary.of(record) if record is not None else None
+
+    def add(self, index: int, summary: Summary) -> None:
+        self.store.add(self.job.label, self.job.step, self.document_id, self.rollout, asdict(summary), candidate=index)
+
+
+@dataclass
 class Scorer:
     config: BenchmarkConfig
     judge_config: Any  # config.judge, or its lexical half when judge=local runs no RULER (no model to serve)
@@ -157,8 +174,12 @@ class Scorer:
         async def one(rollout: int) -> Summary:
             kept = self.kept.get(job.label, job.step, document.id, rollout) if self.kept else None
             if kept is not None:
-                return Summary(kept["text"], kept["model_calls"], kept["model_cost_usd"], kept.get("ranking_calls", 0))
-            made = await source.summarize(document)
+                return Summary.of(kept)
+            if isinstance(source, BestOfN):
+                made = await source.summarize(document, KeptCandidates(self.kept, job, document.id, rollout)
+                                              if self.kept is not None else None)
+            else:
+                made = await source.summarize(document)
             if self.kept is not None:
                 self.kept.add(job.label, job.step, document.id, rollout, asdict(made))
             return made
@@ -256,20 +277,26 @@ def sources(config: BenchmarkConfig) -> dict[str, dict]:
     """What each label's rows were made by: a resumed folder's rows are matched by label, so a label that now names
     another model (or another run, or another n) would have mixed its rows with the earlier ones."""
     out: dict[str, dict] = {}
+    run = config.benchmark.run
+    run_dir = str(Path(run.run_dir).resolve()) if run is not None else None
     for entry in config.benchmark.models:
         if isinstance(entry, BestOfNEntry):
             inner = entry.model
             out[entry.label] = {"best_of_n": entry.n, "step": entry.step,
                                 "model": None if inner is None else {"model": inner.model, "api_base": inner.api_base}}
+            if inner is None:  # a checkpoint's candidates: step 2 of another run is another model
+                out[entry.label]["run_dir"] = run_dir
         else:
             out[entry.label] = {"model": entry.model, "api_base": entry.api_base}
-    run = config.benchmark.run
     if run is not None:
-        out[run.name] = {"run_dir": str(Path(run.run_dir).resolve())}
+        out[run.name] = {"run_dir": run_dir}
     return out
 
 
-def check_identity(out_dir: Path, config: BenchmarkConfig) -> None:
+def check_identity(out_dir: Path, config: BenchmarkConfig) -> Optional[dict]:
+    """Refuses a folder whose rows were made otherwise (ConfigError). Returns what benchmark.json should now hold
+    (None: it holds it already), written by ``record_identity`` once the run goes ahead: a run the cost guard stops
+    leaves the folder as it was."""
     path = out_dir / IDENTITY_FILE
     mine = json.loads(json.dumps(identity(config)))
     labels = json.loads(json.dumps(sources(config)))
@@ -288,10 +315,13 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> None:
                 raise ConfigError(f"{out_dir} holds rows labelled {label!r} made by {json.dumps(known[label])}, not "
                                   f"{json.dumps(source)}: give this one another label (its entry's label), or pick a "
                                   "new benchmark.name")
-        if any(label not in known for label in labels):
-            write_json(path, {**saved, "sources": {**known, **labels}})
-    else:
-        write_json(path, {**mine, "sources": labels})  # whole or not at all: a cut one would stop every resume
+        return {**saved, "sources": {**known, **labels}} if any(label not in known for label in labels) else None
+    return {**mine, "sources": labels}
+
+
+def record_identity(out_dir: Path, record: Optional[dict]) -> None:
+    if record is not None:
+        write_json(out_dir / IDENTITY_FILE, record)  # whole or not at all: a cut one would stop every resume
 
 
 def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -> Optional[Any]:
@@ -326,7 +356,7 @@ def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -
 async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
     """The whole benchmark. Returns the exit status: 0, 1 (some rows failed; rerun to retry), 3 (not confirmed)."""
     out_dir = Path(config.benchmark.output_dir)
-    check_identity(out_dir, config)
+    identity_record = check_identity(out_dir, config)
     val = (await load_documents(config, every_document=config.benchmark.split == "all", val_only=True)).val
     store = RowStore(out_dir / "rows.csv")
     jobs = plan(config, val, store)
@@ -338,6 +368,7 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
         log.error("summrl: not confirmed: benchmark: the cost was not confirmed; nothing was called "
                   "(benchmark.confirm=false skips the question)")  # the line every not-confirmed stop prints
         return 3
+    record_identity(out_dir, identity_record)
     failures = await run_jobs(config, todo, val, store) if todo else []
     write_outputs(config, jobs, out_dir)
     log.info(f"summrl: benchmark output in {out_dir}")

@@ -10,7 +10,7 @@ import asyncio
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
 from summrl.data import Document
 from summrl.rewards import Missing
@@ -25,6 +25,19 @@ class Summary:
     model_calls: int
     model_cost_usd: float  # nan: the price is unknown
     ranking_calls: int = 0  # best-of-N: RULER calls to pick this one
+
+    @classmethod
+    def of(cls, record: dict) -> "Summary":
+        """One kept in generated.jsonl (rows.KeptSummaries)."""
+        return cls(record["text"], record["model_calls"], record["model_cost_usd"], record.get("ranking_calls", 0))
+
+
+class Candidates(Protocol):
+    """Where best-of-N keeps each candidate as it comes back (rows.KeptSummaries, under the rollout's key)."""
+
+    def get(self, index: int) -> Optional[Summary]: ...
+
+    def add(self, index: int, summary: Summary) -> None: ...
 
 
 class SummaryError(RuntimeError):
@@ -89,8 +102,20 @@ class BestOfN:
     n: int
     ruler: RulerReward
 
-    async def summarize(self, document: Document) -> Summary:
-        candidates = await asyncio.gather(*(self.inner.summarize(document) for _ in range(self.n)))
+    async def summarize(self, document: Document, kept: Optional[Candidates] = None) -> Summary:
+        async def candidate(index: int) -> Summary:
+            made = kept.get(index) if kept is not None else None
+            if made is None:
+                made = await self.inner.summarize(document)
+                if kept is not None:  # paid for: a sibling's failure, or RULER's, must not throw it away
+                    kept.add(index, made)
+            return made
+
+        results = await asyncio.gather(*(candidate(i) for i in range(self.n)), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:  # the others are kept: the rerun asks only for the failed ones
+            raise failed
+        candidates: list[Summary] = results  # type: ignore[assignment]
         texts = [c.text for c in candidates]
         scores = await self.ruler.score_group(document, texts)
         failed = next((s for s in scores if isinstance(s, Missing)), None)

@@ -1,5 +1,5 @@
-"""The summary table: per model (and checkpoint step), the mean % of questions answered with a 95% confidence
-interval, the mean reward, mean words, the % of summaries that invent a fact (a number, date or proper name absent
+"""The summary table: per model (and checkpoint step), over the documents every line scored, the mean % of
+questions answered with a 95% confidence interval, the mean reward, mean words, the % of summaries that invent a fact (a number, date or proper name absent
 from the document), and $ per 1k summaries.
 
 The interval is a Student-t interval over documents: a document's rollouts share its questions, so they
@@ -26,17 +26,27 @@ def per_thousand(costs: pd.Series) -> float:
 def summarize(rows: pd.DataFrame, order: list[tuple[str, object]] | None = None,
               stages: dict[tuple[str, object], str] | None = None) -> pd.DataFrame:
     """One line per (model, step). ``order``: (model, step) pairs in the order to list them. ``stages``: the
-    training stage (base, sft, grpo) of the trained run's (model, step) pairs; other models have none."""
+    training stage (base, sft, grpo) of the trained run's (model, step) pairs; other models have none.
+
+    Every line is over the documents every line scored: a model that failed a document (a content filter, a reply
+    cut short) would otherwise be averaged over easier or harder ones than the rest. ``left_out`` counts a line's
+    documents dropped so. When no document was scored by every line, each keeps its own (``left_out`` is then -1)."""
+    key = [rows["model"], rows["step"].fillna(-1)]
+    scored = rows.groupby(key, sort=False)["document_id"].agg(set)
+    common = set.intersection(*scored) if len(scored) else set()
+    if common:
+        rows = rows[rows["document_id"].isin(common)]
     lines = []
-    for (model, step), group in rows.groupby(["model", rows["step"].fillna(-1)], sort=False):
+    for (model, raw_step), group in rows.groupby(["model", rows["step"].fillna(-1)], sort=False):
         by_doc = group.groupby("document_id")["score"].mean().to_numpy()
         ci = mean_ci(by_doc)
-        step = None if step == -1 else int(step)
+        step = None if raw_step == -1 else int(raw_step)
         lines.append({
             "model": model,
             "step": step,
             "stage": (stages or {}).get((model, step), ""),
             "documents": len(by_doc),
+            "left_out": len(scored[(model, raw_step)] - common) if common else -1,
             "summaries": len(group),
             "answered_pct": 100 * float(by_doc.mean()),
             "ci_low_pct": 100 * ci.low,
@@ -65,6 +75,20 @@ def _ci(low: float, high: float) -> str:
     return "n/a (1 document)" if math.isnan(low) else f"[{low:.1f}, {high:.1f}]"
 
 
+def coverage_note(table: pd.DataFrame) -> str:
+    """What the lines are averaged over, when some documents were not scored by every line ("" when all were)."""
+    if table.empty or not (table["left_out"] != 0).any():
+        return ""
+    if (table["left_out"] < 0).any():
+        return ("**No document was scored by every line**: each line is over its own documents, so the lines are not "
+                "comparable. Rerun the same command to retry the failed summaries.\n\n")
+    short = ", ".join(f"{m}{'' if pd.isna(s) else f' step {s}'} {n}" for m, s, n in
+                      zip(table.model, table.step, table.left_out) if n)
+    return (f"**Every line is over the {table['documents'].iloc[0]} documents every line scored**: documents some "
+            f"lines failed are left out of all of them (left out, by line: {short}). Rerun the same command to retry "
+            "the failed summaries.\n\n")
+
+
 def markdown(table: pd.DataFrame) -> str:
     header = ("| model | step | stage | docs | summaries | % answered | 95% CI | reward | words | % inventing "
               "| $ / 1k summaries |")
@@ -73,6 +97,6 @@ def markdown(table: pd.DataFrame) -> str:
         step = "" if pd.isna(r.step) else str(r.step)
         lines.append(f"| {r.model} | {step} | {r.stage} | {r.documents} | {r.summaries} | {r.answered_pct:.1f} | "
                      f"{_ci(r.ci_low_pct, r.ci_high_pct)} | {r.mean_reward:.3f} | {r.mean_words:.0f} | {r.hallucination_pct:.1f} | {_money(r.usd_per_1k)} |")
-    return "\n".join(lines) + f"\n\nStage: what wrote the trained model's weights at that step (base = no training, " \
+    return coverage_note(table) + "\n".join(lines) + f"\n\nStage: what wrote the trained model's weights at that step (base = no training, " \
         f"sft = the SFT warm start's checkpoint, grpo = a GRPO step). CI: {CI_METHOD}. % inventing: summaries stating a number, date or proper name " \
         f"absent from the document. $ = model + judge calls from litellm's cost map (local models $0).\n"

@@ -26,7 +26,7 @@ MONTHS = ("january february march april may june july august september october n
 WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")
 _LIST_MARKER = re.compile(r"^(\s*(?:[-*•>]\s*)?)\d{1,3}[.)](?=\s)", re.M)
-_WORD = re.compile(r"[A-Za-z][A-Za-z'’]*")
+_WORD = re.compile(r"[^\W\d_][^\W\d_'’]*")  # a word of letters, of any script ("Ramón", "Москва")
 _SENTENCE_START = re.compile(r"(?:^|[.!?:;]\s+|^\s*(?:[-*•>]+\s*|\d+[.)]\s+)|[\"“(\[]\s*)$")
 _MARKUP = re.compile(r"[*_`#]+")
 _BULLET = re.compile(r"^\s*(?:[-*•>]|\d+[.)])\s")

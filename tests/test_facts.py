@@ -39,6 +39,16 @@ def test_the_hallucination_metric_on_hand_made_summaries(summary, invented):
     assert hallucinates(summary, DOC.text) == bool(invented)
 
 
+def test_names_in_any_script_are_facts():
+    """A name was a run of ASCII letters: "Müller" was "M" + "ller", "Ángel" was "ngel" (no capital: never a name),
+    and a Cyrillic or Greek name was no word at all, so inventing one went uncounted."""
+    document = "Ramón Müller visitó Madrid. Иван Петров посетил Москву."
+    assert invented_facts("Luego, Ramón Müller visitó Madrid.", document) == []
+    assert invented_facts("Luego, Ramón Müller visitó Sevilla con Ángel.", document) == ["Sevilla", "Ángel"]
+    assert invented_facts("Потом Иван Петров посетил Казань.", document) == ["Казань"]
+    assert invented_facts("Потом иван петров посетил Москву.", document) == []  # case is ignored, as for Latin
+
+
 INVENTING = "Ruth Okafor and Tom Reyes opened the Hollis Footbridge in 2023."  # a name and a year not in DOC
 
 

@@ -47,3 +47,22 @@ def test_threshold_controls_partial_recall():
     assert not LexicalJudge(min_recall=0.6).answers(summary, q(answer))
     with pytest.raises(ValueError, match="min_recall"):
         LexicalJudge(min_recall=0)
+
+
+@pytest.mark.parametrize(
+    "summary,answer,expected",
+    [
+        # letters of other scripts were not words: "Zürich" was "z" + "rich", and a Cyrillic or Chinese answer had no
+        # word at all, so it was never answered whatever the summary said
+        ("The office moved to Zürich in May.", "Zürich", True),
+        ("The office moved to Zurich in May.", "Zürich", False),  # another word: accents are kept
+        ("Штаб-квартира находится в Москве, столица осталась прежней.", "столица", True),
+        ("Штаб-квартира находится в Казани.", "столица", False),
+        ("他在北京大学学习。", "北京大学", True),  # no spaces between words: character by character
+        ("他在上海工作。", "北京大学", False),
+        ("ＩＴＥＭ ２，１００ was sold.", "item 2,100", True),  # full-width forms (NFKC)
+        ("He lives on Hauptstrasse.", "Hauptstraße", True),  # case folding: ß = ss
+    ],
+)
+def test_answers_in_any_script(summary, answer, expected):
+    assert asyncio.run(LexicalJudge().grade(summary, [q(answer)])) == [expected]

@@ -2,7 +2,9 @@
 
 What it measures: *answer recall*. An answerable question counts as answered when at least
 ``min_recall`` of its gold answer's content words (stop words removed, case and punctuation
-ignored, numbers normalized, plural "s" stripped) occur in the summary. A gold answer with no
+ignored, numbers normalized, plural "s" stripped) occur in the summary. Words of every script count (accents
+kept: "José" is not "Jose"); in Chinese, Japanese and Thai, which put no spaces between words, each character is
+one. A gold answer with no
 content word ("Yes") must occur as a phrase. The judge never invents an answer: for an
 unanswerable question it abstains ("UNANSWERABLE"), which is Repliqa's gold answer, so those
 questions always count as correct and carry no signal; `reward.include_unanswerable=false`
@@ -21,6 +23,7 @@ from the document, :mod:`summrl.facts`). It reads only rubrics of those two form
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Sequence
 
 from summrl.data import Document, Question
@@ -34,12 +37,21 @@ STOP_WORDS = frozenset(
     yes can could would should will shall may might must also just only very more most some any each all both
     per via up out off after before during while until since""".split()
 )
-_TOKEN = re.compile(r"[a-z0-9]+(?:[.,][0-9]+)*")
+# Letters and digits of any script. A character of a script written without spaces between words (Chinese, Japanese,
+# Thai) is a word of its own, so that an answer in one is matched character by character: as one run, an answer
+# would have to be the whole sentence it sits in.
+UNSPACED = "\u0e00-\u0e7f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_TOKEN = re.compile(rf"[{UNSPACED}]|(?:(?![{UNSPACED}])[^\W_])+(?:[.,]\d+)*")
+
+
+def tokens(text: str) -> list[str]:
+    """``text``'s words, NFKC-normalized (full-width forms, ligatures) and case-folded ("Straße" = "strasse")."""
+    return _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
 def content_words(text: str) -> set[str]:
     words = set()
-    for token in _TOKEN.findall(text.lower()):
+    for token in tokens(text):
         token = token.replace(",", "")  # 2,100 -> 2100
         if token in STOP_WORDS:
             continue
@@ -50,7 +62,7 @@ def content_words(text: str) -> set[str]:
 
 
 def _phrase(text: str) -> str:
-    return " ".join(_TOKEN.findall(text.lower()))
+    return " ".join(tokens(text))
 
 
 # Negative rubrics name the error (scored 1 when the summary makes it) and are flipped: this one is the issue's

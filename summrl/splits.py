@@ -96,8 +96,7 @@ async def load(config: Any, *, every_document: bool = False, val_only: bool = Fa
         val, train = load_splits(dataset)
         return Splits(val, train, {"kind": "repliqa", "val": len(val), "train": len(train)})
     loaded = read_documents(config)
-    val, train = ((list(loaded.documents), []) if every_document else split_whole(loaded.documents, dataset,
-                                                                                     loaded.source))
+    val, train = (list(loaded.documents), []) if every_document else split_whole(loaded, dataset)
     return await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True) and not val_only,
                                 train_required=not every_document)
 
@@ -151,11 +150,20 @@ def source_lines(documents: list[Document], lines: dict[str, int]) -> dict[str, 
     return {d.id: lines[source_id(d.id)] for d in documents}
 
 
-def split_whole(documents: Sequence[Document], dataset: Any, source: str) -> tuple[list[Document], list[Document]]:
-    """The seeded val/train split, a long document's parts kept on one side (a split of the parts put some of one
-    document in val and the rest in train). The sizes count documents as given; without parts, as ``split``."""
-    val, train = split(by_source(documents), dataset, source)
-    return [d for g in val for d in g], [d for g in train for d in g]
+def split_whole(loaded: Loaded, dataset: Any) -> tuple[list[Document], list[Document]]:
+    """The seeded val/train split of the documents as read, before the length limit (``loaded.read_ids``): a long
+    document's parts on one side (a split of the parts put some of one document in val and the rest in train), and
+    another limit, or skip for split, moves no other document between val and train (it reshuffled them, putting
+    documents one run trained on in the next one's val). The sizes count documents as read; one skipped for its
+    length leaves its side a document short."""
+    groups = {source_id(g[0].id): g for g in by_source(loaded.documents)}
+    val_ids, train_ids = split(loaded.read_ids or list(groups), dataset, loaded.source)
+    val = [d for i in val_ids for d in groups.get(i, [])]
+    if val_ids and not val and loaded.documents:
+        raise DataError(f"the val documents ({', '.join(val_ids[:5])}{', ...' if len(val_ids) > 5 else ''}) are all "
+                        f"over dataset.max_document_tokens={dataset.max_document_tokens} and skipped: raise the limit, "
+                        "set dataset.long_documents=split, or another dataset.seed")
+    return val, [d for i in train_ids for d in groups.get(i, [])]
 
 
 async def with_questions(config: Any, loaded: Loaded, val: list[Document], train: list[Document], *,
@@ -226,7 +234,7 @@ def cached_question_files(config: Any, report: bool = True) -> tuple[list[Path],
     """dataset=documents: the files of this machine's question cache that the run would read, and how many of its
     documents have none yet (their questions are still to be written). Reads the documents; calls nothing."""
     loaded = read_documents(config, report=report)
-    val, train = split_whole(loaded.documents, config.dataset, loaded.source)
+    val, train = split_whole(loaded, config.dataset)
     bank = question_bank(config, lookup_only=True)
     need = needing_questions(val, train, needs_questions(config, True))
     files = [bank.path(d) for d in need if bank.cached(d) is not None]

@@ -590,13 +590,14 @@ def test_a_long_documents_parts_stay_on_one_side_of_the_split():
     from types import SimpleNamespace
 
     from summrl.data import Document
+    from summrl.data.documents import Loaded
     from summrl.splits import split_whole
 
     documents = [Document(id=f"d{i}", topic="", text=f"text {i}", questions=()) for i in range(20)]
     documents[7:8] = [Document(id=f"memo#part{k}", topic="", text=f"part {k}", questions=()) for k in (1, 2, 3)]
     for seed in range(100):
         dataset = SimpleNamespace(train_size="all", val_size=0.2, seed=seed, name="documents")
-        val, train = split_whole(documents, dataset, "docs")
+        val, train = split_whole(Loaded("docs", documents), dataset)
         in_val = {d.id for d in val if d.id.startswith("memo")}
         assert in_val in (set(), {"memo#part1", "memo#part2", "memo#part3"}), (seed, in_val)
         assert sorted(d.id for d in val + train) == sorted(d.id for d in documents)
@@ -605,7 +606,7 @@ def test_a_long_documents_parts_stay_on_one_side_of_the_split():
     dataset = SimpleNamespace(train_size="all", val_size=0.2, seed=80, name="documents")
     from summrl.data import split
 
-    assert split_whole(plain, dataset, "docs") == split(plain, dataset, "docs")
+    assert split_whole(Loaded("docs", plain), dataset) == split(plain, dataset, "docs")
 
 
 def test_an_id_that_names_a_part_is_refused_before_splitting(tmp_path):
@@ -836,3 +837,71 @@ def test_a_long_run_with_no_space_is_cut_as_before_in_linear_work():
             run = "".join(rng.choice("ab1-.,中文") for _ in range(rng.randint(1, 900)))
             for limit in (1, 2, 7, 50, 300):
                 assert _between_characters(run, limit, counter) == _old_between_characters(run, limit, counter)
+
+
+def test_another_length_limit_moves_no_other_document_between_val_and_train(tmp_path):
+    """The split was drawn after long_documents=skip dropped documents: another limit reshuffled the rest, so
+    documents one run trained on were the next run's val."""
+    from summrl.splits import split_whole
+
+    for i in range(20):
+        (tmp_path / f"doc{i:02d}.txt").write_text(f"Document {i} about topic {i}. " + "filler words. " * (60 if i == 7
+                                                                                                        else 3))
+    sides = {}
+    for mode, limit in (("skip", 1000), ("skip", 100), ("split", 100)):
+        config = dataset(tmp_path, val_size=0.2, long_documents=mode, max_document_tokens=limit)
+        val, train = split_whole(limit_length(read(config), config, words), config)
+        sides[mode, limit] = ({d.id.split("#")[0] for d in val}, {d.id.split("#")[0] for d in train})
+    assert sides["skip", 100][0] | {"doc07.txt"} >= sides["skip", 1000][0] >= sides["skip", 100][0]
+    assert sides["split", 100] == sides["skip", 1000]  # parts on their document's side
+    assert not sides["skip", 100][0] & sides["skip", 1000][1]  # nothing trained on in one is val in the other
+
+
+def test_table_and_folder_input_a_user_saves_is_read_whole(tmp_path):
+    """Found by an audit: each of these lost text silently, or refused a valid file."""
+    # a CSV row with an unquoted comma: pandas took the first column as the index and shifted every cell left
+    table = tmp_path / "notes.csv"
+    table.write_text("id,text\na,Alpha Corp earned 12 million in 2023, and its CEO is Ada Park.\nb,Fine text.\n")
+    with pytest.raises(DataError, match=r"notes.csv, line 2: 3 fields, the header has 2 \(id, text\): a cell holding "
+                                        r"a comma must be quoted"):
+        read(dataset(table))
+    table.write_text('id,text\na,"Alpha Corp earned 12 million in 2023, and its CEO is Ada Park."\n')
+    assert [d.text for d in read(dataset(table)).documents] == [
+        "Alpha Corp earned 12 million in 2023, and its CEO is Ada Park."]
+    # JSON writers leave U+2028, U+2029 and U+0085 unescaped in strings: splitlines cut the line there
+    lines = tmp_path / "notes.jsonl"
+    lines.write_text(json.dumps({"id": "a", "text": "One\u2028two\u2029three\x85four."}, ensure_ascii=False) + "\n",
+                     encoding="utf-8")
+    assert [d.text for d in read(dataset(lines)).documents] == ["One\u2028two\u2029three\x85four."]
+
+    folder = tmp_path / "site"
+    (folder / "archive" / "2024").mkdir(parents=True)
+    # </head> left out (valid HTML): html.parser put the body inside <head>, which was dropped whole
+    (folder / "page.html").write_text("<html><head><title>Report</title><body><p>The depot opened in 2021.</p>"
+                                      "<pre>def f():\n    return 1</pre></body></html>")
+    (folder / "archive" / "2024" / "q1.md").write_text("Q1 revenue was 12 million.")
+    # a hidden link to a real folder marked it read: its documents were left out, as hidden
+    (folder / ".latest").symlink_to(folder / "archive" / "2024")
+    # a damaged PDF raised pypdf's AttributeError: a traceback instead of the one-line error
+    loaded = read(dataset(folder))
+    assert [d.id for d in loaded.documents] == ["archive/2024/q1.md", "page.html"]
+    assert loaded.documents[1].text == "The depot opened in 2021.\n\ndef f():\n    return 1"  # <pre> keeps its indent
+    assert dict(loaded.skipped_files) == {".latest": "hidden"}
+    (folder / "damaged.pdf").write_bytes(minimal_pdf("Damaged.").replace(b"trailer\n<<", b"trailer\n-1"))
+    with pytest.raises(DataError, match=r"damaged.pdf: not a readable PDF \(AttributeError"):
+        read(dataset(folder))
+
+
+def test_a_repliqa_json_tables_empty_cells_are_empty_not_nan(tmp_path):
+    """pandas reads a .json table's nulls as NaN, which became the text "nan": every null question_id was one id
+    ("question_id nan is also row 1's"), and a null topic was the topic "nan"."""
+    from summrl.config import RepliqaDatasetConfig
+    from summrl.data.repliqa import all_documents
+
+    rows = [{"document_id": f"d{i}", "document_topic": "News" if i == 0 else None, "document_path": "",
+             "document_extracted": f"Document {i}.", "question_id": None, "question": f"Question {k}?", "answer": "A",
+             "long_answer": None} for i in range(3) for k in range(2)]
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    documents = all_documents(RepliqaDatasetConfig(files=[str(tmp_path / "r.json")], train_size=2, val_size=1))
+    assert [(d.id, d.topic) for d in documents] == [("d0", "News"), ("d1", ""), ("d2", "")]
+    assert [(q.id, q.long_answer) for q in documents[1].questions] == [("d1-q1", ""), ("d1-q2", "")]

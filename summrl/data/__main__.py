@@ -73,7 +73,7 @@ async def inspect(config) -> None:
     print(f"summrl: token lengths ({config.model.base_model}'s tokenizer): min {lengths['min']}, median "
           f"{lengths['median']:g}, max {lengths['max']}; limit {limit if limit else 'none'}"
           + (f", {loaded.long['over_limit']} documents were over it" if limit else ""))
-    val, train = splits.split_whole(loaded.documents, dataset, loaded.source)
+    val, train = splits.split_whole(loaded, dataset)
     print(f"summrl: split (dataset.seed={dataset.seed}): {len(val)} val, {len(train)} train")
     given = sum(bool(d.questions) for d in loaded.documents)
     need = splits.needing_questions(val, train, splits.needs_questions(config, True))
@@ -105,7 +105,7 @@ async def prepare(config) -> None:
         return
     started = time.monotonic()
     loaded = splits.read_documents(config)
-    val, train = splits.split_whole(loaded.documents, config.dataset, loaded.source)
+    val, train = splits.split_whole(loaded, config.dataset)
     need = splits.needing_questions(val, train, splits.needs_questions(config, True))
     bank = splits.question_bank(config)
     checked = await splits.fill(bank, need, config.dataset.questions, progress=True)

@@ -13,6 +13,7 @@ Duplicate documents (same text) are kept once and reported. Documents longer tha
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import json
@@ -48,6 +49,9 @@ class Loaded:
     duplicates: list[tuple[str, str]] = field(default_factory=list)  # (left-out id, the kept id with the same text)
     columns: dict[str, str] = field(default_factory=dict)  # what each configured column turned out to be
     long: dict[str, Any] = field(default_factory=dict)  # limit_length's counts
+    # the ids as read, before limit_length skipped or split any: the val/train split is drawn from these, so that
+    # another limit moves no other document between val and train (splits.split_whole)
+    read_ids: list[str] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         return {"source": self.source, "documents": len(self.documents),
@@ -122,6 +126,10 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     for root, folders, names in os.walk(folder, followlinks=True):
         folders.sort()  # one order on every machine: the first path to a folder names its documents
         for name in list(folders):
+            if name.startswith("."):  # not walked (its files would be skipped as hidden): nor taken as read, so a
+                folders.remove(name)  # hidden link to a folder (.latest -> archive/2024) no longer hides the folder
+                skipped.append(((Path(root) / name).relative_to(folder).as_posix(), "hidden"))
+                continue
             real = os.path.realpath(os.path.join(root, name))
             if real in seen:
                 folders.remove(name)
@@ -207,10 +215,16 @@ def _html_text(html: str) -> str:
     from bs4 import BeautifulSoup, NavigableString
 
     soup = BeautifulSoup(html, "html.parser")
-    for tag in soup(["script", "style", "head", "nav", "template", "noscript"]):
+    # the head's tags by name, not <head> itself: with its optional </head> left out (valid HTML, and what minifiers
+    # write), html.parser puts the whole body inside it
+    for tag in soup(["script", "style", "title", "meta", "link", "base", "nav", "template", "noscript"]):
         tag.decompose()
     for string in soup.find_all(string=True):
-        if type(string) is NavigableString and not string.find_parent("pre"):  # not a comment or a doctype
+        if type(string) is not NavigableString:  # a comment or a doctype
+            continue
+        if string.find_parent("pre"):  # its lines kept as they are: NUL (refused in any text file) holds the breaks
+            string.replace_with(string.replace("\n", "\0"))
+        else:
             string.replace_with(re.sub(r"\s+", " ", string))
     for tag in soup.find_all("br"):
         tag.replace_with("\n")
@@ -220,7 +234,7 @@ def _html_text(html: str) -> str:
         tag.insert_before("\n")
         tag.insert_after("\n")
     lines = "\n".join(line.strip() for line in soup.get_text().split("\n"))
-    return re.sub(r"\n{3,}", "\n\n", lines).strip()
+    return re.sub(r"\n{3,}", "\n\n", lines).strip().replace("\0", "\n")
 
 
 def _pdf_text(path: Path, relative: str) -> str:
@@ -229,7 +243,7 @@ def _pdf_text(path: Path, relative: str) -> str:
 
     try:
         pages = [page.extract_text() or "" for page in PdfReader(path).pages]
-    except (PdfReadError, ValueError, OSError) as e:
+    except Exception as e:  # PdfReadError, and a damaged file's AttributeError, KeyError, LimitReachedError...
         raise DataError(f"{relative}: not a readable PDF ({type(e).__name__}: {e}): re-export it, or remove it from "
                         "the folder") from None
     return "\n\n".join(p.strip() for p in pages if p.strip())
@@ -258,7 +272,9 @@ def read_jsonl(path: Path) -> list[Row]:
     that is not a JSON object, or a file that is not UTF-8, is a DataError naming the line."""
     rows = []
     text = _utf8(path.read_bytes(), str(path), by_line=True)
-    for number, line in enumerate(text.splitlines(), 1):
+    # "\n" alone ends a line: str.splitlines also splits at U+2028, U+2029 and U+0085, which JSON writers
+    # (json.dumps(ensure_ascii=False), pandas' to_json) leave unescaped inside strings
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -303,11 +319,27 @@ def _table_rows(path: Path) -> tuple[list[Row], list[str]]:
 
     parquet = path.suffix.lower() == ".parquet"
     text = None if parquet else _utf8(path.read_bytes(), str(path), by_line=True)  # a CSV's encoding named as a .jsonl's
+    if text is not None:
+        _csv_fields(text, path)
     try:
-        frame = pd.read_parquet(path) if parquet else pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+        # index_col=False: with a row of one field too many, pandas made the first column the index and shifted
+        # every cell left (_csv_fields refuses such a row first)
+        frame = pd.read_parquet(path) if parquet else pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False,
+                                                                  index_col=False)
     except Exception as e:  # pandas' and pyarrow's many parse errors
         raise DataError(f"{path}: can't be read as {path.suffix} ({type(e).__name__}: {str(e)[:200]})") from None
     return frame_rows(frame.to_dict("records"), path), [str(c) for c in frame.columns]
+
+
+def _csv_fields(text: str, path: Path) -> None:
+    """A CSV row with more fields than the header is refused, naming its line: a text with an unquoted comma."""
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, [])
+    for record in reader:
+        if len(record) > len(header):
+            raise DataError(f"{path}, line {reader.line_num}: {len(record)} fields, the header has {len(header)} "
+                            f"({', '.join(header)}): a cell holding a comma must be quoted (\"...\"); save the table "
+                            "from a spreadsheet or pandas, which quote such cells")
 
 
 def _read_table(path: Path, dataset: "DocumentsDatasetConfig") -> Loaded:
@@ -331,7 +363,7 @@ def _read_table(path: Path, dataset: "DocumentsDatasetConfig") -> Loaded:
             raise DataError(f"{where}: " + (not_text(text, f"column {dataset.text_field!r} (dataset.text_field)") or
                                              f"no text in column {dataset.text_field!r} (dataset.text_field): give "
                                              "the row its text or remove it"))
-        doc_id = _cell_text(row.get(used["id_field"])) if "id_field" in used else text_hash(text)[:16]
+        doc_id = cell_text(row.get(used["id_field"])) if "id_field" in used else text_hash(text)[:16]
         if not doc_id:
             raise DataError(f"{where}: an empty id in column {dataset.id_field!r} (dataset.id_field): every row needs one")
         if doc_id in seen and "id_field" in used:
@@ -348,7 +380,7 @@ def _read_table(path: Path, dataset: "DocumentsDatasetConfig") -> Loaded:
     return Loaded(str(path), documents, columns=described)
 
 
-def _cell_text(value: Any) -> str:
+def cell_text(value: Any) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return ""
     return str(value).strip()
@@ -418,6 +450,7 @@ def limit_length(loaded: Loaded, dataset: "DocumentsDatasetConfig", count_tokens
     ``loaded.long``. Parts are named ``<id>#part<k>``."""
     limit, mode = dataset.max_document_tokens, dataset.long_documents
     loaded.long = {"limit": limit, "mode": mode, "over_limit": 0, "parts": 0}
+    loaded.read_ids = [d.id for d in loaded.documents]
     named = next((d.id for d in loaded.documents if PART.search(d.id)), None)
     if named is not None:  # it would pass for a part of another document: questions and splits mixed up
         raise DataError(f"document {named}: an id may not end in #part<k>, which names the parts of a long document "

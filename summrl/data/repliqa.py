@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from summrl.data.document import UNANSWERABLE, Document, Question, resolve_path, rubric_list
-from summrl.data.documents import Row, frame_rows, not_text, read_jsonl
+from summrl.data.documents import Row, cell_text, frame_rows, not_text, read_jsonl
 from summrl.data.split import DataError, split
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
     for index, row in enumerate(rows):
         place = _place(row, index, source)
         where = place.where
-        doc_id = str(row.get("document_id") or "").strip()
+        doc_id = cell_text(row.get("document_id"))  # a .json table's null is NaN: no id, not "nan"
         if not doc_id:
             raise DataError(f"{where}: empty document_id")
         where = f"{where} (document {doc_id})"
@@ -94,7 +94,7 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
             raise DataError(f"{where}: " + (not_text(answer, "answer") or
                                              f"empty answer (use {UNANSWERABLE!r} for unanswerable)"))
         if doc_id not in texts:
-            texts[doc_id] = (str(row.get("document_topic") or ""), text)
+            texts[doc_id] = (cell_text(row.get("document_topic")), text)
             questions[doc_id] = []
             rubrics[doc_id] = {}
             first_row[doc_id] = place
@@ -102,7 +102,7 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
             differing.add(doc_id)  # its questions are asked of the first row's text
             log.warning(f"summrl: {where}: document_extracted differs from "
                         f"{place.named_from(first_row[doc_id])}'s for the same document; the first is used")
-        question_id = row.get("question_id")
+        question_id = cell_text(row.get("question_id"))
         if question_id:
             seen = question_rows.setdefault(str(question_id), place)
             if seen is not place:  # e.g. one file listed twice in dataset.files: every question counted twice
@@ -118,10 +118,10 @@ def group_documents(rows: Iterable[Mapping], source: str) -> list[Document]:
                                 "document; give a document's rubrics once, or the same on each of its rows")
         questions[doc_id].append(
             Question(
-                id=str(row.get("question_id") or f"{doc_id}-q{len(questions[doc_id]) + 1}"),
+                id=question_id or f"{doc_id}-q{len(questions[doc_id]) + 1}",
                 question=question.strip(),
                 answer=answer.strip(),
-                long_answer=str(row.get("long_answer") or ""),
+                long_answer=cell_text(row.get("long_answer")),
             )
         )
     return [Document(id=i, topic=t, text=x, questions=tuple(questions[i]),

@@ -1279,10 +1279,19 @@ def check_skypilot(config: Config) -> None:
     _require(not b.managed or config.storage.enabled, "backend.managed",
              "a recovered job restarts on a fresh machine and resumes only from the S3 backup: set "
              "storage.enabled=true (with BACKUP_BUCKET), or backend.managed=false")
+    _require(not b.managed or config.storage.restore, "storage.restore",
+             "false would start every recovery of this managed job again from step 0, paying for the steps the S3 "
+             "backup holds: leave it true (to start a run afresh, give it a new run.name)")
+    # SkyPilot's rule for a managed job's name, <cluster_name>-<run.name>: its launch refused others with a bare
+    # ValueError
+    name = f"{b.cluster_name}-{config.run.name}"
+    _require(not b.managed or re.fullmatch(r"[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?", name) is not None,
+             "run.name", f"{config.run.name!r} can't be part of a managed job's name ({name!r}: SkyPilot takes a "
+             "letter, then letters, digits, '-', '_' or '.', ending in a letter or digit): rename the run")
     for key, accelerators in [(f"backend.candidates.{i}.accelerators", c.accelerators)
                               for i, c in enumerate(b.candidates)] or [("backend.accelerators", b.accelerators)]:
         name, count = parse_accelerators(accelerators, key)
-        memory = GPU_MEMORY_GB.get(name)
+        memory = next((gb for gpu, gb in GPU_MEMORY_GB.items() if gpu.lower() == name.lower()), None)  # l4 = L4
         _require(memory is None or model.min_gpu_memory_gb is None or memory >= model.min_gpu_memory_gb, key,
                  f"{accelerators} is too small for model={model.name}: it needs {model.min_gpu_memory_gb} GB per GPU, "
                  f"{name} has {memory} GB; choose a larger GPU (e.g. H100:{model.gpus}) or a smaller model")

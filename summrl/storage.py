@@ -162,6 +162,7 @@ class CheckpointBackup:
         The KL reference checkpoint, if the run has one before its latest step and lacks it, comes too. With no
         local sft/ folder, download the backed-up one (a collection continues without paying again)."""
         if not self.restore_enabled:
+            self._forget_earlier()
             return None
         self._restore_sft()
         local = local_steps(self.local / "checkpoints")
@@ -179,6 +180,22 @@ class CheckpointBackup:
         log.info(f"summrl: restored step {step} from {self.url}")
         self._restore_reference(step, steps)
         return step
+
+    def _forget_earlier(self) -> None:
+        """storage.restore=false on a run with no local checkpoint starts afresh, and so does its backup: the earlier
+        run's completion markers under this name go. Kept, they mixed the two runs: a later resume on an empty
+        machine loaded the earlier run's latest step (past this run's) with this run's history, and the earlier
+        run's kept steps (SFT, the KL reference) counted as this run's, never uploaded. Their files stay until this
+        run's backups replace them."""
+        if local_steps(self.local / "checkpoints"):
+            return
+        steps = self.complete_steps()
+        if not steps:
+            return
+        for step in steps:
+            self.client.delete_object(Bucket=self.bucket, Key=f"{self.root}/checkpoints/{step:04d}{COMPLETE}")
+        log.info(f"summrl: storage.restore=false: starting afresh; the earlier run's backups under {self.url} (steps "
+                 f"{', '.join(map(str, steps))}) are no longer marked complete, so no resume loads them")
 
     def _restore_reference(self, latest: int, backed_up: Optional[list[int]] = None) -> None:
         """The KL reference checkpoint, when the run has passed it and it is not on disk."""

@@ -150,6 +150,59 @@ def test_task_resources_and_remote_engine_args_follow_config(cloud_env):
     assert remote.backend.engine_args == {"max_num_seqs": 64}
 
 
+def test_engine_args_of_any_shape_reach_the_cloud_job_as_given(cloud_env):
+    """A mapping was written as JSON, whose quoted keys Hydra can't parse, and a comma in a string split it: the
+    remote job stopped at its first line, after the paid setup (found by an audit)."""
+    overrides = ["+backend.local_gpu.engine_args.hf_overrides={rope_theta: 1000000}",
+                 "+backend.local_gpu.engine_args.served_model_name='a,b'",
+                 "+backend.local_gpu.engine_args.tokenizer_mode=auto", "+backend.local_gpu.engine_args.seed='7'"]
+    command = build_task(default_config(*overrides), overrides, "summrl", resources=False).run.splitlines()[-1]
+    remote = compose_config(shlex.split(command)[3:])
+    assert remote.backend.engine_args == {"hf_overrides": {"rope_theta": 1000000}, "served_model_name": "a,b",
+                                          "tokenizer_mode": "auto", "seed": "7"}
+
+
+def test_a_secret_resolved_into_the_tasks_commands_is_refused_before_launch(cloud_env, monkeypatch):
+    """${oc.env:HF_TOKEN} in backend.setup or an engine arg was resolved here: the token was in clear in the task
+    (SkyPilot's YAML, the printed dry run, train.log) (found by an audit)."""
+    from summrl.errors import ConfigError
+
+    monkeypatch.setenv("HF_TOKEN", "hf_PLANTEDsecret123456")
+    fake = FakeSky(monkeypatch)
+    for override, where in (("backend.setup='huggingface-cli login --token ${oc.env:HF_TOKEN}'", "backend.setup"),
+                            ("+backend.local_gpu.engine_args.hf_token=${oc.env:HF_TOKEN}", "the cloud job's command")):
+        with pytest.raises(ConfigError, match=rf"^{where}.* holds the value of HF_TOKEN: .* write \$HF_TOKEN") as e:
+            run_on_cluster(launcher_config(override), [override], None)
+        assert "hf_PLANTED" not in str(e.value)
+    assert fake.calls == []
+    # the way the message names: the variable, read on the cluster from the task's secrets
+    override = "backend.setup='huggingface-cli login --token $HF_TOKEN'"
+    task = build_task(launcher_config(override), [override], "summrl", resources=False)
+    assert "--token $HF_TOKEN" in task.setup and task.secrets["HF_TOKEN"].get_secret_value() == "hf_PLANTEDsecret123456"
+
+
+def test_the_preflight_follows_the_candidates_and_refuses_a_judge_on_loopback(tmp_path, monkeypatch):
+    """The RunPod key was asked for by backend.infra even when the candidates replace it; a judge on localhost
+    passed, and the cluster reached itself there after its paid setup (found by an audit)."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # no RunPod key
+    elsewhere = "backend.candidates=[{infra: lambda, accelerators: 'H100:1'}, {infra: aws, accelerators: 'H100:1'}]"
+    assert not any("runpod" in p for p in launch.preflight(launcher_config(elsewhere)))
+    on_runpod = "backend.candidates=[{infra: aws, accelerators: 'H100:1'}, {infra: runpod, accelerators: 'H100:1'}]"
+    assert any(".runpod/config.toml" in p for p in launch.preflight(launcher_config("backend.infra=aws", on_runpod)))
+    judge = ["judge=openai_compatible", "judge.model=openai/j", "judge.api_base=http://localhost:8000/v1"]
+    assert any(p.startswith("judge.api_base=http://localhost:8000/v1 is on this machine (loopback)")
+               for p in launch.preflight(launcher_config(*judge)))
+    judge[-1] = "judge.api_base=http://judge.example.org:8000/v1"
+    assert not any("loopback" in p for p in launch.preflight(launcher_config(*judge)))
+
+
+def test_a_cloud_run_without_backups_is_warned_that_it_stays_on_the_cluster(cloud_env, monkeypatch, caplog):
+    FakeSky(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="summrl"):
+        run_on_cluster(launcher_config(), [], None)
+    assert "storage.enabled=false: the run's checkpoints and result.json stay on the cluster" in caplog.text
+
+
 def test_an_unknown_accelerator_fails_validation_before_launch(cloud_env, monkeypatch):
     fake = FakeSky(monkeypatch)
     with pytest.raises(PreflightError, match="backend.accelerators=H200-TYPO:1 is not offered on runpod"):
@@ -307,7 +360,8 @@ def test_preflight_lists_every_missing_item_before_provisioning(tmp_path, monkey
         run_on_cluster(default_config(), [], None)
     message = str(e.value)
     for item in (".runpod/config.toml does not exist", "runpod config", "sky check runpod", "GEMINI_API_KEY",
-                 "BACKUP_BUCKET", "storage.enabled=false", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+                 "BACKUP_BUCKET", "come back from the cluster only through them", "AWS_ACCESS_KEY_ID",
+                 "AWS_SECRET_ACCESS_KEY"):
         assert item in message
     assert fake.calls == []
 

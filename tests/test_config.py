@@ -430,6 +430,8 @@ def test_every_schema_is_in_hydras_config_store_and_option_files_hold_only_what_
                              "A100 has 40 GB"),
     ("qwen2_5_14b", "H100:1", "backend.accelerators: H100:1 is too small for model=qwen2_5_14b: it trains on 2 GPUs"),
     ("qwen2_5_3b", "L4:1", "backend.accelerators: L4:1 is too small for model=qwen2_5_3b: it needs 40 GB per GPU"),
+    # SkyPilot takes any case: "l4" was not found in the table and launched (found by an audit)
+    ("qwen2_5_3b", "l4:1", "backend.accelerators: l4:1 is too small for model=qwen2_5_3b: it needs 40 GB per GPU"),
     ("qwen3_8b", "L40S:1", "backend.accelerators: L40S:1 is too small for model=qwen3_8b: it needs 80 GB per GPU"),
 ])
 def test_a_model_on_a_gpu_too_small_for_it_is_refused_naming_both(model, accelerators, message):

@@ -119,6 +119,14 @@ def test_managed_without_storage_and_spot_without_managed_are_refused_in_one_lin
         default_config("backend.use_spot=true")
     with pytest.raises(ConfigError, match=r"^backend.job_recovery.recover_on_exit_codes: lists an exit code twice"):
         default_config(*MANAGED, "backend.job_recovery.recover_on_exit_codes=[137,137]")
+    # every recovery would start again from step 0, paying again for the steps S3 holds (found by an audit)
+    with pytest.raises(ConfigError, match=r"^storage.restore: false would start every recovery of this managed job "
+                                          r"again from step 0"):
+        default_config(*MANAGED, "storage.restore=false")
+    # SkyPilot refused the name at launch with a bare ValueError
+    with pytest.raises(ConfigError, match=r"^run.name: 'my run' can't be part of a managed job's name \('summrl-my run'"):
+        default_config(*MANAGED, "run.name='my run'")
+    default_config(*MANAGED, "run.name=summary-rl_v2.1")
 
 
 # --------------------------------------------------------------------------- the cost before launch

@@ -114,12 +114,19 @@ def test_a_backup_that_does_not_match_its_manifest_is_refused_and_restore_false_
     (tmp_path / "run" / "result.json").write_text(json.dumps({"status": "running", "steps": 1, "val_history": []}))
     backup.save_result(str(tmp_path / "run"))
     shutil.rmtree(tmp_path / "run")
+    manifest = json.loads(s3(s3_endpoint).get_object(Bucket="mismatch",
+                                                     Key="summrl/summrl/r1/checkpoints/0001.complete")["Body"].read())
 
     # storage.restore=false: the backup is there, and a fresh machine starts afresh without reading it
     afresh = CheckpointBackup.open(storage_config(tmp_path, s3_endpoint, "mismatch", "storage.restore=false"))
     assert afresh.complete_steps() == [1]
-    assert afresh.restore() is None and afresh.restore_result(str(tmp_path / "run")) is None
+    assert afresh.restore_result(str(tmp_path / "run")) is None and afresh.restore() is None
     assert not (afresh.local / "checkpoints").exists() and not (tmp_path / "run" / "result.json").exists()
+    # ... and its backups with it: the earlier run's markers are gone, so that a later resume (restore=true, an empty
+    # machine) can't load the earlier run's step 1 with this run's history (found by an audit)
+    assert afresh.complete_steps() == []
+    s3(s3_endpoint).put_object(Bucket="mismatch", Key="summrl/summrl/r1/checkpoints/0001.complete",
+                               Body=json.dumps(manifest))  # put back for the manifest check below
 
     # an object changed after its marker was written (same size, other bytes): refused, nothing half-restored
     s3(s3_endpoint).put_object(Bucket="mismatch", Key="summrl/summrl/r1/checkpoints/0001/optimizer.pt",

@@ -28,11 +28,13 @@ from typing import Any, Optional
 from summrl import splits
 from summrl.config import FREE_JUDGES, rubric_rewards
 from summrl.data import DataError
-from summrl.errors import KINDS, NETWORK_FIX, NetworkError, classify, full_errors, is_network, network_message
+from summrl.errors import (KINDS, NETWORK_FIX, ConfigError, NetworkError, classify, full_errors, is_network,
+                           network_message)
 from summrl.cloud import managed, plan, pricing
 from summrl.job import RunRecord, task_overrides, write_result
 from summrl.judges import missing_keys
 from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems
+from summrl.secrets import redact_text, secret_values
 from summrl.storage import fetch_result, resolve_bucket
 from summrl.tracking import wandb_mode
 
@@ -87,10 +89,14 @@ def preflight(config: Any, questions: Optional[QuestionCache] = None) -> list[st
         import sky  # noqa: F401
     except ImportError:
         problems.append("skypilot is not installed: pip install -e '.[cloud]'")
-    if config.backend.infra.split("/")[0].lower() == "runpod":
+    # the infras the job may land on: the candidates', which replace backend.infra (no infra: any enabled one)
+    b = config.backend
+    infras = {(c.infra or "any").split("/")[0].lower() for c in b.candidates} or {b.infra.split("/")[0].lower()}
+    if "runpod" in infras:
         problem = runpod_credentials_problem()
         if problem:
             problems.append(problem)
+    problems += loopback_problems(config)
     for name in missing_keys(config.judge):
         problems.append(f"{name} (the judge's key) is not set: export it or put it in .env")
     problems += teacher_key_problems(config)
@@ -105,12 +111,44 @@ def preflight(config: Any, questions: Optional[QuestionCache] = None) -> list[st
                         "or run offline with WANDB_MODE=offline")
     if config.storage.enabled:
         if not resolve_bucket(config.storage):
-            problems.append("no bucket for the S3 backups: set BACKUP_BUCKET in .env (or storage.bucket=<name>), "
-                            "or storage.enabled=false")
+            problems.append("no bucket for the S3 backups: set BACKUP_BUCKET in .env (or storage.bucket=<name>); the "
+                            "run's checkpoints and result.json come back from the cluster only through them")
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             if not os.environ.get(name):
-                problems.append(f"{name} (S3 backups from the cluster) is not set: export it or put it in .env, "
-                                "or storage.enabled=false")
+                problems.append(f"{name} (S3 backups from the cluster) is not set: export it or put it in .env")
+    return problems
+
+
+def no_backup_warning(config: Any) -> Optional[str]:
+    """storage.enabled=false on a cluster: the run stays on a machine RunPod deletes once idle."""
+    if config.storage.enabled:
+        return None
+    return ("storage.enabled=false: the run's checkpoints and result.json stay on the cluster, and only there; it is "
+            f"taken down {config.backend.idle_minutes_to_autostop} idle minutes after the job "
+            "(backend.idle_minutes_to_autostop), or at its end with backend.down_after_run=true, and they go with it. "
+            "Copy the run folder off before (SkyPilot adds the cluster to your ssh config: rsync -a <cluster>:sky_workdir/"
+            "<run folder> .), or back it up to S3 (storage.enabled=true with BACKUP_BUCKET)")
+
+
+LOOPBACK = re.compile(r"^(localhost|127(\.\d+){3}|0\.0\.0\.0|::1?)$", re.IGNORECASE)
+
+
+def loopback_problems(config: Any) -> list[str]:
+    """A judge or teacher on this machine: the cluster would reach itself there, and fail after its paid setup.
+    (A loopback S3 endpoint fails on the cluster before any model loads, at the bucket check.)"""
+    from urllib.parse import urlsplit
+
+    endpoints = [("judge.api_base", getattr(config.judge, "api_base", None)),
+                 ("sft.teacher.api_base", getattr(getattr(config.sft, "teacher", None), "api_base", None))]
+    problems = []
+    for key, url in endpoints:
+        try:
+            host = urlsplit(url).hostname if url else None
+        except ValueError:
+            host = None
+        if host and LOOPBACK.match(host):
+            problems.append(f"{key}={url} is on this machine (loopback): the cluster can't reach it; give an address "
+                            "the cluster can reach (a public host name, or a tunnel's)")
     return problems
 
 
@@ -223,13 +261,39 @@ def _override_key(override: str) -> str:
 
 
 def _value(v: Any) -> str:
+    """``v`` in Hydra's override grammar. (JSON is not: a mapping's quoted keys, and a comma in a string, stopped
+    the remote job at its first line, after the paid setup.)"""
     if v is None:
         return "null"
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v)  # JSON is valid Hydra override syntax for mappings and lists
-    return str(v)
+    if isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    text = str(v)
+    if re.fullmatch(r"[\w/][\w./:@+-]*", text) and text.lower() not in ("true", "false", "null", "nan", "inf"):
+        try:
+            float(text)  # "1e5" unquoted would come back a number
+        except ValueError:
+            return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def check_parses(args: list[str]) -> None:
+    """Every override of the remote command as Hydra will read it on the cluster: refused here, before any money."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for arg in args:
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException as e:
+            raise ConfigError(f"the cloud job's override {redact_text(arg)!r} is not valid Hydra syntax "
+                              f"({str(e).splitlines()[0][:120]}): quote its value") from None
 
 
 def _quoted(path: str) -> str:
@@ -260,7 +324,8 @@ def remote_command(config: Any, overrides: list[str]) -> str:
         if reward.cache_dir is not None:
             kept = [o for o in kept if _override_key(o) != f"{key}.cache_dir"]
             pinned.append(f"++{key}.cache_dir={_quoted(REMOTE_RUBRICS)}")  # ++: a term's preset may not list it
-    args = [*kept, *pinned, f"run.name={config.run.name}", "backend=local_gpu", *backend]
+    args = [*kept, *pinned, f"run.name={_value(config.run.name)}", "backend=local_gpu", *backend]
+    check_parses(args)
     return "python -m summrl.train " + " ".join(shlex.quote(a) for a in args)
 
 
@@ -299,8 +364,11 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
     import sky
 
     b = config.backend
-    task = sky.Task(name=cluster, setup=setup_script(config), run=run_script(config, overrides), workdir=str(ROOT))
-    task.update_secrets({**secrets(config), **referenced_variables(overrides)})
+    setup, run = setup_script(config), run_script(config, overrides)
+    forwarded = {**secrets(config), **referenced_variables(overrides)}
+    check_no_secret(forwarded, {"backend.setup": setup, "the cloud job's command (backend.* settings)": run})
+    task = sky.Task(name=cluster, setup=setup, run=run, workdir=str(ROOT))
+    task.update_secrets(forwarded)
     task.update_envs({name: os.environ[name] for name in FORWARDED_ENVS if os.environ.get(name)})
     mounts = rubric_mounts(config)
     if config.dataset.kind == "documents":
@@ -310,6 +378,21 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
     if resources:
         task.set_resources(sky.Resources.from_yaml_config(resources_spec(b)))
     return task
+
+
+def check_no_secret(forwarded: dict[str, str], scripts: dict[str, str]) -> None:
+    """No secret's value in the task's commands: a ``${oc.env:HF_TOKEN}`` in ``backend.setup`` or an engine arg is
+    resolved here, and SkyPilot keeps commands in clear (the task YAML, a managed job's controller, this log)."""
+    values = set(secret_values())  # variables named as secrets (not BACKUP_BUCKET or AWS_REGION, which are settings)
+    known = {name: value for name, value in {**os.environ, **forwarded}.items() if value in values}
+    for where, text in scripts.items():
+        for name, value in known.items():
+            if len(value) >= 4 and value in text:
+                raise ConfigError(
+                    f"{where} holds the value of {name}: SkyPilot would keep it in clear in the task. {name} reaches "
+                    f"the cluster as a secret: in backend.setup write ${name} (the cluster's environment has it) "
+                    f"instead of ${{oc.env:{name}}}, and leave it out of backend.engine_args (vLLM and Hugging Face "
+                    "read HF_TOKEN from the environment)")
 
 
 def resources_spec(b: Any) -> dict:
@@ -359,7 +442,7 @@ def describe(task: Any, resources: Optional[dict] = None) -> str:
     if resources:
         spec["resources"] = resources
     spec = {k: v for k, v in spec.items() if v != {}}  # SkyPilot's empty file_mounts and volumes
-    return yaml.dump(spec, Dumper=Dumper, sort_keys=False, width=10**6)
+    return redact_text(yaml.dump(spec, Dumper=Dumper, sort_keys=False, width=10**6))
 
 
 # --------------------------------------------------------------------------- the lifecycle
@@ -409,6 +492,8 @@ def run_on_cluster(config: Any, overrides: list[str], job_num: Optional[int] = N
     logging.getLogger("alembic").setLevel(logging.WARNING)  # SkyPilot's state DB migrations, at Hydra's INFO
     questions = QuestionCache(config) if config.dataset.kind == "documents" else None
     problems = preflight(config, questions)
+    if warning := no_backup_warning(config):
+        log.warning(f"summrl: warning: {warning}")
     if importlib.util.find_spec("sky") is None:  # nothing more can be checked without it
         raise PreflightError(_listing(b, problems))
     unreachable = None  # SkyPilot's catalog, when there is no network

@@ -69,10 +69,11 @@ def follow(name: str, job_id: int) -> Optional[int]:
     log.info(f"summrl: streaming the logs of managed job {job_id}; Ctrl-C stops watching, the job goes on")
     try:
         code = sky.jobs.tail_logs(job_id=job_id, follow=True)
-    except KeyboardInterrupt:
-        log.error(f"\nsummrl: stopped watching managed job {job_id} ({name}); it goes on without this terminal. "
-                  f"Its logs: sky jobs logs {job_id}; cancel it: sky jobs cancel {job_id}")
-        raise
+    except KeyboardInterrupt:  # not the run's interruption: its record stays "submitted", and rerunning the command
+        # would submit a second, billed job (it said "run the same command to start again")
+        log.warning(f"\nsummrl: stopped watching managed job {job_id} ({name}); it goes on without this terminal. "
+                    f"Its logs: sky jobs logs {job_id}; its state: sky jobs queue; cancel it: sky jobs cancel {job_id}")
+        return None
     except Exception as e:
         if not is_network(e):
             raise

@@ -191,7 +191,7 @@ def export(config: ExportConfig, command: str) -> Path:
         adapter_config.base_model_name_or_path = model.base_model
         adapter_config.inference_mode = True
         sorted_sets(adapter_config).save_pretrained(str(adapter))
-        tokenizer.save_pretrained(adapter)
+        save_tokenizer(tokenizer, adapter)
         log.info(f"summrl: export: adapter (PEFT LoRA r={adapter_config.r}, tokenizer) -> {config.dir / 'adapter'}")
 
         with warnings.catch_warnings(record=True) as caught:
@@ -208,7 +208,7 @@ def export(config: ExportConfig, command: str) -> Path:
                               f"({_first_line(missing[0].message)[:160]}): export another step")
         merged.to(getattr(torch, config.dtype))
         merged.save_pretrained(work / "merged")  # transformers 5 writes safetensors only
-        tokenizer.save_pretrained(work / "merged")
+        save_tokenizer(tokenizer, work / "merged")
         del merged, base
         log.info(f"summrl: export: merged model ({config.dtype}, safetensors) -> {config.dir / 'merged'}")
 
@@ -310,6 +310,22 @@ def val_figure(record: dict, step: int, axis: str) -> Any:
 
 def _fmt(value: Any) -> str:
     return "" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def save_tokenizer(tokenizer: Any, folder: Path) -> None:
+    """The tokenizer, loadable by transformers 4 as well as 5 (checked with 4.57.6: the same ids, special tokens and
+    chat template). transformers 5 names a tokenizer built from tokenizer.json alone (the embedded GGUF's)
+    "TokenizersBackend", a class transformers 4 (and the vLLM builds on it) does not have, and writes its special
+    tokens as a list "extra_special_tokens", which transformers 4 reads as a mapping and fails on: both versions
+    read "PreTrainedTokenizerFast" and "additional_special_tokens"."""
+    tokenizer.save_pretrained(folder)
+    path = folder / "tokenizer_config.json"
+    settings = json.loads(path.read_text())
+    if settings.get("tokenizer_class") == "TokenizersBackend":
+        settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if isinstance(settings.get("extra_special_tokens"), list):
+        settings["additional_special_tokens"] = settings.pop("extra_special_tokens")
+    path.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
 
 
 def model_card(config: ExportConfig, command: str) -> str:

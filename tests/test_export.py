@@ -409,6 +409,21 @@ def test_a_run_trained_on_a_gguf_file_is_exported_de_quantized_in_the_saved_dtyp
     assert not list(out.rglob("*.gguf"))
     model = AutoModelForCausalLM.from_pretrained(out / "merged", dtype="auto")
     assert model.dtype == torch.bfloat16 and model.config.num_hidden_layers == 30
+    # transformers 5 named the GGUF's tokenizer "TokenizersBackend", a class transformers 4 (and vLLM on it) lacks
+    from transformers import AutoTokenizer
+
+    # and its special tokens as a list under a key transformers 4 reads as a mapping
+    for folder in (out / "adapter", out / "merged"):
+        settings = json.loads((folder / "tokenizer_config.json").read_text())
+        assert settings["tokenizer_class"] == "PreTrainedTokenizerFast" and "extra_special_tokens" not in settings
+        assert "<|im_end|>" in settings["additional_special_tokens"]
+    tokenizer = AutoTokenizer.from_pretrained(out / "merged")
+    assert tokenizer.eos_token == "<|im_end|>" and "<|im_start|>" in tokenizer.all_special_tokens
+    from summrl.backends.embedded.engine import gguf_tokenizer
+    from summrl.data.document import resolve_path
+
+    text = "A café, 2,100 ¥."
+    assert tokenizer(text)["input_ids"] == gguf_tokenizer(resolve_path(gguf))(text)["input_ids"]
 
 
 def test_every_shipped_base_model_has_a_license_for_the_model_card():

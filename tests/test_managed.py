@@ -549,6 +549,10 @@ def test_a_failed_managed_run_exits_as_the_job_did_and_ctrl_c_only_stops_watchin
     monkeypatch.setattr(sky.jobs, "tail_logs", offline)
     assert run_on_cluster(managed_config(), [], None) is None  # submitted; only the watching failed
     assert "the job goes on: sky jobs logs 44" in said(caplog, logging.WARNING)
+    # SkyPilot's 101 (NOT_FINISHED: the stream ended first) read as the job's failure (found by an audit)
+    monkeypatch.setattr(sky.jobs, "tail_logs", lambda **kw: 101)
+    assert run_on_cluster(managed_config(), [], None) is None
+    assert "stopped streaming before it ended; it goes on: sky jobs logs 45" in said(caplog, logging.WARNING)
     assert len(fake.launched()) == 4
 
 

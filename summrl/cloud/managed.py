@@ -80,4 +80,8 @@ def follow(name: str, job_id: int) -> Optional[int]:
         log.warning(f"summrl: warning: the logs of managed job {job_id} can't be streamed ({network_message(e)}; "
                     f"{NETWORK_FIX}); the job goes on: sky jobs logs {job_id}")
         return None
+    if code is not None and int(code) == 101:  # SkyPilot's NOT_FINISHED: the stream ended, not the job
+        log.warning(f"summrl: warning: the logs of managed job {job_id} stopped streaming before it ended; it goes "
+                    f"on: sky jobs logs {job_id}")
+        return None
     return None if code is None else int(code)

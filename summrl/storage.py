@@ -425,12 +425,16 @@ def fetch_file(config: Any, rel: str) -> Optional[bytes]:
 
 
 def upload_verified(client: Any, bucket: str, label: str, path: Path, key: str) -> dict:
-    """Upload one file and check what landed: its size, and its ETag where that is the md5 (single part)."""
+    """Upload one file and check what landed: its size, and its ETag where that is the md5 (a single part, not
+    encrypted with SSE-KMS or SSE-C, whose ETags are not: a bucket encrypting with KMS by default failed every
+    backup, leaving a managed job nothing to recover from)."""
     size, md5 = path.stat().st_size, _md5(path)
     client.upload_file(str(path), bucket, key)
     head = client.head_object(Bucket=bucket, Key=key)
     etag = head["ETag"].strip('"')
-    if head["ContentLength"] != size or ("-" not in etag and etag != md5):
+    is_md5 = "-" not in etag and head.get("ServerSideEncryption") in (None, "AES256") and not head.get(
+        "SSECustomerAlgorithm")
+    if head["ContentLength"] != size or (is_md5 and etag != md5):
         raise StorageError(f"s3://{label}/{key}: uploaded object does not match {path} (size or ETag)")
     return {"size": size, "md5": md5}
 

@@ -296,3 +296,28 @@ def test_the_sft_checkpoint_is_backed_up_off_schedule_and_a_failed_upload_of_it_
     shutil.rmtree(tmp_path / "run")
     fresh = CheckpointBackup.open(config)
     assert fresh.restore() == 4 and json.loads((fresh.sft_local / "record.json").read_text())["step"] == 1
+
+
+def test_an_object_aws_encrypted_with_kms_is_checked_by_its_size_not_its_etag(tmp_path, s3_endpoint, aws_env):
+    """AWS gives an object encrypted with SSE-KMS (a bucket's default encryption, say) an ETag that is not its md5:
+    every backup failed its check, leaving a managed job nothing to recover from. moto gives the md5 whatever the
+    encryption, so the head here answers as AWS does."""
+    from summrl.storage import upload_verified
+
+    client = s3(s3_endpoint)
+    client.create_bucket(Bucket="kms")
+    real_head = client.head_object
+
+    def aws_head(**kwargs):
+        return {**real_head(**kwargs), "ETag": '"9b2cf535f27731c974343645a3985328"', "ServerSideEncryption": "aws:kms"}
+
+    client.head_object = aws_head
+    path = tmp_path / "weights"
+    path.write_bytes(b"step one weights" * 100)
+    assert upload_verified(client, "kms", "kms", path, "run/weights")["size"] == 1600
+    client.head_object = lambda **kwargs: {**aws_head(**kwargs), "ContentLength": 1599}  # cut short: still refused
+    with pytest.raises(StorageError, match="uploaded object does not match"):
+        upload_verified(client, "kms", "kms", path, "run/weights")
+    client.head_object = lambda **kwargs: {**real_head(**kwargs), "ETag": '"9b2cf535f27731c974343645a3985328"'}
+    with pytest.raises(StorageError, match="uploaded object does not match"):  # unencrypted: the md5 must match
+        upload_verified(client, "kms", "kms", path, "run/weights")

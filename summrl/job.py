@@ -226,12 +226,14 @@ class RunRecord:
         self.timed = False
 
     def save(self, *, timed: bool = True) -> None:
-        """Write the record (atomically): this invocation's fields, the val history, the run's total wall time
-        (this invocation's time not counted when ``timed`` is false: it trained nothing)."""
+        """Write the record (atomically): this invocation's fields over what earlier invocations recorded (a resumed
+        invocation stopped before its session existed wrote its own fields alone: the run's judge calls and $, its
+        rollouts and val figures were gone, and the next resume counted from 0), the val history, the run's total
+        wall time (this invocation's time not counted when ``timed`` is false: it trained nothing)."""
         timed = timed and self.timed
         wall_s = round(self.earlier.get("wall_s", 0.0) + (time.time() - self.started if timed else 0.0), 1)
         attempts = {"attempts": self.attempts} if self.attempts else {}
-        write_result(self.run_dir, {**self.fields, "val_history": self.val_history, **attempts,
+        write_result(self.run_dir, {**self.carried(), **self.fields, "val_history": self.val_history, **attempts,
                                     "untrained_steps": self.untrained_steps, "wall_s": wall_s})
         self.saved = True
 

@@ -463,6 +463,16 @@ def run_totals(session: Session, record: RunRecord) -> dict[str, Any]:
     return totals
 
 
+def with_earlier_question_cost(dataset: dict, earlier: dict) -> dict:
+    """dataset=documents: the questions' $ over the run's invocations (a resume reads them from the cache at $0, and
+    its record said the run had spent nothing on them)."""
+    questions = dataset.get("questions")
+    spent = ((earlier.get("dataset") or {}).get("questions") or {}).get("cost_usd") or 0.0
+    if not isinstance(questions, dict) or not spent:
+        return dataset
+    return {**dataset, "questions": {**questions, "cost_usd": questions.get("cost_usd", 0.0) + spent}}
+
+
 async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[float]:
     """Run (or resume) one training job, keeping its ``result.json`` in ``record``. Returns the final val score."""
     record = record or RunRecord(config.run.dir)
@@ -492,7 +502,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         t = config.trainer
         splits = await load_documents(config)  # dataset=documents: questions written (and paid for) here, if need be
         val, train_docs = splits.val, splits.train
-        record.update(dataset=splits.record)
+        record.update(dataset=with_earlier_question_cost(splits.record, record.earlier))
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
         warn_short_run(config, len(train_docs))
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from summrl import cli
 from summrl.cloud.launch import run_from_hydra
 from summrl.config import Config, validate
-from summrl.errors import KINDS, ConfigError, Failure, classify, end, exit_on, full_errors
+from summrl.errors import KINDS, ConfigError, Failure, classify, end, exit_on, full_errors, stop_signal
 from summrl.job import JobInfo, RunRecord
 from summrl.preflight import check
 
@@ -73,6 +73,10 @@ def main(cfg: DictConfig) -> float | None:
 
         return asyncio.run(train(config, record))
     except KeyboardInterrupt:  # Ctrl-C: the loop has saved its record and closed the backend; a sweep stops too
+        if record.fields.get("status") == "completed":  # a signal while the finished run closed its backend
+            log.warning(f"summrl: {stop_signal()} while closing the backend: the run had completed, and its record "
+                        "says so")
+            return record.fields.get("final_val_score")
         failure = Failure("interrupted", record.interruption())
         record.fail(failure.kind, failure.line, failure.exit_code)
         end(failure)

@@ -566,3 +566,71 @@ def test_a_resumed_runs_w_and_b_mirror_sends_only_the_rows_the_w_and_b_run_lacks
         f.write(b'{"training_step": 3, "train/reward": 0.7}\n')
     tracker.log_history()
     assert [r["training_step"] for r in sent] == [3]
+
+
+CLOSING_SLOWLY = """
+import asyncio, runpy, sys
+from summrl.backends.embedded.backend import EmbeddedBackend
+
+close = EmbeddedBackend.close
+
+async def slowly(self):  # the finished run's backend takes a while to close, as vLLM's or W&B's teardown does
+    print("closing", flush=True)
+    await asyncio.sleep(3)
+    await close(self)
+
+EmbeddedBackend.close = slowly
+sys.argv = ["summrl.train", *sys.argv[1:]]
+runpy.run_module("summrl.train", run_name="__main__")
+"""
+
+
+def test_a_signal_while_a_completed_run_closes_its_backend_leaves_it_completed(tmp_path, tiny_weights):
+    """The run had finished and recorded "completed", then a SIGTERM cancelled the backend's close: it exited 143,
+    said "interrupted ... run the same command to resume", and result.json gained error_kind interrupted (found by an
+    audit)."""
+    import signal
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-c", CLOSING_SLOWLY, "experiment=local", tiny_weights, "trainer.max_steps=1",
+         "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
+         "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", "run.name=closing", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in process.stdout:
+        if line == "closing\n":
+            process.send_signal(signal.SIGTERM)
+            break
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err[-3000:]
+    assert "summrl: SIGTERM while closing the backend: the run had completed" in out + err
+    assert "summrl: interrupted" not in out + err
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and "error_kind" not in result and "exit_code" not in result
+
+
+def test_a_resumed_invocation_that_stops_early_keeps_the_runs_spend_and_figures(tmp_path):
+    """Stopped before its session existed (SIGTERM while loading, a config or network error), a resume wrote its own
+    fields alone: the run's judge calls and $, rollouts and val figures were gone, and the next resume counted from
+    0. The question writer's $ was 0 on every resume, read from the cache (found by an audit)."""
+    from summrl.job import RunRecord, write_result
+    from summrl.loop import with_earlier_question_cost
+
+    first = {"status": "completed", "steps": 4, "judge_calls": 18.0, "judge_cost_usd": 0.00077,
+             "rollouts": {"scored": 12, "missing": 0}, "best_val_score": 0.4, "final_val_score": 0.35,
+             "dataset": {"kind": "documents", "questions": {"cost_usd": 0.00112, "written_now": 6}},
+             "error": "", "wall_s": 90.0, "val_history": [{"step": 4, "val_reward": 0.35}]}
+    write_result(tmp_path, first)
+    record = RunRecord(tmp_path)
+    record.update(status="running", run_name="r")  # as the loop does: its fields, then its record saved on the way out
+    record.update(status="interrupted", error="KeyboardInterrupt: ")
+    record.save()
+    record.fail("interrupted", "interrupted: stopped before the first checkpoint (SIGTERM)", 143)
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert (saved["judge_calls"], saved["judge_cost_usd"], saved["rollouts"]) == (18.0, 0.00077, first["rollouts"])
+    assert (saved["best_val_score"], saved["status"], saved["exit_code"]) == (0.4, "interrupted", 143)
+    resumed = {"kind": "documents", "questions": {"cost_usd": 0.0, "written_now": 0}}
+    assert with_earlier_question_cost(resumed, saved)["questions"]["cost_usd"] == pytest.approx(0.00112)
+    assert with_earlier_question_cost(resumed, {}) == resumed

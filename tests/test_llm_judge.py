@@ -626,3 +626,23 @@ def test_val_samples_at_val_temperature_and_training_at_temperature(fake, secret
     asyncio.run(sample_and_score(session, [DOC], rollouts_per_doc=2, reward=session.reward))  # as a train step does
     asked = [r["temperature"] for r in fake.requests if r.get("model") == "fake-policy"]
     assert asked[0] == 0.0 and len(asked) > 2 and set(asked[1:]) == {0.7}, asked  # val's one greedy draw, then train's
+
+
+def test_ruler_replies_are_cached_like_every_other_judge_reply(fake, secret_env, tmp_path):
+    """The README promises reruns and sweeps don't pay twice; RULER's calls went through ART around the reply cache,
+    so every rerun or resumed step paid for them again (found by an audit)."""
+    from summrl.rewards.ruler import RulerReward
+
+    def reward(rubric="Prefer dense, faithful summaries.", **kwargs):
+        judge = client(fake, max_retries=0, cache_dir=str(tmp_path / "cache"), **kwargs)
+        return RulerReward(judge, rubric=rubric, prompt=FACTS)
+
+    summaries = ["short", "a somewhat longer summary " * 5]
+    first = asyncio.run(reward().score_group(DOC, summaries))
+    rerun = reward(timeout_s=9.0)  # a new process: another timeout (or key, or port) decides nothing
+    again = asyncio.run(rerun.score_group(DOC, summaries))
+    assert len(fake.requests) == 1 and [s.reward for s in again] == [s.reward for s in first]
+    assert rerun.client.usage.cached_calls == 1 and rerun.client.usage.calls == 0
+    asyncio.run(reward().score_group(DOC, list(reversed(summaries))))  # another group: asked
+    asyncio.run(reward(rubric="Prefer short summaries.").score_group(DOC, summaries))  # another rubric: asked
+    assert len(fake.requests) == 3

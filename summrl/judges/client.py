@@ -237,6 +237,19 @@ class JudgeClient:
         blob = json.dumps([self.model, self.cache_endpoint, messages, params], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
+    def cached_reply(self, messages: list[dict], params: dict) -> Any:
+        """A reply another caller (RULER, through ART) asked for and stored with :meth:`keep_reply`; None: not
+        cached. Counted as a cached call."""
+        key = self._cache_key(messages, params)
+        if self._cache is None or key not in self._cache:
+            return None
+        self.usage.cached_calls += 1
+        return json.loads(self._cache[key])
+
+    def keep_reply(self, messages: list[dict], params: dict, value: Any) -> None:
+        if self._cache is not None:
+            self._cache[self._cache_key(messages, params)] = json.dumps(value)
+
     async def complete_json(self, messages: list[dict], schema: Optional[dict] = None, max_tokens: int = 1024,
                             check: Optional[Callable[[Any], Any]] = None) -> Any:
         """One chat call whose reply must be a JSON object. Raises JudgeError after the retries.

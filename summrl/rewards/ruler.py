@@ -67,6 +67,18 @@ class RulerReward:
         )
         n_scores = 1 if len(set(summaries)) == 1 else len(summaries)  # RULER sends identical trajectories once
         client = self.client
+        # the judge's reply cache, as every other judge call has it: a rerun or a resumed step paid for RULER again
+        asked = [{"role": "system", "content": f"RULER: {self.rubric}"}, *prompt,
+                 *({"role": "assistant", "content": s} for s in summaries)]
+        # keyed by what decides the reply: the endpoint is in the key as the client names it (an embedded judge's port
+        # changes every run), and the key, timeout and retries decide nothing
+        params = {k: v for k, v in self._litellm_params(n_scores).items()
+                  if k not in ("api_key", "api_base", "timeout", "num_retries")}
+        rewards = client.cached_reply(asked, params)
+        if (isinstance(rewards, list) and len(rewards) == len(summaries)
+                and all(isinstance(r, (int, float)) and 0.0 <= r <= 1.0 for r in rewards)):
+            return [Score(float(r), {"ruler_score": float(r), "word_count": float(len(s.split()))})
+                    for r, s in zip(rewards, summaries)]
 
         async def attempt() -> art.TrajectoryGroup:
             async with client.slot():
@@ -95,6 +107,7 @@ class RulerReward:
         except JudgeError as e:
             error = client.redact(" ".join(f"RULER could not score the group of document {document.id}: {e}".split()))
             return [Missing(error[:500], e.kind) for _ in summaries]
+        client.keep_reply(asked, params, [t.reward for t in scored.trajectories])
         return [
             Score(t.reward, {"ruler_score": t.reward, "word_count": float(len(s.split()))})
             for t, s in zip(scored.trajectories, summaries)

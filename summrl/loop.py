@@ -473,9 +473,46 @@ def with_earlier_question_cost(dataset: dict, earlier: dict) -> dict:
     return {**dataset, "questions": {**questions, "cost_usd": questions.get("cost_usd", 0.0) + spent}}
 
 
+# What a resumed run must keep: its val split and val scoring, its reward and judge, its prompt and its model. (A key
+# ending in "." covers its section.) A resume with others went through: its val scores were ranked with the earlier
+# ones (step=best, best_val_score) though measured on other documents or with another reward. trainer.max_steps,
+# dataset.train_size (growing train keeps val fixed) and every operational setting may change.
+RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "dataset.files", "dataset.hf_path",
+                      "dataset.hf_split", "dataset.seed", "dataset.val_size", "dataset.max_document_tokens",
+                      "dataset.long_documents", "reward.", "judge.kind", "judge.model", "judge.min_recall",
+                      "trainer.prompt", "trainer.max_words", "trainer.val_rollouts_per_doc", "trainer.val_temperature",
+                      "model.base_model", "model.weights", "model.lora.")
+OPERATIONAL = ("cache_dir", "max_concurrency", "timeout_s", "max_retries", "retry_base_s", "retry_max_s", "confirm",
+               "max_cost_usd")
+
+
+def check_resumed_as_trained(config: Config, record: RunRecord) -> None:
+    """A run folder's earlier invocations trained with the settings this one resumes: refused otherwise, before
+    anything is written (the record keeps the config the checkpoints were trained with)."""
+    earlier = record.earlier.get("config")
+    if not isinstance(earlier, dict) or not (record.earlier.get("attempts") or record.earlier.get("val_history")):
+        return
+    now = flat_config(config, record.job)
+
+    def fixed(key: str) -> bool:
+        return (any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMED_AS_TRAINED)
+                and not key.endswith(OPERATIONAL))
+
+    changed = [k for k in sorted(set(now) | set(earlier)) if fixed(k) and str(now.get(k)) != str(earlier.get(k))]
+    # another option of a group (reward=qa, now length_penalized) is named as such, not by each of its settings
+    groups = [g for g in ("dataset", "model", "reward", "judge") if g in earlier and g in now and now[g] != earlier[g]]
+    changed = groups + [k for k in changed if k.split(".")[0] not in groups]
+    if changed:
+        said = ", ".join(f"{k}={earlier.get(k)} (now {now.get(k)})" for k in changed[:4])
+        raise ConfigError(f"run.name={config.run.name} resumes a run trained with {said}"
+                          f"{f' and {len(changed) - 4} more' if len(changed) > 4 else ''}: its checkpoints and val "
+                          "scores are of those settings. Resume it with them, or give this run a new run.name")
+
+
 async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[float]:
     """Run (or resume) one training job, keeping its ``result.json`` in ``record``. Returns the final val score."""
     record = record or RunRecord(config.run.dir)
+    check_resumed_as_trained(config, record)
     # dataset=inbox: one online run of a run at a time, refused before anything is written to its folder
     held = inbox.hold_training(config.run.dir) if config.dataset.kind == "inbox" else None
     # config: every resolved setting (as the W&B config has it), so a preset changed later can't blur what ran

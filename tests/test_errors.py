@@ -634,3 +634,30 @@ def test_a_resumed_invocation_that_stops_early_keeps_the_runs_spend_and_figures(
     resumed = {"kind": "documents", "questions": {"cost_usd": 0.0, "written_now": 0}}
     assert with_earlier_question_cost(resumed, saved)["questions"]["cost_usd"] == pytest.approx(0.00112)
     assert with_earlier_question_cost(resumed, {}) == resumed
+
+
+def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anything_is_written(tmp_path):
+    """Nothing compared a resume's config with the one the run trained with: dataset.seed=7 seed=3 went through, its
+    val scores were ranked with the earlier ones (step=best) though measured on other documents (found by an
+    audit)."""
+    from summrl.errors import ConfigError
+    from summrl.job import JobInfo, RunRecord, write_result
+    from summrl.loop import check_resumed_as_trained
+    from summrl.tracking import flat_config
+    from tests.conftest import compose_config
+
+    trained = compose_config(["experiment=local", "run.name=r"])
+    earlier = {"status": "completed", "config": flat_config(trained, JobInfo(choices={"reward": "qa"})),
+               "attempts": [{"attempt": 1, "start_step": 0, "end_step": 2}], "val_history": [{"step": 2}]}
+    write_result(tmp_path, earlier)
+    for overrides in (["trainer.max_steps=40", "dataset.train_size=all", "judge.cache_dir=null"],  # may change
+                      []):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", *overrides]), RunRecord(tmp_path))
+    with pytest.raises(ConfigError, match=r"^run.name=r resumes a run trained with dataset.seed=80 \(now 7\), seed="
+                                          r"\S+ \(now 3\), trainer.prompt=facts \(now summary_rl\): its checkpoints"):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset.seed=7", "seed=3",
+                                                 "trainer.prompt=summary_rl"]), RunRecord(tmp_path))
+    with pytest.raises(ConfigError, match=r"trained with reward=qa \(now length_penalized\): its checkpoints"):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "reward=length_penalized"]),
+                                 RunRecord(tmp_path, JobInfo(choices={"reward": "length_penalized"})))
+    assert json.loads((tmp_path / "result.json").read_text()) == json.loads(json.dumps(earlier))  # untouched

@@ -492,6 +492,8 @@ def check_resumed_as_trained(config: Config, record: RunRecord) -> None:
     earlier = record.earlier.get("config")
     if not isinstance(earlier, dict) or not (record.earlier.get("attempts") or record.earlier.get("val_history")):
         return
+    if config.dataset.kind == "inbox":  # online learning goes on from any run, with its own val set and its judge
+        return
     now = flat_config(config, record.job)
 
     def fixed(key: str) -> bool:

@@ -661,3 +661,6 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "reward=length_penalized"]),
                                  RunRecord(tmp_path, JobInfo(choices={"reward": "length_penalized"})))
     assert json.loads((tmp_path / "result.json").read_text()) == json.loads(json.dumps(earlier))  # untouched
+    # online learning (dataset=inbox) goes on from any run, with its own val set (test_serve's online loop)
+    check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset=inbox", "seed=3"]),
+                             RunRecord(tmp_path, JobInfo(choices={"dataset": "inbox"})))

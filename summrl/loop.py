@@ -500,7 +500,8 @@ def check_resumed_as_trained(config: Config, record: RunRecord) -> None:
         return (any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMED_AS_TRAINED)
                 and not key.endswith(OPERATIONAL))
 
-    changed = [k for k in sorted(set(now) | set(earlier)) if fixed(k) and str(now.get(k)) != str(earlier.get(k))]
+    # keys both configs have: a setting added or removed by another summrl version is not a change of the run's
+    changed = [k for k in sorted(set(now) & set(earlier)) if fixed(k) and str(now[k]) != str(earlier[k])]
     # another option of a group (reward=qa, now length_penalized) is named as such, not by each of its settings
     groups = [g for g in ("dataset", "model", "reward", "judge") if g in earlier and g in now and now[g] != earlier[g]]
     changed = groups + [k for k in changed if k.split(".")[0] not in groups]

@@ -661,6 +661,11 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "reward=length_penalized"]),
                                  RunRecord(tmp_path, JobInfo(choices={"reward": "length_penalized"})))
     assert json.loads((tmp_path / "result.json").read_text()) == json.loads(json.dumps(earlier))  # untouched
+    # a setting another summrl version added (or removed) is no change of the run's
+    record = RunRecord(tmp_path)
+    record.earlier["config"] = {k: v for k, v in earlier["config"].items() if k != "trainer.val_temperature"}
+    record.earlier["config"]["reward.retired_setting"] = 1
+    check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "trainer.val_temperature=0.5"]), record)
     # online learning (dataset=inbox) goes on from any run, with its own val set (test_serve's online loop)
     check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset=inbox", "seed=3"]),
                              RunRecord(tmp_path, JobInfo(choices={"dataset": "inbox"})))

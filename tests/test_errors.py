@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -437,6 +438,19 @@ def test_signals_while_the_process_ends_are_said_once_and_change_nothing():
     assert err == "summrl: already stopping: closing threads and files (kill -9 ends it now, unsaved)\n"
 
 
+def tiny_training(entry: list[str], tiny_weights: str, run_dir: Path, name: str, max_steps: int):
+    """``python <entry> experiment=local`` on the tiny weights at the smallest scale, its output line-buffered for a
+    test to send a signal at the line it waits for."""
+    import subprocess
+
+    return subprocess.Popen(
+        [sys.executable, *entry, "experiment=local", tiny_weights, f"trainer.max_steps={max_steps}",
+         "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
+         "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", f"run.name={name}", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_stops_training_with_one_line_and_the_checkpoints_kept(tmp_path, tiny_weights, stop):
     """SIGINT (Ctrl-C), or SIGTERM (`kill`, a scheduler, a cancelled job), during `python -m summrl.train`: one line
@@ -444,15 +458,9 @@ def test_ctrl_c_or_sigterm_stops_training_with_one_line_and_the_checkpoints_kept
     it, result.json status interrupted; the checkpoints written are there to resume from."""
     import re
     import signal
-    import subprocess
 
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "summrl.train", "experiment=local", tiny_weights, "trainer.max_steps=50",
-         "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
-         "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", "run.name=interrupted", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = tiny_training(["-m", "summrl.train"], tiny_weights, run_dir, "interrupted", 50)
     for line in process.stdout:
         if line.startswith("summrl: step 1 | train"):
             process.send_signal(getattr(signal, stop))
@@ -497,15 +505,9 @@ def test_a_signal_while_a_checkpoint_is_written_keeps_the_step_with_its_records(
     were never written; the rerun resumed after step 1, so they were lost for good. The update is now waited for,
     and its step recorded, a second signal notwithstanding."""
     import signal
-    import subprocess
 
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-c", SAVING_SLOWLY, "experiment=local", tiny_weights, "trainer.max_steps=50",
-         "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
-         "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", "run.name=saving", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = tiny_training(["-c", SAVING_SLOWLY], tiny_weights, run_dir, "saving", 50)
     for line in process.stdout:
         if line == "saving\n":
             process.send_signal(signal.SIGTERM)
@@ -590,15 +592,9 @@ def test_a_signal_while_a_completed_run_closes_its_backend_leaves_it_completed(t
     said "interrupted ... run the same command to resume", and result.json gained error_kind interrupted (found by an
     audit)."""
     import signal
-    import subprocess
 
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-c", CLOSING_SLOWLY, "experiment=local", tiny_weights, "trainer.max_steps=1",
-         "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
-         "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", "run.name=closing", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = tiny_training(["-c", CLOSING_SLOWLY], tiny_weights, run_dir, "closing", 1)
     for line in process.stdout:
         if line == "closing\n":
             process.send_signal(signal.SIGTERM)

@@ -110,6 +110,21 @@ def test_candidates_become_ordered_or_any_of_and_unoffered_ones_are_named(cloud_
     assert not fake.launched()
 
 
+def test_a_gpu_with_no_spot_offer_launches_on_demand_when_spot_fallback_is_on(cloud_env, monkeypatch, caplog):
+    """The fixture catalog's L40S has an on-demand price and no spot one (as some RunPod GPUs do)."""
+    fake = FakeJobs(monkeypatch)
+    l40s = ("backend.accelerators=L40S:1", "backend.use_spot=true", "backend.dry_run=true")
+    with pytest.raises(PreflightError, match=r"backend.accelerators=L40S:1 is not offered on runpod"):
+        run_on_cluster(managed_config(*l40s), [], None)
+    with caplog.at_level(logging.INFO, logger="summrl"):
+        run_on_cluster(managed_config(*l40s, "backend.spot_fallback=true"), [], None)
+    assert "runpod has no spot L40S:1 (SkyPilot's catalog): backend.spot_fallback=true launches it on demand" \
+        in caplog.text
+    assert "$0.86/h" in caplog.text  # priced as the machine it will get, not as unknown
+    assert not fake.launched()  # a dry run
+
+
+
 def test_managed_without_storage_and_spot_without_managed_are_refused_in_one_line():
     from summrl.errors import ConfigError
 

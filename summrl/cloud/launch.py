@@ -611,11 +611,19 @@ def remote_result(config: Any, keep: Optional[dict] = None) -> Optional[float]:
 def offered_problems(task: Any, b: Any) -> list[str]:
     """The accelerators must exist on the infra: SkyPilot's catalog says so offline (at launch it would be late)."""
     problems = []
+
+    def offered(r: Any) -> bool:
+        return bool(r.cloud.get_feasible_launchable_resources(r, num_nodes=task.num_nodes).resources_list)
+
     for r in task.resources:
         if r.cloud is None or str(r.cloud).lower() in ("kubernetes", "ssh", "slurm"):
             continue  # no catalog (or any cloud): the cluster, or SkyPilot's optimizer at launch, says what it has
-        feasible = r.cloud.get_feasible_launchable_resources(r, num_nodes=task.num_nodes)
-        if feasible.resources_list:
+        if offered(r):
+            continue
+        if r.use_spot and b.spot_fallback and offered(r.copy(use_spot=False)):  # its fallback is in the task too
+            wanted = ",".join(f"{k}:{v}" for k, v in (r.accelerators or {}).items())
+            log.warning(f"summrl: warning: {str(r.cloud).lower()} has no spot {wanted} (SkyPilot's catalog): "
+                        "backend.spot_fallback=true launches it on demand")
             continue
         if not b.candidates:
             problems.append(f"backend.accelerators={b.accelerators} is not offered on {b.infra} (SkyPilot's catalog): "

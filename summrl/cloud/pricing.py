@@ -77,9 +77,15 @@ def hourly_price(infra: Optional[str], accelerators: str, use_spot: bool) -> Pri
 def machine_price(backend: Any) -> Price:
     """The machine SkyPilot takes first: the cheapest candidate (failover=cheapest, any_of) or the first one
     (ordered); spot when asked (a fallback to on-demand costs more: see the README)."""
+    def price(infra: Optional[str], accelerators: str, use_spot: bool) -> Price:
+        spot = hourly_price(infra, accelerators, use_spot)
+        if use_spot and backend.spot_fallback and spot.usd_per_hour is None:  # no spot offer: on demand at once
+            return hourly_price(infra, accelerators, False)
+        return spot
+
     if not backend.candidates:
-        return hourly_price(backend.infra, backend.accelerators, backend.use_spot)
-    prices = [hourly_price(c.infra, c.accelerators, backend.use_spot if c.use_spot is None else c.use_spot)
+        return price(backend.infra, backend.accelerators, backend.use_spot)
+    prices = [price(c.infra, c.accelerators, backend.use_spot if c.use_spot is None else c.use_spot)
               for c in backend.candidates]
     if backend.failover == "ordered":
         return prices[0]

@@ -533,6 +533,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
 
     tracker = open_tracker(config, record.job, history_path(config))  # first: any failure shows on the W&B run
     backup: Optional[CheckpointBackup] = None
+    last_trained: Optional[int] = None  # the step this invocation trained last
     try:
         backup = CheckpointBackup.open(config)  # S3: checks the bucket before any model loads
         if not record.earlier:  # a fresh machine: the record the run's earlier invocations backed up
@@ -601,6 +602,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             trained_steps.append((trained.step, flat))
             step = trained.step
             record.trained(step)  # its checkpoint is written: a Ctrl-C from here on names this step (it named the last)
+            last_trained = step
             await session.model.log(scored.groups, split="train", step=trained.step,
                                     metrics={**trained.metrics, **scored.metrics(), **session.judge_usage()})
             session.tracker.log_history()
@@ -622,6 +624,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         return history[-1]["val_reward"]
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C: asyncio.run cancels this task, then raises
         record.update(status="interrupted", error=f"interrupted ({stop_signal()})")
+        if backup is not None and last_trained is not None:  # backup_every > 1: the step it stopped after goes up too
+            await backup.after_step(last_trained, final=True)
         raise
     except BaseException as e:
         record.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from summrl.errors import KINDS, classify
-from tests.conftest import ROOT, run_cli
+from summrl.storage import COMPLETE
+from tests.conftest import ROOT, keys, run_cli
 
 NOISE = ("Traceback", "<sky-payload>", "urllib3", "Failed to fetch", "During handling")
 
@@ -438,7 +439,7 @@ def test_signals_while_the_process_ends_are_said_once_and_change_nothing():
     assert err == "summrl: already stopping: closing threads and files (kill -9 ends it now, unsaved)\n"
 
 
-def tiny_training(entry: list[str], tiny_weights: str, run_dir: Path, name: str, max_steps: int):
+def tiny_training(entry: list[str], tiny_weights: str, run_dir: Path, name: str, max_steps: int, *extra: str):
     """``python <entry> experiment=local`` on the tiny weights at the smallest scale, its output line-buffered for a
     test to send a signal at the line it waits for."""
     import subprocess
@@ -446,21 +447,25 @@ def tiny_training(entry: list[str], tiny_weights: str, run_dir: Path, name: str,
     return subprocess.Popen(
         [sys.executable, *entry, "experiment=local", tiny_weights, f"trainer.max_steps={max_steps}",
          "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
-         "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", f"run.name={name}", f"hydra.run.dir={run_dir}"],
+         "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", f"run.name={name}", f"hydra.run.dir={run_dir}", *extra],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
-def test_ctrl_c_or_sigterm_stops_training_with_one_line_and_the_checkpoints_kept(tmp_path, tiny_weights, stop):
+def test_ctrl_c_or_sigterm_stops_training_with_one_line_and_the_checkpoints_kept(tmp_path, tiny_weights, stop,
+                                                                                  s3_endpoint, aws_env):
     """SIGINT (Ctrl-C), or SIGTERM (`kill`, a scheduler, a cancelled job), during `python -m summrl.train`: one line
     naming the signal, the last step and how to resume, no traceback, exit code 128 + the signal as a shell reports
-    it, result.json status interrupted; the checkpoints written are there to resume from."""
+    it, result.json status interrupted; the checkpoints written are there to resume from, and the last one is backed
+    up whatever storage.backup_every says (it was not: a fresh machine resumed from an older step)."""
     import re
     import signal
 
     run_dir = tmp_path / "run"
-    process = tiny_training(["-m", "summrl.train"], tiny_weights, run_dir, "interrupted", 50)
+    bucket = f"stopped-{stop.lower()}"  # the S3 server is the session's: its own bucket, or it resumes the other's
+    process = tiny_training(["-m", "summrl.train"], tiny_weights, run_dir, "interrupted", 50, "storage.enabled=true",
+                            f"storage.bucket={bucket}", f"storage.endpoint_url={s3_endpoint}", "storage.backup_every=50")
     for line in process.stdout:
         if line.startswith("summrl: step 1 | train"):
             process.send_signal(getattr(signal, stop))
@@ -477,6 +482,7 @@ def test_ctrl_c_or_sigterm_stops_training_with_one_line_and_the_checkpoints_kept
     assert (result["status"], result["error_kind"], result["exit_code"]) == ("interrupted", "interrupted", code)
     assert 1 <= step == result["attempts"][-1]["end_step"] < 50
     assert (run_dir / "art" / "summrl" / "models" / "interrupted" / "checkpoints" / f"{step:04d}").is_dir()
+    assert f"summrl/summrl/interrupted/checkpoints/{step:04d}{COMPLETE}" in keys(s3_endpoint, bucket)
     # what it reached, for summrl.report (an interrupted or failed run showed no steps or val scores)
     assert result["steps"] == step and result["final_val_score"] == result["val_history"][-1]["val_reward"]
     assert result["best_val_score"] == max(h["val_reward"] for h in result["val_history"])

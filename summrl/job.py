@@ -176,6 +176,7 @@ class RunRecord:
         self.started = time.time()
         self.saved = False  # this invocation has written the record
         self.timed = True  # this invocation's time counts in the run's wall_s (not when it trained nothing)
+        self.resume_with: list[str] = []  # what the same command needs added to resume (train.resume_overrides)
 
     def adopt(self, earlier: Optional[dict]) -> None:
         """A fresh machine: what the run's earlier invocations backed up (their result.json, restored from S3)."""
@@ -240,10 +241,10 @@ class RunRecord:
     def interruption(self) -> str:
         """What a run stopped by Ctrl-C says: the last step whose checkpoint it wrote, and how to go on."""
         step = self.attempts[-1]["end_step"] if self.attempts else 0
+        command = f"the same command with {' '.join(self.resume_with)}" if self.resume_with else "the same command"
         if step:
-            return (f"stopped after step {step} ({stop_signal()}); its checkpoint is kept: run the same command "
-                    "to resume from it")
-        return f"stopped before the first checkpoint ({stop_signal()}); run the same command to start again"
+            return f"stopped after step {step} ({stop_signal()}); its checkpoint is kept: run {command} to resume from it"
+        return f"stopped before the first checkpoint ({stop_signal()}); run {command} to start again"
 
     def fail(self, kind: str, line: str, exit_code: int) -> None:
         """Record why the job failed. A record this invocation wrote gains the failure's kind. One that failed

@@ -28,7 +28,7 @@ from summrl import cli
 from summrl.cloud.launch import run_from_hydra
 from summrl.config import Config, validate
 from summrl.errors import KINDS, ConfigError, Failure, classify, end, exit_on, full_errors, stop_signal
-from summrl.job import JobInfo, RunRecord
+from summrl.job import JobInfo, RunRecord, read_result
 from summrl.preflight import check
 
 log = logging.getLogger("summrl.train")  # not __name__: run as __main__, it would miss the summrl logger
@@ -54,7 +54,35 @@ def load_config(cfg: DictConfig) -> Config:
     load_dotenv()  # keys may live in .env; they are read from the environment, never from config
     if hydra_cfg.mode == RunMode.MULTIRUN:
         config.run.name = f"{config.run.name}-{hydra_cfg.job.num}"
+    check_folder_holds_this_run(config, hydra_cfg)
     return config
+
+
+def resume_overrides(config: Config, hydra_cfg) -> list[str]:
+    """What the same command needs added to resume this run: the run's name and, in a multirun, the sweep's folder,
+    where the command left them to their defaults (the time it was started)."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in [*hydra_cfg.overrides.task, *hydra_cfg.overrides.hydra]}
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    wanted = []
+    if "run.name" not in given:
+        wanted.append(f"run.name={config.run.name.removesuffix(f'-{hydra_cfg.job.num}') if multirun else config.run.name}")
+    if multirun and "hydra.sweep.dir" not in given:
+        wanted.append(f"hydra.sweep.dir={hydra_cfg.sweep.dir}")
+    return wanted
+
+
+def check_folder_holds_this_run(config: Config, hydra_cfg) -> None:
+    """A run folder is one run's: another run started in it (a rerun that named the folder and not the run) trained
+    from step 0 beside the first one's checkpoints, and its result.json summed both runs' attempts and time."""
+    other = (read_result(config.run.dir) or {}).get("run_name")
+    if other is None or other == config.run.name:
+        return
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    name = other.removesuffix(f"-{hydra_cfg.job.num}") if multirun else other
+    where = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    raise ConfigError(f"run.name={config.run.name}: the run folder {config.run.dir} holds run {other} (its "
+                      f"result.json); to resume that run, add run.name={name}, or give this one its own folder "
+                      f"({where}=...)")
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
@@ -63,6 +91,7 @@ def main(cfg: DictConfig) -> float | None:
     record = RunRecord(HydraConfig.get().runtime.output_dir, job)  # result.json: its one owner
     try:
         config = load_config(cfg)
+        record.resume_with = resume_overrides(config, HydraConfig.get())
         if config.backend.kind == "skypilot":  # this same job on a cloud GPU, with backend=local_gpu there
 
             return run_from_hydra(config, record)

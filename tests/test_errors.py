@@ -488,6 +488,51 @@ def test_ctrl_c_or_sigterm_stops_training_with_one_line_and_the_checkpoints_kept
     assert result["best_val_score"] == max(h["val_reward"] for h in result["val_history"])
 
 
+
+def test_an_interrupted_sweep_resumes_with_what_its_line_says_and_a_folder_keeps_one_run(tmp_path, tiny_weights):
+    """A multirun's run names and folder default to the time it started: the line said "run the same command", which
+    trained again from step 0 in a new folder. It now names what to add. Rerun into the same folder under another
+    name, a job trained from step 0 beside the first run and its result.json summed both; now that is refused."""
+    import re
+    import shlex
+    import signal
+    import subprocess
+
+    sweep = ["-m", "summrl.train", "-m", "seed=5", "experiment=local", tiny_weights, "trainer.max_steps=2",
+             "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
+             "trainer.val_rollouts_per_doc=1", "dataset.val_size=1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, *sweep], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    for line in process.stdout:
+        if line.startswith("summrl: step 1 | train"):
+            process.send_signal(signal.SIGTERM)
+            break
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err[-3000:]
+    added = re.search(r"stopped after step 1 \(SIGTERM\); its checkpoint is kept: run the same command with (.*) to "
+                      r"resume from it", err)
+    assert added, err[-3000:]
+    added = shlex.split(added.group(1))
+    assert [a.split("=")[0] for a in added] == ["run.name", "hydra.sweep.dir"]
+    resumed = subprocess.run([sys.executable, *sweep, *added], cwd=tmp_path, capture_output=True, text=True, env=env,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming at step 1 of 2" in resumed.stdout + resumed.stderr
+    folder = tmp_path / added[1].split("=", 1)[1] / "0"
+    result = json.loads((folder / "result.json").read_text())
+    assert [(a["start_step"], a["end_step"]) for a in result["attempts"]] == [(0, 1), (1, 2)]
+    # the same folder, the run left unnamed: refused before anything loads, the earlier record untouched
+    other = subprocess.run([sys.executable, *sweep, added[1]], cwd=tmp_path, capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert other.returncode != 0
+    base = added[0].split("=", 1)[1]
+    assert (f"the run folder {folder} holds run {base}-0 (its result.json); to resume that run, add "
+            f"run.name={base}, or give this one its own folder (hydra.sweep.dir=...)") in other.stdout + other.stderr
+    assert json.loads((folder / "result.json").read_text()) == result
+    assert [p.name for p in (folder / "art" / "summrl" / "models").iterdir()] == [f"{base}-0"]
+
+
 SAVING_SLOWLY = """
 import runpy, sys, time
 from summrl.backends.embedded.engine import Engine

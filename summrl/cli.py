@@ -34,6 +34,11 @@ def run(main: Callable[[], object]) -> NoReturn:
     os.environ.setdefault("SUMMRL_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", ""))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it would print; the user's choice is kept above
     signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started in the background by a script (`cmd &`), which ignores Ctrl-C for it: SIGTERM takes Ctrl-C's path,
+        # so that needs Python's handler (and asyncio's, which it installs only over Python's). Otherwise a SIGTERM
+        # during an update was ignored, and at other times raised wherever the main thread was (a __del__ drops it).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if PRINTS_CONFIG.intersection(arg.split("=", 1)[0] for arg in sys.argv[1:]):  # --cfg job, --cfg=job
         sys.stdout = _Redacted(sys.stdout)
     try:

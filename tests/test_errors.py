@@ -439,9 +439,12 @@ def test_signals_while_the_process_ends_are_said_once_and_change_nothing():
     assert err == "summrl: already stopping: closing threads and files (kill -9 ends it now, unsaved)\n"
 
 
-def tiny_training(entry: list[str], tiny_weights: str, run_dir: Path, name: str, max_steps: int, *extra: str):
+def tiny_training(entry: list[str], tiny_weights: str, run_dir: Path, name: str, max_steps: int, *extra: str,
+                  background: bool = False):
     """``python <entry> experiment=local`` on the tiny weights at the smallest scale, its output line-buffered for a
-    test to send a signal at the line it waits for."""
+    test to send a signal at the line it waits for. ``background``: started with Ctrl-C ignored, as a script's
+    ``cmd &`` starts it."""
+    import signal
     import subprocess
 
     return subprocess.Popen(
@@ -449,7 +452,8 @@ def tiny_training(entry: list[str], tiny_weights: str, run_dir: Path, name: str,
          "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
          "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", f"run.name={name}", f"hydra.run.dir={run_dir}", *extra],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None)
 
 
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
@@ -550,15 +554,17 @@ runpy.run_module("summrl.train", run_name="__main__")
 """
 
 
-def test_a_signal_while_a_checkpoint_is_written_keeps_the_step_with_its_records(tmp_path, tiny_weights):
+@pytest.mark.parametrize("background", [False, True])
+def test_a_signal_while_a_checkpoint_is_written_keeps_the_step_with_its_records(tmp_path, tiny_weights, background):
     """SIGTERM while step 1's checkpoint was written: the write went on (on the compute thread) and finished, but the
     run said 'stopped before the first checkpoint', result.json 0 steps, and step 1's history row and trajectories
     were never written; the rerun resumed after step 1, so they were lost for good. The update is now waited for,
-    and its step recorded, a second signal notwithstanding."""
+    and its step recorded, a second signal notwithstanding. Started in the background by a script (Ctrl-C ignored),
+    the SIGTERM was ignored and the run went on training."""
     import signal
 
     run_dir = tmp_path / "run"
-    process = tiny_training(["-c", SAVING_SLOWLY], tiny_weights, run_dir, "saving", 50)
+    process = tiny_training(["-c", SAVING_SLOWLY], tiny_weights, run_dir, "saving", 50, background=background)
     for line in process.stdout:
         if line == "saving\n":
             process.send_signal(signal.SIGTERM)

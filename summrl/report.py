@@ -29,6 +29,7 @@ import pandas as pd
 from summrl.compare import Interval, advice, holm, mean_ci, paired, per_doc
 from summrl.config import AlgorithmConfig
 from summrl.job import RESULT_FILE, JobInfo, jsonl_rows, override_key, read_result
+from summrl.secrets import redact
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
            "final_val_qa_accuracy", "final_val_hallucination_rate", "val_passes", "algorithm", "sft", "val_qa_before_sft",
@@ -97,20 +98,65 @@ def configuration_name(overrides: list[str], with_preset: bool) -> str:
     return ",".join([*preset, *([name] if name != "defaults" else [])]) or "defaults"
 
 
+def planned_jobs(folder: Path) -> list[list[str]]:
+    """The overrides of each job a sweep folder's ``multirun.yaml`` planned, in job order, expanded as Hydra's basic
+    sweeper expands them ([]: no such file, or another sweeper)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    path = folder / "multirun.yaml"
+    if not path.is_file():
+        return []
+    try:
+        hydra = OmegaConf.load(path).hydra
+        if hydra.sweeper.get("_target_") != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
+            return []
+        params = [f"{k}={v}" for k, v in (hydra.sweeper.get("params") or {}).items()]
+        parsed = OverridesParser.create().parse_overrides([*params, *hydra.overrides.task])
+        return [redact(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except Exception as e:  # an edited or foreign file: the jobs on disk are still reported
+        print(f"summrl.report: warning: can't read the planned jobs from {path} ({type(e).__name__}): the jobs "
+              "that never started are not listed", file=sys.stderr)
+        return []
+
+
 def _unread(job_dir: Path) -> dict:
-    """A job without a readable result.json: none (never started), or one that is not JSON (cut, or edited)."""
+    """A job without a readable result.json: none (never started, or killed before its first save), or one that is not
+    JSON (cut, or edited). Its overrides are Hydra's, so it is named as its configuration."""
+    overrides = _hydra_overrides(job_dir)
     if not (job_dir / RESULT_FILE).is_file():
-        return {"status": "missing", "error": f"no {RESULT_FILE} (job never started?)"}
+        started = (job_dir / "train.log").is_file()
+        return {"status": "missing", "overrides": overrides,
+                "error": f"no {RESULT_FILE}: " + ("it started (see its train.log) and was killed before its first "
+                                                  "save" if started else "it never started")}
     print(f"summrl.report: warning: {job_dir / RESULT_FILE} is not valid JSON: that job is shown as unreadable",
           file=sys.stderr)
-    return {"status": "unreadable", "error": f"{RESULT_FILE} is not valid JSON: restore it (e.g. summrl.sweep pull, "
-                                             "or its S3 backup) or rerun the job"}
+    return {"status": "unreadable", "overrides": overrides,
+            "error": f"{RESULT_FILE} is not valid JSON: restore it (e.g. summrl.sweep pull, or its S3 backup) or "
+                     "rerun the job"}
+
+
+def _hydra_overrides(job_dir: Path) -> list[str]:
+    """The job's overrides as Hydra saved them before it started (``.hydra/overrides.yaml``)."""
+    from omegaconf import OmegaConf
+
+    try:
+        return redact([str(o) for o in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")])
+    except Exception:  # none (not a Hydra job folder), or unreadable
+        return []
 
 
 def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[int, float]]]], list[str], dict]:
     """The jobs' table, val curves (job -> metric -> [(step, score)]), shared overrides and results (job -> dict)."""
     rows, curves, results = [], {}, {}
     jobs = [(d, read_result(d) or _unread(d)) for d in job_folders(folder)]
+    if jobs and jobs[0][0] != folder:  # a sweep: the jobs it planned that have no folder (it stopped before them)
+        present = {d.name for d, _ in jobs}
+        jobs += [(folder / str(num), {"status": "not started", "overrides": overrides,
+                                      "error": "the sweep stopped before this job (it has no folder)"})
+                 for num, overrides in enumerate(planned_jobs(folder)) if str(num) not in present]
+        jobs.sort(key=lambda job: int(job[0].name))
     common = common_overrides([r for _, r in jobs])
     by_preset = len({tuple(presets(r.get("overrides", []))) for _, r in jobs}) > 1
     for job_dir, result in jobs:

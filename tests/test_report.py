@@ -126,6 +126,34 @@ def test_a_jobs_unreadable_result_is_said_to_be_unreadable_not_missing(sweep, tm
     assert f"{sweep / '1' / 'result.json'} is not valid JSON" in capsys.readouterr().err
 
 
+
+def test_jobs_a_sweep_planned_but_never_ran_and_jobs_killed_before_saving_keep_their_configuration(sweep, tmp_path):
+    """A sweep stopped part-way was reported as if it had planned only the jobs that started, and a job killed before
+    its first save showed as configuration "defaults" with no seed, taking the shared overrides line with it."""
+    from omegaconf import OmegaConf
+
+    from summrl.report import collect
+
+    # Hydra's record of the sweep: 6 jobs, in this order; the fixture's 5 folders are its first 5
+    OmegaConf.save({"hydra": {"sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                                          "max_batch_size": None, "params": None},
+                              "overrides": {"task": ["experiment=local", "reward=qa,ruler,length_penalized",
+                                                     "seed=80,81"]}}}, sweep / "multirun.yaml")
+    (sweep / "1" / "result.json").unlink()  # killed (kill -9, out of memory) before its first save
+    (sweep / "1" / ".hydra").mkdir()
+    OmegaConf.save(["experiment=local", "reward=qa", "seed=81"], sweep / "1" / ".hydra" / "overrides.yaml")
+    (sweep / "1" / "train.log").write_text("summrl: run ... | starting at step 0 of 3\n")
+    table, _, common, _ = collect(sweep)
+    assert common == ["experiment=local"]
+    rows = table.set_index("job")[["configuration", "seed", "status"]]
+    assert rows.loc["1"].tolist() == ["reward=qa", "81", "missing"]
+    assert rows.loc["5"].tolist() == ["reward=length_penalized", "81", "not started"]
+    assert list(table.job) == [str(n) for n in range(6)]
+    error = table.set_index("job").error
+    assert error["1"] == "no result.json: it started (see its train.log) and was killed before its first save"
+    assert error["5"] == "the sweep stopped before this job (it has no folder)"
+
+
 def test_report_on_a_single_run_folder(sweep, tmp_path):
     from summrl.report import write_report
 

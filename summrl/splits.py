@@ -114,8 +114,8 @@ async def load_inbox(config: Any) -> Splits:
         if key in seen:  # served twice: trained on once
             duplicates.append((f"{doc_id} (line {row['line'] + 1})", seen[key]))
             continue
-        if doc_id in lines or PART.search(doc_id):  # one id for two texts, or a part's name: keep both, apart
-            doc_id = f"{doc_id}~{row['line']}"
+        while doc_id in lines or PART.search(doc_id):  # one id for two texts, or a part's name: keep both, apart
+            doc_id = f"{doc_id}~{row['line']}"  # (again if a client's own id was that: ids are the watermark's keys)
         seen[key] = doc_id
         documents.append(Document(id=doc_id, topic="", text=text, questions=()))
         lines[doc_id] = row["line"]

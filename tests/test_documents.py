@@ -540,6 +540,29 @@ def test_an_inbox_run_says_which_recorded_documents_it_leaves_out(tmp_path, capl
     assert "summrl: dataset: 1 document(s) over dataset.max_document_tokens=60 skipped" in caplog.text
 
 
+
+def test_inbox_ids_stay_apart_when_a_clients_id_looks_like_a_renamed_one(tmp_path):
+    """A second text under a used id is renamed <id>~<line>; a client had already sent that name as its own id, so
+    two documents shared it, and the trained one came back as new past the watermark."""
+    from summrl import inbox
+    from summrl.splits import load_inbox
+
+    recorder = inbox.Recorder(tmp_path)
+    texts = {"v1": "The council met on Monday.", "v2": "The harbor opened in May.", "x~5": "The school hired a cook.",
+             "y": "The bridge was painted blue.", "x": "The mayor spoke at noon."}
+    for doc_id, text in texts.items():
+        recorder.record(doc_id, text, 1)
+    recorder.record("x", "The library closed early.", 1)  # line 5: the id x taken, so x~5, which a client sent
+    config = compose_config(["experiment=local", "dataset=inbox", "reward=ruler", f"run.dir={tmp_path}",
+                             "dataset.val_size=2", f"dataset.questions.cache_dir={tmp_path / 'q'}"])
+    splits = asyncio.run(load_inbox(config))
+    ids = [d.id for d in splits.train]
+    assert ids == ["x~5", "y", "x", "x~5~5"]
+    assert [splits.lines[i] for i in ids] == [2, 3, 4, 5]
+    found = inbox.online(tmp_path, 0, splits.train, splits.lines, {d.id for d in splits.val}, 2)
+    assert [d.text for d, _ in found.new] == [texts["x~5"], texts["y"], texts["x"], "The library closed early."]
+
+
 def test_the_online_val_set_is_the_first_documents_recorded_whatever_the_length_limit(tmp_path):
     """Val was counted after the limit skipped a document: the next one took its place, and a limit changed between
     online runs moved a document already trained on into val."""

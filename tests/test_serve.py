@@ -646,6 +646,10 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stream": "false"}),
                          400) == "bad request: stream: must be true or false, got 'false'"
             assert client.post("/v1/chat/completions", headers=key, json={**chat, "stream": False}).status_code == 200
+            lone = b'{"model": "r@1", "messages": [{"role": "user", "content": "hi \\ud83d there"}]}'
+            assert error(client.post("/v1/chat/completions", headers=key, content=lone), 400) == (
+                "bad request: the body escapes a lone UTF-16 surrogate (e.g. \\ud83d), which is no character: send "
+                "whole characters")  # it was a 500 with a traceback, from the backend's client
 
             def streamed(reply: Reply) -> list:
                 fake.script.append(reply)

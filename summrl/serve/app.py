@@ -486,6 +486,10 @@ def build_app(service: Service) -> FastAPI:
         authorize(authorization)
         try:
             body = json.loads(await read_body(request))
+            json.dumps(body, ensure_ascii=False).encode()  # a lone surrogate escape parses, and failed later as a 500
+        except UnicodeEncodeError:
+            raise HTTPException(400, detail="bad request: the body escapes a lone UTF-16 surrogate (e.g. \\ud83d), "
+                                            "which is no character: send whole characters") from None
         except ValueError:
             raise HTTPException(400, detail="bad request: the body is not JSON") from None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:

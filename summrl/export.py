@@ -354,6 +354,10 @@ def model_card(config: ExportConfig, command: str) -> str:
     sentinel = "\x00DOCUMENT\x00"  # the training prompt, from summrl.prompt, with the document left as a variable
     messages = SummaryPrompt.of(trainer).messages(Document(id="doc", topic="", text=sentinel, questions=()))
     head, tail = messages[1]["content"].split(sentinel)
+    # the template's own settings the run trained and served with (model=qwen3_8b: enable_thinking=False)
+    template = dict(model.chat_template_kwargs or {})
+    kwargs = ("".join(f", {k}={v!r}" for k, v in template.items()) if all(k.isidentifier() for k in template)
+              else f", **{template!r}")
     gguf = str(model.weights or "").endswith(".gguf")
     trained_on = (f"`{model.weights}` (de-quantized; the merged model is saved in {config.dtype})" if gguf
                   else f"`{model.weights}`" if model.weights else f"`{model.base_model}`")
@@ -401,7 +405,7 @@ messages = [
     {{"role": "system", "content": {messages[0]['content']!r}}},
     {{"role": "user", "content": {head!r} + document + {tail!r}}},
 ]
-inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True{kwargs})
 output = model.generate(**inputs, max_new_tokens={trainer.max_summary_tokens}, do_sample=False)
 print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
 ```

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -218,6 +219,23 @@ def test_model_card_names_the_base_model_the_step_the_val_scores_and_the_command
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     messages = eval(re.search(r"^messages = (\[.*?^\])", code, re.S | re.M).group(1), {"document": "Some text."})
     assert messages == FACTS.messages(Document(id="x", topic="", text="Some text.", questions=()))
+
+
+
+def test_the_model_cards_usage_renders_the_prompt_with_the_runs_chat_template_settings(trained, tmp_path):
+    """A run with model.chat_template_kwargs (model=qwen3_8b: enable_thinking=False) trained and served with them;
+    the card's usage code left them out, so its prompt (Qwen3's thinking one) was not the one the model learned."""
+    from summrl.export import model_card, validate_export
+
+    config = validate_export(compose("export", [f"run_dir={trained}"]))
+    config.train.model.chat_template_kwargs = {"enable_thinking": False}
+    code = re.search(r"```python\n(.*?)```", model_card(config, "cmd"), re.S).group(1)
+    call = re.search(r"^inputs = (tokenizer\.apply_chat_template\(.*?\))$", code, re.M).group(1)
+    asked = {}
+    tokenizer = SimpleNamespace(apply_chat_template=lambda messages, **kwargs: asked.update(kwargs))
+    eval(call, {"tokenizer": tokenizer, "messages": []})
+    assert asked == {"add_generation_prompt": True, "return_tensors": "pt", "return_dict": True,
+                     "enable_thinking": False}
 
 
 def test_step_best_latest_and_a_number(trained, tmp_path):

@@ -93,6 +93,9 @@ def test_best_of_n_returns_the_summary_the_judge_ranks_first_and_bad_requests_ge
             invisible = httpx.post(f"{served.url}/v1/summarize", json={"document": "\u00a0\u200b\ufeff\u0000"},
                                    timeout=30)
             assert invisible.status_code == 400 and invisible.json()["error"]["message"].startswith("document: empty")
+            for seed in ("12", 1.0):  # read as 12 and 1: the client's mistake is said
+                typed = httpx.post(f"{served.url}/v1/summarize", json={"document": document, "seed": seed}, timeout=30)
+                assert typed.status_code == 400 and "seed: Input should be a valid integer" in typed.text, typed.text
             # every error in OpenAI's shape, whichever check refused it
             assert [(r.json()["error"]["type"], r.json()["error"]["code"]) for r in (bad, missing, empty)] == [
                 ("invalid_request_error", 400)] * 3

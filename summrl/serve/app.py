@@ -53,8 +53,9 @@ class SummarizeRequest(BaseModel):
     id: Optional[str] = None  # recorded with the document (serve.record); default: the text's hash
     seed: Optional[Seed] = None  # checked here: the backend would refuse it only after its burst was announced
 
-    # a field of OpenAI's (temperature, n) was ignored without a word, the server's settings answering instead
-    model_config = {"extra": "forbid"}
+    # a field of OpenAI's (temperature, n) was ignored without a word, the server's settings answering instead;
+    # strict: a seed of "12" or 1.0 is the client's mistake, said, not read as 12 or 1
+    model_config = {"extra": "forbid", "strict": True}
 
     @field_validator("id")
     @classmethod

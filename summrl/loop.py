@@ -481,7 +481,9 @@ RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "d
                       "dataset.hf_split", "dataset.seed", "dataset.val_size", "dataset.max_document_tokens",
                       "dataset.long_documents", "reward.", "judge.kind", "judge.model", "judge.min_recall",
                       "trainer.prompt", "trainer.max_words", "trainer.val_rollouts_per_doc", "trainer.val_temperature",
-                      "model.base_model", "model.weights", "model.lora.")
+                      "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.")
+# ART's iterate_dataset finds where a resume goes on from the step and groups_per_step: another group count went on
+# from another document, training some twice in the epoch and skipping others.
 OPERATIONAL = ("cache_dir", "max_concurrency", "timeout_s", "max_retries", "retry_base_s", "retry_max_s", "confirm",
                "max_cost_usd")
 
@@ -505,6 +507,10 @@ def check_resumed_as_trained(config: Config, record: RunRecord) -> None:
     # another option of a group (reward=qa, now length_penalized) is named as such, not by each of its settings
     groups = [g for g in ("dataset", "model", "reward", "judge") if g in earlier and g in now and now[g] != earlier[g]]
     changed = groups + [k for k in changed if k.split(".")[0] not in groups]
+    size = "dataset.train_size"
+    if size in now and size in earlier and str(now[size]) != str(earlier[size]) and not changed:
+        log.warning(f"summrl: warning: {size}={now[size]}, trained with {earlier[size]}: the train documents are "
+                    "shuffled again for the new size, so this epoch may train some documents twice and others not")
     if changed:
         said = ", ".join(f"{k}={earlier.get(k)} (now {now.get(k)})" for k in changed[:4])
         raise ConfigError(f"run.name={config.run.name} resumes a run trained with {said}"

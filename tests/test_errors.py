@@ -689,7 +689,7 @@ def test_a_resumed_invocation_that_stops_early_keeps_the_runs_spend_and_figures(
     assert with_earlier_question_cost(resumed, {}) == resumed
 
 
-def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anything_is_written(tmp_path):
+def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anything_is_written(tmp_path, caplog):
     """Nothing compared a resume's config with the one the run trained with: dataset.seed=7 seed=3 went through, its
     val scores were ranked with the earlier ones (step=best) though measured on other documents (found by an
     audit)."""
@@ -706,6 +706,12 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
     for overrides in (["trainer.max_steps=40", "dataset.train_size=all", "judge.cache_dir=null"],  # may change
                       []):
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", *overrides]), RunRecord(tmp_path))
+    # another train size reshuffles the documents from the resume on: allowed, and said
+    assert "dataset.train_size=all, trained with 32: the train documents are shuffled again" in caplog.text
+    # another groups_per_step went on from another document: some trained twice in the epoch, others skipped
+    with pytest.raises(ConfigError, match=r"trained with trainer.groups_per_step=2 \(now 3\): its checkpoints"):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "trainer.groups_per_step=3"]),
+                                 RunRecord(tmp_path))
     with pytest.raises(ConfigError, match=r"^run.name=r resumes a run trained with dataset.seed=80 \(now 7\), seed="
                                           r"\S+ \(now 3\), trainer.prompt=facts \(now summary_rl\): its checkpoints"):
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset.seed=7", "seed=3",

@@ -618,7 +618,7 @@ def test_dataset_inbox_is_refused_naming_the_way_to_benchmark_recorded_documents
         compose_benchmark(["experiment=local", "dataset=inbox"], tmp_path / "out")  # it was a traceback
 
 
-def test_a_runs_checkpoints_are_scored_on_its_own_val_documents_and_prompt(tmp_path, caplog):
+def test_a_runs_checkpoints_are_scored_on_its_own_val_documents_and_prompt(tmp_path, caplog, monkeypatch):
     """Only the base model and the LoRA shape were checked: another dataset.seed, or a larger val_size (VAL_SIZE),
     scored the checkpoints on documents they were trained on, and another prompt on one they never saw."""
     import logging
@@ -652,6 +652,17 @@ def test_a_runs_checkpoints_are_scored_on_its_own_val_documents_and_prompt(tmp_p
     # other documents than the run's: nothing of its val to keep
     compose_benchmark(["experiment=local", at, "dataset.seed=3", "dataset=repliqa", "dataset.hf_split=repliqa_1"],
                       tmp_path / "o")
+    # Hydra saves the interpolation (dataset=repliqa's VAL_SIZE) and it was resolved here as a string: "6" is not 6,
+    # and the same run was refused by a message that named 6 twice
+    trained["dataset"]["val_size"] = "${oc.env:SUMMRL_TEST_VAL_SIZE,91}"
+    OmegaConf.save(OmegaConf.create(trained), run / ".hydra" / "config.yaml")
+    monkeypatch.setenv("SUMMRL_TEST_VAL_SIZE", "6")
+    compose_benchmark(["experiment=local", at, "dataset.val_size=6"], tmp_path / "o")
+    # resolved in today's environment, it was 91, where the run had 6: its result.json's config says what it used
+    monkeypatch.delenv("SUMMRL_TEST_VAL_SIZE")
+    (run / "result.json").write_text(json.dumps({"config": {"dataset.val_size": 6}}))
+    with pytest.raises(ConfigError, match=r"was trained with dataset.val_size=6, the benchmark has 8"):
+        compose_benchmark(["experiment=local", at, "dataset.val_size=8"], tmp_path / "o")
 
 
 def test_a_paid_summary_is_kept_when_its_sibling_fails_and_the_rerun_pays_only_for_the_rest(tmp_path):

@@ -22,7 +22,7 @@ from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.preflight import missing_model_keys, unknown_provider
 from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, sft_step
-from summrl.job import override_key
+from summrl.job import override_key, read_result
 from summrl.prompt import PROMPT_BEFORE_THE_OPTION
 
 log = logging.getLogger(__name__)
@@ -327,9 +327,16 @@ def _check_same_val_and_prompt(config: BenchmarkConfig, trained: Any, run_dir: P
     """The checkpoints scored on the run's own val documents, with the prompt they were trained on. Val is the first
     val_size documents of a seeded shuffle: another seed, or a larger val_size (VAL_SIZE), took in documents the run
     trained on, and nothing said so."""
+    # as the run resolved it (result.json's config): Hydra's saved config holds the interpolations themselves, which
+    # resolved here read today's environment (VAL_SIZE unset: 91), as strings ("2" is not 2)
+    resolved = (read_result(run_dir) or {}).get("config")
+
     def saved(key: str) -> Any:
+        if isinstance(resolved, dict) and key in resolved:
+            return resolved[key]
         value = OmegaConf.select(trained, key, default=None)
-        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        return int(value) if isinstance(value, str) and value.isdigit() else value
 
     def refuse(key: str, ours: Any, theirs: Any, why: str) -> None:
         raise ConfigError(f"{key}: the run in {run_dir} was trained with {key}={theirs}, the benchmark has {ours}: "

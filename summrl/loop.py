@@ -473,6 +473,14 @@ def with_earlier_question_cost(dataset: dict, earlier: dict) -> dict:
     return {**dataset, "questions": {**questions, "cost_usd": questions.get("cost_usd", 0.0) + spent}}
 
 
+def with_failed_question_cost(earlier: dict, spent: float) -> dict:
+    """The run's dataset record when writing questions failed part-way: the earlier invocations' $ plus what this one
+    paid (the rerun reads those written from the cache at $0, so it was never counted)."""
+    dataset = earlier.get("dataset") or {}
+    questions = dataset.get("questions") or {}
+    return {**dataset, "questions": {**questions, "cost_usd": (questions.get("cost_usd") or 0.0) + spent}}
+
+
 # What a resumed run must keep: its val split and val scoring, its reward and judge, its prompt and its model. (A key
 # ending in "." covers its section.) A resume with others went through: its val scores were ranked with the earlier
 # ones (step=best, best_val_score) though measured on other documents or with another reward. trainer.max_steps,
@@ -547,7 +555,12 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         history = record.val_history
         seed_everything(config.seed)
         t = config.trainer
-        splits = await load_documents(config)  # dataset=documents: questions written (and paid for) here, if need be
+        try:
+            splits = await load_documents(config)  # dataset=documents: questions written (and paid for) here, if need be
+        except BaseException as e:
+            if spent := getattr(e, "questions_cost_usd", None):
+                record.update(dataset=with_failed_question_cost(record.earlier, spent))
+            raise
         val, train_docs = splits.val, splits.train
         record.update(dataset=with_earlier_question_cost(splits.record, record.earlier))
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads

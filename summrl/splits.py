@@ -173,7 +173,12 @@ async def with_questions(config: Any, loaded: Loaded, val: list[Document], train
     dataset = config.dataset
     need = needing_questions(val, train, train_needs)
     bank = question_bank(config)
-    checked = await fill(bank, need, dataset.questions) if need else {}
+    try:
+        checked = await fill(bank, need, dataset.questions) if need else {}
+    except BaseException as e:  # failed, over budget, or Ctrl-C part-way: what was paid still goes in the run's record
+        if bank.writer.client is not None and bank.writer.client.usage.cost_usd:
+            e.questions_cost_usd = bank.writer.client.usage.cost_usd  # type: ignore[attr-defined]
+        raise
 
     def questioned(documents: Sequence[Document], required: bool) -> list[Document]:
         out = []

@@ -381,6 +381,25 @@ def test_paid_question_writing_is_estimated_budgeted_and_confirmed_before_any_ca
         assert server.requests and splits.record["questions"]["written_now"] == 10
 
 
+
+def test_what_question_writing_paid_before_it_failed_stays_in_the_runs_record(tmp_path):
+    """An invocation whose question writing failed part-way recorded no $; the rerun read what it had written from the
+    cache at $0, so the run's record never counted it."""
+    from summrl.job import RunRecord, read_result
+    from summrl.loop import train
+    from summrl.splits import QuestionsFailed
+
+    with FakeLLM() as server:
+        config = config_for(FIXTURE, tmp_path, "judge=openai_compatible", "judge.model=gpt-4o-mini",
+                            f"judge.api_base={server.base_url}", "judge.max_retries=0",
+                            "dataset.questions.confirm=false", f"run.dir={tmp_path / 'run'}")
+        server.script.append(Reply(status=500))  # one document's questions fail; the others are written and paid
+        with pytest.raises(QuestionsFailed):
+            asyncio.run(train(config, RunRecord(config.run.dir)))
+    spent = read_result(config.run.dir)["dataset"]["questions"]["cost_usd"]
+    assert spent > 0 and len(server.requests) > 1
+
+
 def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, capsys, caplog):
     import logging
 

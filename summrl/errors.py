@@ -9,17 +9,21 @@ the libraries that raised them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import re
 import signal
 import sys
+import threading
 from dataclasses import dataclass
-from typing import ClassVar, Iterator, NoReturn, Optional
+from typing import Awaitable, Callable, ClassVar, Iterator, NoReturn, Optional, TypeVar
 
 from summrl.secrets import redact_text
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # kind -> (exit code, how the line names it). 1 stays Python's own: an unexpected error, with its traceback.
 # Two kinds share a code on purpose: a failed SFT stage is the config/data code, and a refused cost estimate
@@ -50,6 +54,42 @@ def stopped_by(signum: int) -> None:
 def stop_signal() -> str:
     """How the interrupted line names what stopped the process."""
     return "Ctrl-C or SIGINT" if _stopped_by == signal.SIGINT else _stopped_by.name
+
+
+@contextlib.contextmanager
+def first_signal_only() -> Iterator[None]:
+    """In the block, the first Ctrl-C (or SIGTERM, which cli.run sends down Ctrl-C's path) goes to the handler it
+    would have reached (asyncio's runner cancels the run's task); those after it are ignored. Main thread only."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None:  # not the main thread, or a handler not set from Python: left as it is
+        yield
+        return
+    first = [previous]
+
+    def first_only(signum, frame):
+        if first and callable(handler := first.pop()):
+            handler(signum, frame)
+
+    signal.signal(signal.SIGINT, first_only)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+async def finish_despite_a_signal(update: Callable[[], Awaitable[T]], what: str, dropped: str) -> tuple[T, bool]:
+    """Await ``update()`` (a model update, which writes a checkpoint) to its end though Ctrl-C or SIGTERM comes:
+    it goes on anyway (on its thread, or in the GPU's trainer), and its checkpoint must go with its records (a run
+    resumed after it had lost them). Returns its result and whether a signal came: the caller records it, then
+    stops. The signals after the first are let pass from before the update starts: the exit would wait for the
+    update's thread anyway, and without the records."""
+    with first_signal_only():
+        task = asyncio.ensure_future(update())
+        try:
+            return await asyncio.shield(task), False
+        except asyncio.CancelledError:
+            log.warning(f"summrl: stopping once {what} are done (kill -9 stops now, dropping {dropped})")
+            return await task, True
 
 
 NETWORK_FIX = "check the network connection (or HTTPS_PROXY)"

@@ -7,13 +7,10 @@ or which reward it runs with.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
 import random
-import signal
-import threading
 import time
 import traceback
 from collections import Counter
@@ -32,7 +29,7 @@ from summrl.backends import art_dir, build_backend, internal_config, takes_burst
 from summrl.backends.art_model import TrainableModel
 from summrl.config import EMBEDDED_JUDGES, Config, reward_kinds
 from summrl.data import Document
-from summrl.errors import ConfigError, stop_signal
+from summrl.errors import ConfigError, finish_despite_a_signal, stop_signal
 from summrl.facts import hallucinates
 from summrl.job import RunRecord, comparable, peak_rss_gb
 from summrl.judges import Judge, build_judge, embedded_endpoint
@@ -284,45 +281,14 @@ async def train_step(session: Session, documents: Sequence[Document], step: int)
     started = time.perf_counter()
     config = session.config
     lr = algorithm.learning_rate(config.algorithm, config.model.lr, step, config.trainer.max_steps)
-    # Ctrl-C or SIGTERM: the update goes on (on its thread, or in the GPU's trainer) and may write its checkpoint,
-    # which the step's history and trajectories must then go with (a run resumed after it had lost them). So it is
-    # waited for and recorded, and the caller stops after it. The signals after the first are let pass from before
-    # the update starts: the exit would wait for the update's thread anyway, and without the records.
-    with _first_signal_only():
-        update = asyncio.ensure_future(session.backend.train(
-            session.model, scored.groups, learning_rate=lr,
-            **algorithm.train_kwargs(config.algorithm, config.backend.kind)))
-        try:
-            result = await asyncio.shield(update)
-        except asyncio.CancelledError:
-            log.warning("summrl: stopping once this step's update and checkpoint are done (kill -9 stops now, "
-                        "dropping the step)")
-            result = await update
-            session.stopping = True
+    # Ctrl-C or SIGTERM: the update is finished and recorded, and the caller stops after it
+    result, stopped = await finish_despite_a_signal(lambda: session.backend.train(
+        session.model, scored.groups, learning_rate=lr, **algorithm.train_kwargs(config.algorithm, config.backend.kind)),
+        "this step's update and checkpoint", "the step")
+    session.stopping = session.stopping or stopped
     result.metrics.setdefault("loss/learning_rate", lr)  # ART's key; set for a backend (or step) that reports none
     scored.timings["train_s"] = time.perf_counter() - started
     return scored, result
-
-
-@contextlib.contextmanager
-def _first_signal_only():
-    """In the block, the first Ctrl-C (or SIGTERM, which cli.run sends down Ctrl-C's path) goes to the handler it
-    would have reached (asyncio's runner cancels the run's task); those after it are ignored. Main thread only."""
-    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    if previous is None:  # not the main thread, or a handler not set from Python: left as it is
-        yield
-        return
-    first = [previous]
-
-    def first_only(signum, frame):
-        if first and callable(handler := first.pop()):
-            handler(signum, frame)
-
-    signal.signal(signal.SIGINT, first_only)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial_step: int):
@@ -359,10 +325,13 @@ async def sft_stage(session: Session, val: Sequence[Document], train_docs: Seque
         if not scored_at(history, 0):
             history.append({**await evaluate(session, val, 0), "stage": "before_sft"})
             save_progress()
-        record = await sft.warm_start(config, session.model, session.reward, train_docs, backup)
+        try:
+            record = await sft.warm_start(config, session.model, session.reward, train_docs, backup)
+        except sft.SFTStopped as stopped:  # its checkpoint recorded: the run stops after it (train)
+            record, session.stopping = stopped.record, True
         step = record["step"]
         await backup.after_step(step)
-    if step == record["step"] and not scored_at(history, step):  # only the SFT checkpoint's own weights
+    if step == record["step"] and not scored_at(history, step) and not session.stopping:  # the SFT checkpoint's own
         history.append({**await evaluate(session, val, step), "stage": "after_sft"})
     by_step = {h["step"]: h for h in history}
     return step, {**record, "val_before": by_step.get(0), "val_after": by_step.get(record["step"])}
@@ -597,7 +566,10 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             step, sft_record = await sft_stage(session, val, train_docs, history, step, backup, save)
             record.update(sft=sft_record)
             sft_steps = sft_record["step"]
+            record.trained(step)  # SFT's checkpoint: a stop from here on names its step
             save()
+            if session.stopping:
+                raise asyncio.CancelledError  # the signal's stop, SFT's step recorded
         # dataset=inbox: each new document once, in the order it was recorded; otherwise epochs of the train split
         batches = (online.batches(step, t.groups_per_step) if online is not None
                    else training_batches(train_docs, t, config.seed, initial_step=step - sft_steps))

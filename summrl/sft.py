@@ -33,7 +33,7 @@ from summrl.backends import takes_burst_tags
 from summrl.config import FREE_JUDGES, Config, reward_kinds
 from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render
 from summrl.data import Document
-from summrl.errors import ExpectedFailure
+from summrl.errors import ExpectedFailure, finish_despite_a_signal
 from summrl.job import append_jsonl, jsonl_rows, write_json
 from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.preflight import model_key_names
@@ -330,7 +330,10 @@ async def warm_start(config: Config, model: art.TrainableModel, reward: Any, tra
         random.Random(config.seed + epoch).shuffle(order)
         epochs.extend(order)
     started = time.perf_counter()
-    await model.train_sft(epochs, config=art.TrainSFTConfig(learning_rate=s.lr, batch_size=s.batch_size))
+    # Ctrl-C or SIGTERM: the update still writes its checkpoint, so it is finished and recorded, then the run stops
+    _, stopped = await finish_despite_a_signal(lambda: model.train_sft(
+        epochs, config=art.TrainSFTConfig(learning_rate=s.lr, batch_size=s.batch_size)), "SFT's update and checkpoint",
+        "SFT's training")
     record.update(train_s=round(time.perf_counter() - started, 1), step=await model.get_step())
     write_json(sft_dir(config) / RECORD, record)  # before anything else can fail: SFT is never redone
     # The stage's figures join the history at the SFT step: W&B mirrors it (its summary keeps the last values).
@@ -340,4 +343,14 @@ async def warm_start(config: Config, model: art.TrainableModel, reward: Any, tra
     log.info(f"summrl: sft: {record['samples_kept']} of {record['samples_collected']} samples kept "
              f"(mean reward {record['mean_reward_kept']:.3f} vs {record['mean_reward_collected']:.3f} collected), "
              f"{s.epochs} epoch(s) in {record['train_s']}s -> step {record['step']}")
+    if stopped:
+        raise SFTStopped(record)
     return record
+
+
+class SFTStopped(asyncio.CancelledError):
+    """Ctrl-C or SIGTERM came while SFT trained: its checkpoint and record are written; the run stops now."""
+
+    def __init__(self, record: dict) -> None:
+        super().__init__("stopped after SFT")
+        self.record = record

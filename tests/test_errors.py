@@ -493,6 +493,34 @@ def test_ctrl_c_or_sigterm_stops_training_with_one_line_and_the_checkpoints_kept
 
 
 
+
+def test_a_signal_while_sft_trains_keeps_its_checkpoint_with_the_stages_whole_record(tmp_path, tiny_weights):
+    """Ctrl-C while SFT trained: the update went on and wrote checkpoint 1, but the run said "stopped before the first
+    checkpoint", and the resume rebuilt SFT's record from its files, without its samples' rewards, teacher calls and
+    $, or its figures in the history."""
+    import signal
+
+    run_dir = tmp_path / "run"
+    process = tiny_training(["-c", SAVING_SLOWLY], tiny_weights, run_dir, "sftstop", 3, "sft=best_of_n",
+                            "sft.max_docs=2")
+    for line in process.stdout:
+        if line == "saving\n":  # SFT's checkpoint, the run's first
+            process.send_signal(signal.SIGINT)
+            break
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-3000:]
+    assert "summrl: interrupted: stopped after step 1 (Ctrl-C or SIGINT); its checkpoint is kept" in err
+    model = run_dir / "art" / "summrl" / "models" / "sftstop"
+    assert sorted(p.name for p in (model / "checkpoints").iterdir()) == ["0001"]
+    saved = json.loads((run_dir / "sft" / "record.json").read_text())
+    for key in ("samples_collected", "mean_reward_collected", "mean_reward_kept", "teacher_calls", "teacher_cost_usd"):
+        assert key in saved, saved
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["sft"]["step"] == 1 and result["attempts"][-1]["end_step"] == 1
+    rows = [json.loads(line) for line in (model / "history.jsonl").read_text().splitlines()]
+    assert any(row.get("step") == 1 and "train/sft/samples_kept" in row for row in rows), rows
+
+
 def test_an_interrupted_sweep_resumes_with_what_its_line_says_and_a_folder_keeps_one_run(tmp_path, tiny_weights):
     """A multirun's run names and folder default to the time it started: the line said "run the same command", which
     trained again from step 0 in a new folder. It now names what to add. Rerun into the same folder under another

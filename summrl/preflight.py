@@ -5,13 +5,13 @@ Every missing item is listed at once with its fix (``backend=skypilot`` has its 
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
 from summrl.backends import BackendUnavailable, check_local_gpu
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
+from summrl.keys import key_names, missing_model_keys
 from summrl.storage import resolve_bucket
 
 
@@ -23,7 +23,9 @@ class PreflightError(ConfigError):
 
 def problems(config: Any) -> list[str]:
     found = [f"judge.api_key_env={name}: the judge's key is not set: export {name} or put it in .env"
-             for name in missing_keys(config.judge)]
+             if config.judge.api_key_env else
+             f"judge.model={config.judge.model} needs {name} (litellm's variable for its provider): export it or put "
+             "it in .env, or name another with judge.api_key_env" for name in missing_keys(config.judge)]
     if config.judge.kind == "litellm":
         found += unknown_provider(config.judge, "judge")
     if config.sft.kind == "distill":
@@ -42,19 +44,6 @@ def problems(config: Any) -> list[str]:
     return found
 
 
-@functools.lru_cache(maxsize=None)
-def model_key_names(model: str) -> tuple[str, ...]:
-    """The environment variables litellm reads ``model``'s key from (e.g. OPENAI_API_KEY for gpt-4.1; gemini/...
-    takes GEMINI_API_KEY or GOOGLE_API_KEY), without a network call: litellm's own table, asked with none set.
-    Cached: the environment is emptied for a moment, which the preflight does before any other thread starts."""
-    from unittest import mock
-
-    import litellm
-
-    with mock.patch.dict(os.environ, clear=True):  # validate_environment names a key only when it is missing
-        return tuple(litellm.validate_environment(model=model).get("missing_keys") or ())
-
-
 def unknown_provider(entry: Any, at: str) -> list[str]:
     """A litellm model id (``model``, ``api_base``) whose provider litellm can't tell, e.g. a misspelled or
     unprefixed name: offline, from litellm's own table, so that it fails here and not at the first call."""
@@ -70,25 +59,9 @@ def unknown_provider(entry: Any, at: str) -> list[str]:
     return []
 
 
-def missing_model_keys(entry: Any) -> list[str]:
-    """Variables a litellm model entry (``model``, ``api_key_env``, ``api_base``) needs that are not set. A model
-    on its own api_base needs only its api_key_env; otherwise any one of litellm's variables for it will do."""
-    if entry.api_key_env:
-        return [] if os.environ.get(entry.api_key_env) else [entry.api_key_env]
-    if entry.api_base:
-        return []
-    names = model_key_names(entry.model)
-    return [] if not names or any(os.environ.get(n) for n in names) else list(names)
-
-
 def teacher_key_names(config: Any) -> list[str]:
     """The variables that hold sft=distill's teacher key (to forward to a remote job), set or not."""
-    teacher = config.sft.teacher
-    if config.sft.kind != "distill":
-        return []
-    if teacher.api_key_env:
-        return [teacher.api_key_env]
-    return [] if teacher.api_base else list(model_key_names(teacher.model))
+    return key_names(config.sft.teacher) if config.sft.kind == "distill" else []
 
 
 def teacher_key_problems(config: Any) -> list[str]:

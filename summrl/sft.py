@@ -36,7 +36,7 @@ from summrl.data import Document
 from summrl.errors import ExpectedFailure, finish_despite_a_signal
 from summrl.job import append_jsonl, jsonl_rows, write_json
 from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
-from summrl.preflight import model_key_names
+from summrl.keys import model_key_names
 from summrl.rewards import Missing
 from summrl.prompt import SummaryPrompt
 from summrl.rollout import Burst, rollout, sample_seed, summary_of

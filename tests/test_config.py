@@ -657,6 +657,24 @@ def test_a_judge_or_teacher_model_litellm_cant_route_is_refused_before_anything_
     assert not [p for p in problems(spelled) if "provider" in p]
 
 
+
+def test_a_hosted_judge_with_no_key_variable_named_needs_litellms_and_takes_it_to_the_cluster(monkeypatch):
+    """judge.api_key_env=null with no api_base: litellm reads its provider's variable (ANTHROPIC_API_KEY). Nothing
+    checked it: the model loaded and every val reward failed (AuthenticationError); nor was it sent to the cluster."""
+    from summrl.cloud.launch import secrets
+    from summrl.preflight import problems
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    model = "anthropic/claude-3-5-haiku-20241022"
+    config = compose_config(["experiment=local", "judge=openai_compatible", f"judge.model={model}",
+                             "judge.api_base=null", "storage.enabled=false"])
+    assert f"judge.model={model} needs ANTHROPIC_API_KEY (litellm's variable for its provider): export it or put it " \
+           "in .env, or name another with judge.api_key_env" in problems(config)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-planted")
+    assert not [p for p in problems(config) if "needs" in p]
+    assert secrets(config)["ANTHROPIC_API_KEY"] == "sk-ant-planted"
+
+
 @pytest.mark.parametrize("entry", ["train", "benchmark"])
 def test_cfg_job_resolve_prints_the_config_with_its_keys_masked(entry, tmp_path):
     """Hydra's `--cfg job --resolve` ended in a config error: the run folder (Hydra's output folder) is not made

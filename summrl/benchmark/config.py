@@ -20,7 +20,8 @@ from summrl.backends import BackendUnavailable, check_local_gpu
 from summrl.config import EMBEDDED_JUDGES, ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
-from summrl.preflight import missing_model_keys, unknown_provider
+from summrl.keys import missing_model_keys
+from summrl.preflight import unknown_provider
 from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, sft_step
 from summrl.job import override_key, read_result
 from summrl.prompt import PROMPT_BEFORE_THE_OPTION

@@ -33,6 +33,7 @@ from summrl.errors import (KINDS, NETWORK_FIX, ConfigError, NetworkError, classi
 from summrl.cloud import managed, plan, pricing
 from summrl.job import RunRecord, task_overrides, write_result
 from summrl.judges import missing_keys
+from summrl.keys import key_names
 from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems
 from summrl.secrets import redact_text, secret_values
 from summrl.storage import fetch_result, resolve_bucket
@@ -234,7 +235,9 @@ def runpod_credentials_problem() -> Optional[str]:
 def secrets(config: Any) -> dict[str, str]:
     """The values the remote job needs, from this environment (after .env is loaded)."""
     names = list(SECRET_NAMES)
-    if getattr(config.judge, "api_key_env", None):
+    if config.judge.kind == "litellm":  # its api_key_env, or litellm's variable for a hosted judge's provider
+        names += key_names(config.judge)
+    elif getattr(config.judge, "api_key_env", None):
         names.append(config.judge.api_key_env)
     names += teacher_key_names(config)  # sft=distill: its api_key_env, or litellm's variable for a hosted teacher
     return {name: os.environ[name] for name in dict.fromkeys(names) if os.environ.get(name)}

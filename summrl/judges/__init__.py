@@ -14,6 +14,7 @@ from summrl.judges.base import Judge, Rubrics
 from summrl.judges.client import JudgeClient
 from summrl.judges.lexical import LexicalJudge, readable_rubric
 from summrl.judges.llm import LLMJudge
+from summrl.keys import missing_model_keys
 
 __all__ = ["Judge", "Rubrics", "build_judge", "check_dataset_rubrics", "missing_keys", "LocalJudge"]
 
@@ -40,7 +41,11 @@ def check_dataset_rubrics(config: Any, documents: Iterable[Document]) -> None:
 
 
 def missing_keys(config: Any) -> list[str]:
-    """Environment variables the judge needs that are not set (checked before anything loads)."""
+    """The judge's key, where it is not set (checked before anything loads): its api_key_env, or for a hosted litellm
+    judge with none named, litellm's variables for its provider ("GEMINI_API_KEY or GOOGLE_API_KEY": one will do)."""
+    if config.kind == "litellm":
+        missing = missing_model_keys(config)
+        return [" or ".join(missing)] if missing else []
     name = getattr(config, "api_key_env", None)
     return [name] if name and not os.environ.get(name) else []
 

@@ -744,6 +744,23 @@ def test_the_benchmark_estimate_counts_the_rubric_rewards_calls():
     assert unkept - plain == 2 * 3 + 2 * 3  # no cache: written again for each entry
 
 
+
+def test_greedy_sampling_with_best_of_n_or_several_summaries_per_document_is_refused(tmp_path):
+    """trainer.temperature=0 wrote one summary N times: a best-of-4 row paid 4 calls and a ranking for it, and two
+    identical summaries per document were counted as two draws in the CI."""
+    with FakeLLM() as policy:
+        entry = "{best_of_n: " + fake_model(policy, n=4, label="bo4") + "}"
+        common = ["experiment=local", "judge=openai_compatible", "judge.api_base=http://127.0.0.1:9/v1",
+                  "judge.model=openai/j", "trainer.temperature=0"]
+        with pytest.raises(ConfigError, match=r"^trainer.temperature is 0 \(greedy\), so bo4 \(best-of-4\) would "
+                                              r"sample one summary several times"):
+            compose_benchmark([*common, "benchmark.rollouts_per_doc=1", f"benchmark.models=[{entry}]"], tmp_path / "o")
+        with pytest.raises(ConfigError, match=r"benchmark.rollouts_per_doc=2 would count one summary several times"):
+            compose_benchmark([*common, f"benchmark.models=[{fake_model(policy)}]"], tmp_path / "o")
+        compose_benchmark([*common, "benchmark.rollouts_per_doc=1", f"benchmark.models=[{fake_model(policy)}]"],
+                          tmp_path / "o")
+
+
 def test_a_best_of_n_candidate_paid_for_is_kept_when_a_sibling_fails(tmp_path):
     """The candidates were gathered whole or not at all: one failed call threw away the others, already paid for,
     and the rerun bought all n again."""

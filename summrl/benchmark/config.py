@@ -273,6 +273,14 @@ def _check_cross(config: BenchmarkConfig) -> None:
     if uses_ruler and config.judge.kind == "lexical":
         raise ConfigError("best_of_n and reward=ruler rank summaries with RULER, which needs an LLM judge; got judge=lexical: "
                           "use judge=gemini_flash, judge=openai_compatible or judge=embedded")
+    best_of = [m for m in settings.models if isinstance(m, BestOfNEntry)]
+    if config.trainer.temperature == 0 and (best_of or settings.rollouts_per_doc > 1):
+        # greedy: one summary drawn N times, paid N times and ranked, or counted as N draws in the CI
+        what = f"{best_of[0].label} (best-of-{best_of[0].n}) would sample" if best_of else \
+            f"benchmark.rollouts_per_doc={settings.rollouts_per_doc} would count"
+        raise ConfigError(f"trainer.temperature is 0 (greedy), so {what} one summary several times: set "
+                          "trainer.temperature > 0 (1.0 is Summary-RL's), or benchmark.rollouts_per_doc=1 with no "
+                          "best_of_n entry")
     needs_checkpoints = settings.run is not None or any(
         isinstance(m, BestOfNEntry) and m.step is not None for m in settings.models)
     for m in settings.models:

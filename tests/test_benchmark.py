@@ -358,24 +358,24 @@ def test_checkpoints_per_step_against_a_fake_frontier_model_with_the_lexical_jud
     out = tmp_path / "out"
     docs = val_documents(2)
     with FakeLLM() as fake:
-        fake.script = scripted_summaries(docs, 4)
+        fake.script = scripted_summaries(docs, 2)
         args = ["experiment=local", tiny_weights, "judge=lexical", f"benchmark.run_dir={trained_run}", "benchmark.every=2",
                 "dataset.val_size=2",
-                "trainer.temperature=0", "trainer.max_summary_tokens=16", f"benchmark.models=[{fake_model(fake)}]",
+                "trainer.temperature=0", "benchmark.rollouts_per_doc=1", "trainer.max_summary_tokens=16",
+                f"benchmark.models=[{fake_model(fake)}]",
                 "benchmark.confirm=false", f"hydra.run.dir={out}"]
         result = run_benchmark_cli(args)
         assert result.returncode == 0, result.stderr[-3000:]
-        assert len(fake.requests) == 4
+        assert len(fake.requests) == 2
 
         rows = read_rows(out / "rows.csv")
         counts = rows.groupby(["model", rows.step.fillna(-1)]).size().to_dict()
-        assert counts == {("tiny", 0): 4, ("tiny", 2): 4, ("openai/fake-frontier", -1): 4}
+        assert counts == {("tiny", 0): 2, ("tiny", 2): 2, ("openai/fake-frontier", -1): 2}
         trained = rows[rows.model == "tiny"]
         assert (trained.model_cost_usd == 0).all()  # served on this machine
         base = trained[trained.step == 0].set_index(["document_id", "rollout"]).summary
         step2 = trained[trained.step == 2].set_index(["document_id", "rollout"]).summary
         assert (base != step2.loc[base.index]).all()  # step 2's adapter was served, not the base weights
-        assert step2.groupby(level=0).nunique().eq(1).all()  # greedy: a document's rollouts agree
 
         table = pd.read_csv(out / "summary.csv")
         assert [(m, None if pd.isna(s) else int(s)) for m, s in zip(table.model, table.step)] == \
@@ -390,8 +390,8 @@ def test_checkpoints_per_step_against_a_fake_frontier_model_with_the_lexical_jud
 
         rerun = run_benchmark_cli(args, timeout=120)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
-        assert "0 of 12 summaries to do (12 already in rows.csv)" in rerun.stdout
-        assert len(fake.requests) == 4 and len(read_rows(out / "rows.csv")) == 12
+        assert "0 of 6 summaries to do (6 already in rows.csv)" in rerun.stdout
+        assert len(fake.requests) == 2 and len(read_rows(out / "rows.csv")) == 6
 
 
 @pytest.mark.slow

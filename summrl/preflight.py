@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from summrl.backends import BackendUnavailable, check_local_gpu
+from summrl.backends import BackendUnavailable, check_local_gpu, device_problems
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.keys import key_names, missing_model_keys
@@ -31,6 +31,8 @@ def problems(config: Any) -> list[str]:
     if config.sft.kind == "distill":
         found += unknown_provider(config.sft.teacher, "sft.teacher")
     found += teacher_key_problems(config)
+    if config.backend.kind == "embedded":
+        found += device_problems(config.backend.device)
     if config.backend.kind == "local_gpu":
         try:
             check_local_gpu(config)

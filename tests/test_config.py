@@ -675,6 +675,29 @@ def test_a_hosted_judge_with_no_key_variable_named_needs_litellms_and_takes_it_t
     assert secrets(config)["ANTHROPIC_API_KEY"] == "sk-ant-planted"
 
 
+
+def test_an_embedded_device_this_machine_lacks_is_refused_before_anything_loads(monkeypatch):
+    """backend.device=cuda (or mps) on a machine without it ended in torch's traceback, after every import."""
+    import torch
+
+    from summrl.preflight import problems
+
+    def on(device: str) -> list[str]:
+        return [p for p in problems(compose_config(["experiment=local", f"backend.device={device}"])) if "device" in p]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert on("cuda")[0].startswith("backend.device=cuda: torch sees no CUDA GPU here")
+    assert on("cuda")[0].endswith("use backend.device=auto (the GPU when there is one) or cpu")
+    assert on("mps") == ["backend.device=mps: torch sees no Apple GPU (MPS) here: use backend.device=auto (the GPU "
+                         "when there is one) or cpu"]
+    assert on("auto") == on("cpu") == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert on("cuda:1") == [] and on("cuda") == []
+    assert on("cuda:2")[0].startswith("backend.device=cuda:2: torch sees 2 CUDA GPU(s), cuda:0 to cuda:1")
+
+
 @pytest.mark.parametrize("entry", ["train", "benchmark"])
 def test_cfg_job_resolve_prints_the_config_with_its_keys_masked(entry, tmp_path):
     """Hydra's `--cfg job --resolve` ended in a config error: the run folder (Hydra's output folder) is not made

@@ -182,7 +182,10 @@ def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_
                                "key GEMINI_API_KEY is not set"),
                               # one greedy summary 4 times, ranked by the judge
                               ("serve.best_of_n=4 serve.temperature=0",
-                               "serve.temperature: is 0 (greedy), so serve.best_of_n=4 would sample one summary 4 times")]:
+                               "serve.temperature: is 0 (greedy), so serve.best_of_n=4 would sample one summary 4 times"),
+                              # it said the run had been trained with it, and then a torch traceback for a device
+                              ("backend=skypilot", "backend: backend=skypilot can't serve a checkpoint; serve it"),
+                              ("+backend.device=cuda:7", "backend.device=cuda:7: torch sees ")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             validate_serve(compose("serve", [run, *override.split()]))
     result = subprocess.run([sys.executable, "-m", "summrl.serve", run, "backend.device=cpu"], cwd=ROOT,

@@ -88,6 +88,27 @@ def check_local_gpu(config: Any) -> None:
         )
 
 
+def device_problems(device: str) -> list[str]:
+    """backend=embedded's ``backend.device`` must be on this machine (torch's own error came after the imports, as a
+    traceback)."""
+    if device in ("auto", "cpu"):
+        return []
+    import torch
+
+    kind, _, index = device.partition(":")
+    fix = "use backend.device=auto (the GPU when there is one) or cpu"
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+        return [f"backend.device=mps: torch sees no Apple GPU (MPS) here: {fix}"]
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            build = " (a CPU-only build of torch)" if torch.version.cuda is None else ""
+            return [f"backend.device={device}: torch sees no CUDA GPU here{build}: {fix}"]
+        if index and int(index) >= count:
+            return [f"backend.device={device}: torch sees {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}: {fix}"]
+    return []
+
+
 def internal_config(config: Any) -> Optional[dict]:
     """ART's model-level settings (``TrainableModel._internal_config``) for backends that read them.
 

@@ -297,6 +297,9 @@ def _check_cross(config: BenchmarkConfig) -> None:
     if config.judge.kind in EMBEDDED_JUDGES and config.backend.kind != "embedded":
         raise ConfigError(f"judge={config.judge.kind} uses the embedded backend's model; got "
                           f"backend.kind={config.backend.kind}: use backend=embedded or another judge")
+    if needs_checkpoints and config.backend.kind == "embedded":
+        for problem in device_problems(config.backend.device):
+            raise ConfigError(problem)
     if needs_checkpoints and config.backend.kind == "local_gpu":
         try:
             check_local_gpu(config)

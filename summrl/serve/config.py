@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from summrl.backends import device_problems
 from summrl.checkpoints import TrainedRun, resolve_step, run_config, trained_run
 from summrl.config import EMBEDDED_JUDGES, KIND_SCHEMAS, _require, config_error, typed_entry, unknown_key
 from summrl.errors import ConfigError
@@ -115,8 +116,14 @@ def validate_serve(cfg: DictConfig) -> ServeConfig:
                 raise ConfigError(f"{group}: choose one of its options ({group}=<option>), got {chosen!r}")
             setattr(train, group, chosen)
     if train.backend.kind not in ("embedded", "local_gpu"):
-        raise ConfigError(f"backend: the run was trained with backend={train.backend.kind}; serve it on this machine "
-                          "with backend=embedded (CPU, CUDA or MPS) or backend=local_gpu (vLLM on a GPU)")
+        given = schema.backend is not None and not isinstance(schema.backend, dict)  # backend=<option> given here
+        said = (f"backend={train.backend.kind} can't serve a checkpoint" if given
+                else f"the run was trained with backend={train.backend.kind}")
+        raise ConfigError(f"backend: {said}; serve it on this machine with backend=embedded (CPU, CUDA or MPS) or "
+                          "backend=local_gpu (vLLM on a GPU)")
+    if train.backend.kind == "embedded":
+        for problem in device_problems(train.backend.device):
+            raise ConfigError(problem)
     s = schema.serve
     if s.best_of_n > 1 and s.selector == "ruler" and train.judge.kind == "lexical":
         raise ConfigError("serve.selector=ruler ranks the samples with an LLM judge; the run's judge is lexical: choose "

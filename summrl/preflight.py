@@ -9,6 +9,8 @@ import os
 from typing import Any
 
 from summrl.backends import BackendUnavailable, check_local_gpu, device_problems
+from summrl.data.document import resolve_path
+from summrl.data.split import DataError
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.keys import key_names, missing_model_keys
@@ -33,6 +35,14 @@ def problems(config: Any) -> list[str]:
     found += teacher_key_problems(config)
     if config.backend.kind == "embedded":
         found += device_problems(config.backend.device)
+    if config.backend.kind in ("embedded", "local_gpu") and config.model.weights:  # a cluster's paths are its own
+        try:
+            path = resolve_path(config.model.weights)
+            if not path.exists():
+                found.append(f"model.weights={config.model.weights}: {path} does not exist: point it at a model "
+                             "folder or .gguf file")
+        except DataError as e:  # pkg:<package>/... of a package not installed
+            found.append(f"model.weights: {e}")
     if config.backend.kind == "local_gpu":
         try:
             check_local_gpu(config)

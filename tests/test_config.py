@@ -698,6 +698,31 @@ def test_an_embedded_device_this_machine_lacks_is_refused_before_anything_loads(
     assert on("cuda:2")[0].startswith("backend.device=cuda:2: torch sees 2 CUDA GPU(s), cuda:0 to cuda:1")
 
 
+def test_model_weights_that_are_not_there_are_refused_before_anything_loads(tmp_path):
+    """A missing model.weights (or a LoRA module the model lacks) was a traceback after every import, exit 1."""
+    from summrl.backends.embedded.engine import load_causal_lm
+    from summrl.errors import ConfigError
+    from summrl.preflight import problems
+
+    gone = tmp_path / "model.gguf"
+    assert f"model.weights={gone}: {gone} does not exist: point it at a model folder or .gguf file" in problems(
+        compose_config(["experiment=local", f"model.weights={gone}"]))
+    assert "model.weights: pkg:no_such_package/m.gguf: the package 'no_such_package' is not installed" in " ".join(
+        problems(compose_config(["experiment=local", "model.weights=pkg:no_such_package/m.gguf"])))
+    with pytest.raises(ConfigError, match="does not exist: point it at a model folder"):
+        load_causal_lm("HuggingFaceTB/SmolLM2-135M-Instruct", str(gone), None, None)  # export, benchmark, serve
+
+
+def test_a_lora_module_the_model_lacks_is_a_config_error_naming_its_layers(tiny_weights):
+    from summrl.backends.embedded.engine import Engine
+    from summrl.config import LoraConfig
+    from summrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model.lora.target_modules=\['foo'\]: .*foo.*; this model's linear layers "
+                                          r"are down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj$"):
+        Engine(base_model="tiny", weights=tiny_weights.split("=", 1)[1], lora=LoraConfig(target_modules=["foo"]))
+
+
 @pytest.mark.parametrize("entry", ["train", "benchmark"])
 def test_cfg_job_resolve_prints_the_config_with_its_keys_masked(entry, tmp_path):
     """Hydra's `--cfg job --resolve` ended in a config error: the run folder (Hydra's output folder) is not made

@@ -31,6 +31,7 @@ from summrl.backends.embedded import activations
 from summrl.backends.embedded.attention import ATTENTION, PackedRuns, SharedPrefix, register_attention
 from summrl.backends.embedded.linear import Linears, onednn_usable
 from summrl.data import resolve_path
+from summrl.errors import ConfigError
 from summrl.prompt import chat_token_ids
 
 # peft looks the base model up again at every save_pretrained to see whether the vocabulary changed; offline, or
@@ -140,6 +141,10 @@ def gguf_tokenizer(path: Path) -> Any:
     return tokenizer
 
 
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
 def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, device: torch.device):
     """Load tokenizer and model from ``weights`` (folder, .gguf file, ``pkg:`` path) or the hub id.
     A .gguf file is de-quantized once and read from :func:`dequantized_cache` after that."""
@@ -153,7 +158,7 @@ def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, 
     if weights:
         path = resolve_path(weights)
         if not path.exists():
-            raise FileNotFoundError(f"model.weights={weights}: {path} does not exist")
+            raise ConfigError(f"model.weights={weights}: {path} does not exist: point it at a model folder or .gguf file")
         if path.suffix == ".gguf":
             cache = dequantized_cache(path, dtype)
             if (cache / "config.json").exists():
@@ -169,9 +174,8 @@ def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, 
                      else AutoTokenizer.from_pretrained(source, **kwargs))
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=ATTENTION, **kwargs)
     except OSError as e:
-        raise RuntimeError(
-            f"could not load {source!r} ({e}). With no network, point model.weights at a local folder or .gguf file."
-        ) from e
+        raise ConfigError(f"model.weights={weights}: could not load {source!r} ({_first_line(str(e))}): with no "
+                          "network, point model.weights at a local folder or .gguf file") from None
     if cache is not None:
         _save_dequantized(tokenizer, model, cache)
     if tokenizer.pad_token_id is None:
@@ -363,11 +367,17 @@ class Engine:
         self.device = resolve_device(device)
         self.dtype = getattr(torch, dtype)
         self.tokenizer, base = load_causal_lm(base_model, weights, self.dtype, self.device)
-        self.model = get_peft_model(
-            base,
-            LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                       target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
-        )
+        try:
+            self.model = get_peft_model(
+                base,
+                LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                           target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
+            )
+        except ValueError as e:  # peft's NoMatchingPeftModuleError: a module name the model lacks
+            linear = sorted({name.rsplit(".", 1)[-1] for name, module in base.named_modules()
+                             if isinstance(module, torch.nn.Linear)})
+            raise ConfigError(f"model.lora.target_modules={list(lora.target_modules)}: {_first_line(str(e))}; this "
+                              f"model's linear layers are {', '.join(linear)}") from None
         sorted_sets(self.model.peft_config["default"])  # after the layers are matched: the checkpoints' config
         activations.install(self.model)
         # the frozen products on oneDNN where it runs (a CPU); elsewhere PyTorch's own

@@ -302,6 +302,17 @@ def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial
     return iterate_dataset(docs, trainer.groups_per_step, trainer.num_epochs, initial_step=initial_step, use_tqdm=False)
 
 
+def check_groups_fit(config: Config, n_train: int) -> None:
+    """A step's groups are distinct train documents: more than there are trained fewer groups (ART's batches are
+    clipped to the split) while result.json and W&B said trainer.groups_per_step, so arms compared at other train
+    sizes differed in their real batch size."""
+    t = config.trainer
+    if config.dataset.kind != "inbox" and 0 < n_train < t.groups_per_step:
+        raise ConfigError(f"trainer.groups_per_step={t.groups_per_step}: the train split has {n_train} document(s), "
+                          f"so a step would train {n_train} group(s): set trainer.groups_per_step={n_train} or less, or "
+                          "raise dataset.train_size")
+
+
 def warn_short_run(config: Config, n_train: int) -> None:
     """trainer.num_epochs passes over the train split end a run before trainer.max_steps when they have fewer batches;
     the run still says "completed", and a learning-rate schedule (spread over max_steps) never finishes its decay."""
@@ -533,6 +544,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         val, train_docs = splits.val, splits.train
         record.update(dataset=with_earlier_question_cost(splits.record, record.earlier))
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
+        check_groups_fit(config, len(train_docs))
         warn_short_run(config, len(train_docs))
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
         splits, online = await online_documents(config, splits)  # dataset=inbox: the new documents, before loading

@@ -736,6 +736,13 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", *overrides]), RunRecord(tmp_path))
     # another train size reshuffles the documents from the resume on: allowed, and said
     assert "dataset.train_size=all, trained with 32: the train documents are shuffled again" in caplog.text
+    # more groups than train documents: a step trained fewer than the records said
+    from summrl.loop import check_groups_fit
+
+    with pytest.raises(ConfigError, match=r"^trainer.groups_per_step=5: the train split has 2 document\(s\), so a step "
+                                          r"would train 2 group\(s\): set trainer.groups_per_step=2 or less"):
+        check_groups_fit(compose_config(["experiment=local", "trainer.groups_per_step=5"]), 2)
+    check_groups_fit(compose_config(["experiment=local", "trainer.groups_per_step=2"]), 2)
     # another groups_per_step went on from another document: some trained twice in the epoch, others skipped
     with pytest.raises(ConfigError, match=r"trained with trainer.groups_per_step=2 \(now 3\): its checkpoints"):
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "trainer.groups_per_step=3"]),

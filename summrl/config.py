@@ -1167,6 +1167,7 @@ VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A key that is also a valid variable name (Gemini's AIza..., Hugging Face's hf_..., GitHub's, AWS's key id), or any
 # long run of mixed-case letters and digits with no "_" between words: no variable is named like that, and the key
 # is saved with the run.
+WORD = re.compile(r"[A-Za-z0-9_]+")
 KEY_LIKE = re.compile(r"(AIza|hf_|ghp_|gho_|ghs_|github_pat_|AKIA|ASIA)\w{12,}"
                       r"|(?=[A-Za-z0-9]*[a-z])(?=[A-Za-z0-9]*[A-Z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]{32,}")
 
@@ -1183,8 +1184,10 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
         parent = path.rsplit(".", 1)[0] if "." in path else ""
         if path.startswith("storage."):
             return "S3's keys belong in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (the environment or .env)"
-        holder = f"{parent}.api_key_env" if parent else "api_key_env"
-        return f"put the key in an environment variable (or .env) and name it with {holder}"
+        if parent in ("judge", "sft.teacher"):  # the settings that name a key's variable
+            return f"put the key in an environment variable (or .env) and name it with {parent}.api_key_env"
+        return ("put it in an environment variable (or .env) that the tool reads itself, e.g. HF_TOKEN for the "
+                "Hugging Face hub")
 
     def refuse_url(path: str, text: str) -> None:
         reason = url_secret(text)
@@ -1211,6 +1214,11 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
             named.append(raw)
         for text in {t for t in (raw, value) if isinstance(t, str)}:
             refuse_url(path, text)
+        if path == "backend.setup" and isinstance(raw, str) and any(KEY_LIKE.fullmatch(w) for w in WORD.findall(raw)):
+            # a shell command on the cluster: `huggingface-cli login --token hf_...`
+            raise ConfigError("backend.setup: a key typed into the command is saved with the run, logged and sent to "
+                              "W&B and SkyPilot: write its variable instead ($HF_TOKEN); the job gets HF_TOKEN, "
+                              "WANDB_API_KEY and the judge's key from your environment or .env")
 
     def walk(node: Any, path: str) -> None:
         keys = range(len(node)) if isinstance(node, ListConfig) else [k for k in node.keys() if path or k != "hydra"]

@@ -556,6 +556,11 @@ PLANTED = "QSECRET-9f3a"  # a credential no message, log or file may show
     (f"+model.init_args.token={PLANTED}", "model.init_args.token", "${oc.env:THE_VARIABLE}"),
     # resolved to the key itself, which a variable name outside the mask's pattern left in result.json and W&B
     ("judge.api_key_env=${oc.env:SUMMRL_PLANTED}", "judge.api_key_env", "not an interpolation: set judge.api_key_env=MY_KEY"),
+    # a key typed into the cluster's setup command: saved, logged and printed in the SkyPilot task
+    (["backend=skypilot", "backend.setup='huggingface-cli login --token hf_PLANTEDabcdefghijklmnopqrstu'"], "backend.setup",
+     "write its variable instead ($HF_TOKEN)"),
+    # settings with no api_key_env of their own: the fix named model.api_key_env, which does not exist
+    (f"model.weights='https://example.org/m.gguf?token={PLANTED}'", "model.weights", "that the tool reads itself"),
 ])
 def test_a_secret_in_the_config_is_refused_naming_the_key_and_where_a_key_goes_never_the_secret(override, key, fix,
                                                                                              monkeypatch):
@@ -563,7 +568,7 @@ def test_a_secret_in_the_config_is_refused_naming_the_key_and_where_a_key_goes_n
     or a key typed into an ``*_env`` setting (which holds a variable's name), is refused."""
     monkeypatch.setenv("SUMMRL_PLANTED", PLANTED)
     with pytest.raises(ConfigError) as refused:
-        compose_config([*LOCAL, "judge=openai_compatible", override])
+        compose_config([*LOCAL, "judge=openai_compatible", *([override] if isinstance(override, str) else override)])
     assert str(refused.value).startswith(f"{key}: ") and fix in str(refused.value)
     assert PLANTED not in str(refused.value) and "PLANTED" not in str(refused.value)
 

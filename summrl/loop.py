@@ -31,7 +31,7 @@ from summrl.config import EMBEDDED_JUDGES, Config, reward_kinds
 from summrl.data import Document
 from summrl.errors import ConfigError, finish_despite_a_signal, stop_signal
 from summrl.facts import hallucinates
-from summrl.job import RunRecord, comparable, peak_rss_gb
+from summrl.job import RunRecord, comparable, jsonl_rows, peak_rss_gb
 from summrl.judges import Judge, build_judge, embedded_endpoint
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.prompt import SummaryPrompt
@@ -302,6 +302,20 @@ def training_batches(train_docs: Sequence[Document], trainer, seed: int, initial
     return iterate_dataset(docs, trainer.groups_per_step, trainer.num_epochs, initial_step=initial_step, use_tqdm=False)
 
 
+def unrecorded_checkpoint(config: Config, step: int) -> Optional[str]:
+    """What a resume from checkpoint ``step`` lacks when a kill -9 (or a lost machine) came between the checkpoint's
+    write and the step's record: its training row (and so W&B's) and rollouts; its judge spend was never counted."""
+    path = history_path(config)
+    if step <= 0 or not path.is_file():
+        return None
+    if any(row.get("training_step") == step and any(k.startswith("train/") for k in row)
+           for row in jsonl_rows(path.read_text())):
+        return None
+    return (f"summrl: warning: checkpoint {step} has no training row in {path}: the run was killed after writing it and "
+            "before recording it, so that step's metrics, rollouts and judge spend are not in history.jsonl, W&B or "
+            "result.json; the run goes on from it")
+
+
 def check_groups_fit(config: Config, n_train: int) -> None:
     """A step's groups are distinct train documents: more than there are trained fewer groups (ART's batches are
     clipped to the split) while result.json and W&B said trainer.groups_per_step, so arms compared at other train
@@ -563,6 +577,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         if config.backend.kind == "embedded":  # its engine has loaded: the policy's context is known
             check_context(session.backend.engine, [*val, *train_docs], SummaryPrompt.of(t), t.max_summary_tokens)
         step = await session.model.get_step()
+        if said := unrecorded_checkpoint(config, step):
+            log.warning(said)
         record.resume_at(step)
         # A managed job's id (SkyPilot sets it in the job's environment): its recoveries are counted per job id.
         record.begin_attempt(step, os.environ.get("SKYPILOT_MANAGED_JOB_ID"))

@@ -717,6 +717,24 @@ def test_a_resumed_invocation_that_stops_early_keeps_the_runs_spend_and_figures(
     assert with_earlier_question_cost(resumed, {}) == resumed
 
 
+
+def test_a_checkpoint_killed_before_its_record_is_said_when_the_run_resumes_from_it(tmp_path):
+    """kill -9 between a step's checkpoint and its record: the resume went on from the checkpoint, and nothing said
+    that the step's metrics, rollouts and judge spend were missing from every record."""
+    from summrl.loop import history_path, unrecorded_checkpoint
+    from tests.conftest import compose_config
+
+    config = compose_config(["experiment=local", "run.name=r", f"run.dir={tmp_path}"])
+    path = history_path(config)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"training_step": 0, "val/reward": 0.2}) + "\n"
+                    + json.dumps({"training_step": 1, "train/reward": 0.3}) + "\n"
+                    + json.dumps({"training_step": 2, "val/reward": 0.4}) + "\n")
+    assert unrecorded_checkpoint(config, 0) is None and unrecorded_checkpoint(config, 1) is None
+    assert unrecorded_checkpoint(config, 2).startswith(f"summrl: warning: checkpoint 2 has no training row in {path}: "
+                                                       "the run was killed after writing it and before recording it")
+
+
 def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anything_is_written(tmp_path, caplog):
     """Nothing compared a resume's config with the one the run trained with: dataset.seed=7 seed=3 went through, its
     val scores were ranked with the earlier ones (step=best) though measured on other documents (found by an

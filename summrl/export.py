@@ -208,6 +208,7 @@ def export(config: ExportConfig, command: str) -> Path:
                               f"({_first_line(missing[0].message)[:160]}): export another step")
         merged.to(getattr(torch, config.dtype))
         merged.save_pretrained(work / "merged")  # transformers 5 writes safetensors only
+        with_legacy_rope(work / "merged" / "config.json")
         save_tokenizer(tokenizer, work / "merged")
         del merged, base
         log.info(f"summrl: export: merged model ({config.dtype}, safetensors) -> {config.dir / 'merged'}")
@@ -325,7 +326,23 @@ def save_tokenizer(tokenizer: Any, folder: Path) -> None:
         settings["tokenizer_class"] = "PreTrainedTokenizerFast"
     if isinstance(settings.get("extra_special_tokens"), list):
         settings["additional_special_tokens"] = settings.pop("extra_special_tokens")
+    # transformers 4's PreTrainedTokenizerFast also returns token_type_ids, which generate() refuses for a Llama
+    settings["model_input_names"] = list(tokenizer.model_input_names)
     path.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+
+
+def with_legacy_rope(path: Path) -> None:
+    """transformers 5 writes RoPE's settings as "rope_parameters", which transformers 4 does not read: it took its
+    default rope_theta (10,000 for Llama; SmolLM2's is 100,000) and generated other text, without a word. The old keys
+    go beside them (checked with 4.57.6: the same greedy text as transformers 5)."""
+    config = json.loads(path.read_text())
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" not in rope or "rope_theta" in config:
+        return  # none, per layer type, or already there
+    config["rope_theta"] = rope["rope_theta"]
+    if rope.get("rope_type", "default") != "default":
+        config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def model_card(config: ExportConfig, command: str) -> str:

@@ -435,6 +435,13 @@ def test_a_run_trained_on_a_gguf_file_is_exported_de_quantized_in_the_saved_dtyp
         settings = json.loads((folder / "tokenizer_config.json").read_text())
         assert settings["tokenizer_class"] == "PreTrainedTokenizerFast" and "extra_special_tokens" not in settings
         assert "<|im_end|>" in settings["additional_special_tokens"]
+        # transformers 4's fast tokenizer also returned token_type_ids, which generate() refuses for a Llama
+        assert settings["model_input_names"] == ["input_ids", "attention_mask"]
+    # transformers 4 reads rope_theta, not transformers 5's rope_parameters: it took 10,000, not SmolLM2's 100,000,
+    # and generated other text (4.57.6 checked by hand: with these keys, the same greedy text as 5)
+    saved = json.loads((out / "merged" / "config.json").read_text())
+    assert saved["rope_theta"] == saved["rope_parameters"]["rope_theta"] == 100000.0 and "rope_scaling" not in saved
+    assert AutoModelForCausalLM.from_pretrained(out / "merged").config.rope_parameters["rope_theta"] == 100000.0
     tokenizer = AutoTokenizer.from_pretrained(out / "merged")
     assert tokenizer.eos_token == "<|im_end|>" and "<|im_start|>" in tokenizer.all_special_tokens
     from summrl.backends.embedded.engine import gguf_tokenizer

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from summrl.backends import BackendUnavailable, check_local_gpu
+from summrl.backends import BackendUnavailable, check_local_gpu, device_problems
 from summrl.config import EMBEDDED_JUDGES, ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys

@@ -433,6 +433,14 @@ def test_ruler_ranks_the_group_in_one_call(fake, secret_env):
     assert fake.headers[0]["authorization"] == f"Bearer {SECRET}"
 
 
+def test_ruler_shows_the_judge_non_latin_summaries_as_written(fake, secret_env):
+    """ART's RULER prompt escaped every non-ASCII character: Chinese summaries reached the judge as \\uXXXX runs."""
+    summaries = ["市议会周一开会。", "港口预算获得批准，金额为三百万。"]
+    asyncio.run(ruler_reward(fake).score_group(DOC, summaries))
+    prompt = "".join(m["content"] for m in fake.requests[0]["messages"])
+    assert all(s in prompt for s in summaries) and "\\u" not in prompt
+
+
 def test_ruler_parse_failure_leaves_the_group_missing(fake, secret_env):
     fake.script = [Reply(json.dumps({"scores": [{"trajectory_id": "1", "explanation": "", "score": 0.5}]}))]
     reward = ruler_reward(fake)

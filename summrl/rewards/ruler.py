@@ -9,7 +9,9 @@ counted. A group RULER still cannot score comes back missing: the loop leaves it
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from typing import Any, Sequence, Union
 
 import art
@@ -44,6 +46,28 @@ class UsageRecorder:
         return self.client.account(response)
 
 
+class _UnescapedJson:
+    """The json module, with a dumps that keeps non-ASCII characters as they are."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(json, name)
+
+    @staticmethod
+    def dumps(obj: Any, **kwargs: Any) -> str:
+        return json.dumps(obj, **{"ensure_ascii": False, **kwargs})
+
+
+def unescaped_prompts() -> None:
+    """ART 0.5.18's RULER writes the trajectories into its prompt with json.dumps, which escapes every non-ASCII
+    character: a Chinese or Greek summary reached the judge as \\uXXXX runs, several times the tokens (paid for) and
+    text a judge reads poorly. Its module's json keeps the characters."""
+    import art.rewards  # noqa: F401  (its package's name "ruler" is the function: the module is sys.modules')
+
+    module = sys.modules["art.rewards.ruler"]
+    if not isinstance(module.json, _UnescapedJson):
+        module.json = _UnescapedJson()  # type: ignore[assignment]
+
+
 class RulerReward:
     def __init__(self, client: JudgeClient, *, rubric: str, prompt: SummaryPrompt) -> None:
         self.client, self.rubric, self.prompt = client, rubric, prompt
@@ -60,6 +84,7 @@ class RulerReward:
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
         from art.rewards import ruler_score_group
 
+        unescaped_prompts()
         prompt = self.prompt.messages(document)
         group = art.TrajectoryGroup(
             art.Trajectory(messages_and_choices=[*prompt, {"role": "assistant", "content": s}], reward=0.0)

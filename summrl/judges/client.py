@@ -123,7 +123,8 @@ def quiet_litellm() -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+RETRYABLE_STATUS = {408, 409, 429}  # and every 5xx but 501 and 505: 529 is Anthropic's "overloaded", 52x Cloudflare's
+NOT_RETRYABLE_5XX = {501, 505}
 
 
 def _status(error: BaseException) -> Optional[int]:
@@ -150,7 +151,8 @@ def _is_retryable(error: BaseException) -> bool:
 
     if isinstance(error, (litellm.Timeout, litellm.APIConnectionError, asyncio.TimeoutError)):
         return True
-    return _status(error) in RETRYABLE_STATUS
+    status = _status(error)
+    return status in RETRYABLE_STATUS or (status is not None and 500 <= status < 600 and status not in NOT_RETRYABLE_5XX)
 
 
 @dataclass

@@ -68,6 +68,20 @@ def unescaped_prompts() -> None:
         module.json = _UnescapedJson()  # type: ignore[assignment]
 
 
+def routed(model: str, api_base: Any = None) -> str:
+    """The judge's model id with its litellm provider in front. ART prices a RULER call only for a "provider/model" id:
+    an unprefixed one (gpt-4o-mini) was never counted, $0 and 0 tokens in result.json, though it was paid."""
+    if "/" in model:
+        return model
+    import litellm
+
+    try:
+        provider = litellm.get_llm_provider(model=model, api_base=api_base)[1]
+    except Exception:  # litellm can't route it: the preflight named it already
+        return model
+    return f"{provider}/{model}" if provider else model
+
+
 class RulerReward:
     def __init__(self, client: JudgeClient, *, rubric: str, prompt: SummaryPrompt) -> None:
         self.client, self.rubric, self.prompt = client, rubric, prompt
@@ -111,7 +125,8 @@ class RulerReward:
                 # this one adds the call's tokens and $ to the judge's usage (it was counted, never priced)
                 token = MetricsBuilder.activate(UsageRecorder(client))  # type: ignore[arg-type]
                 try:
-                    scored = await ruler_score_group(group, client.model, self._litellm_params(n_scores), self.rubric)
+                    scored = await ruler_score_group(group, routed(client.model, client.api_base),
+                                                     self._litellm_params(n_scores), self.rubric)
                     # ART checks the count only (its schema bounds nothing for a hosted judge): a score out of
                     # [0, 1] or NaN was taken as the reward, and a NaN poisoned the group's advantages
                     bad = [t.reward for t in scored.trajectories

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,7 +242,7 @@ class RunRecord:
     def interruption(self) -> str:
         """What a run stopped by Ctrl-C says: the last step whose checkpoint it wrote, and how to go on."""
         step = self.attempts[-1]["end_step"] if self.attempts else 0
-        command = f"the same command with {' '.join(self.resume_with)}" if self.resume_with else "the same command"
+        command = f"the same command with {shlex.join(self.resume_with)}" if self.resume_with else "the same command"
         if step:
             return f"stopped after step {step} ({stop_signal()}); its checkpoint is kept: run {command} to resume from it"
         return f"stopped before the first checkpoint ({stop_signal()}); run {command} to start again"

@@ -53,29 +53,34 @@ def load_config(cfg: DictConfig) -> Config:
                           f"choose it with sft={config.sft.kind}")
     load_dotenv()  # keys may live in .env; they are read from the environment, never from config
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        config.run.name = f"{config.run.name}-{hydra_cfg.job.num}"
+        # Unnamed, a sweep's jobs are named for its folder: ${now} is read as each job starts, so each job had its own
+        # time, and no one run.name resumed them all.
+        base = config.run.name if "run.name" in _given(hydra_cfg) else JobInfo.from_hydra().sweep
+        config.run.name = f"{base}-{hydra_cfg.job.num}"
     check_folder_holds_this_run(config, hydra_cfg)
     return config
 
 
+def _given(hydra_cfg) -> set[str]:
+    return {o.split("=", 1)[0].lstrip("+~") for o in [*hydra_cfg.overrides.task, *hydra_cfg.overrides.hydra]}
+
+
 def resume_overrides(config: Config, hydra_cfg) -> list[str]:
-    """What the same command needs added to resume this run: the run's name and, in a multirun, the sweep's folder,
-    where the command left them to their defaults (the time it was started)."""
-    given = {o.split("=", 1)[0].lstrip("+~") for o in [*hydra_cfg.overrides.task, *hydra_cfg.overrides.hydra]}
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    wanted = []
-    if "run.name" not in given:
-        wanted.append(f"run.name={config.run.name.removesuffix(f'-{hydra_cfg.job.num}') if multirun else config.run.name}")
-    if multirun and "hydra.sweep.dir" not in given:
-        wanted.append(f"hydra.sweep.dir={hydra_cfg.sweep.dir}")
-    return wanted
+    """What the same command needs added to resume this run, where the command left it to default to the time it
+    was started: a single run's name, or a sweep's folder (its jobs are named for it)."""
+    given = _given(hydra_cfg)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        return [] if "hydra.sweep.dir" in given else [f"hydra.sweep.dir={hydra_cfg.sweep.dir}"]
+    return [] if "run.name" in given else [f"run.name={config.run.name}"]
 
 
 def check_folder_holds_this_run(config: Config, hydra_cfg) -> None:
     """A run folder is one run's: another run started in it (a rerun that named the folder and not the run) trained
-    from step 0 beside the first one's checkpoints, and its result.json summed both runs' attempts and time."""
-    other = (read_result(config.run.dir) or {}).get("run_name")
-    if other is None or other == config.run.name:
+    from step 0 beside the first one's checkpoints, and its result.json summed both runs' attempts and time. A record
+    of a run that trained nothing (it failed on its config or data) holds nothing to keep apart."""
+    earlier = read_result(config.run.dir) or {}
+    other = earlier.get("run_name")
+    if other is None or other == config.run.name or not (earlier.get("attempts") or earlier.get("val_history")):
         return
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     name = other.removesuffix(f"-{hydra_cfg.job.num}") if multirun else other

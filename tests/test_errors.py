@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from summrl.errors import KINDS, classify
+from summrl.errors import KINDS, ConfigError, classify
 from summrl.storage import COMPLETE
 from tests.conftest import ROOT, keys, run_cli
 
@@ -522,22 +522,23 @@ def test_a_signal_while_sft_trains_keeps_its_checkpoint_with_the_stages_whole_re
 
 
 def test_an_interrupted_sweep_resumes_with_what_its_line_says_and_a_folder_keeps_one_run(tmp_path, tiny_weights):
-    """A multirun's run names and folder default to the time it started: the line said "run the same command", which
-    trained again from step 0 in a new folder. It now names what to add. Rerun into the same folder under another
-    name, a job trained from step 0 beside the first run and its result.json summed both; now that is refused."""
+    """A multirun's folder and run names defaulted to the time each job started: the line said "run the same
+    command", which trained again from step 0 in a new folder, and no one run.name named every job. The jobs are now
+    named for the sweep's folder, and the line names the folder. Rerun into the same folder under another name, a job
+    trained from step 0 beside the first run and its result.json summed both; now that is refused."""
     import re
     import shlex
     import signal
     import subprocess
 
-    sweep = ["-m", "summrl.train", "-m", "seed=5", "experiment=local", tiny_weights, "trainer.max_steps=2",
+    sweep = ["-m", "summrl.train", "-m", "seed=5,6", "experiment=local", tiny_weights, "trainer.max_steps=2",
              "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
              "trainer.val_rollouts_per_doc=1", "dataset.val_size=1"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen([sys.executable, *sweep], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=env)
     for line in process.stdout:
-        if line.startswith("summrl: step 1 | train"):
+        if line.startswith("summrl: step 1 | train"):  # job 0's; the sweep stops there
             process.send_signal(signal.SIGTERM)
             break
     out, err = process.communicate(timeout=120)
@@ -545,24 +546,46 @@ def test_an_interrupted_sweep_resumes_with_what_its_line_says_and_a_folder_keeps
     added = re.search(r"stopped after step 1 \(SIGTERM\); its checkpoint is kept: run the same command with (.*) to "
                       r"resume from it", err)
     assert added, err[-3000:]
-    added = shlex.split(added.group(1))
-    assert [a.split("=")[0] for a in added] == ["run.name", "hydra.sweep.dir"]
-    resumed = subprocess.run([sys.executable, *sweep, *added], cwd=tmp_path, capture_output=True, text=True, env=env,
+    (added,) = shlex.split(added.group(1))
+    assert added.startswith("hydra.sweep.dir=")
+    resumed = subprocess.run([sys.executable, *sweep, added], cwd=tmp_path, capture_output=True, text=True, env=env,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming at step 1 of 2" in resumed.stdout + resumed.stderr
-    folder = tmp_path / added[1].split("=", 1)[1] / "0"
-    result = json.loads((folder / "result.json").read_text())
-    assert [(a["start_step"], a["end_step"]) for a in result["attempts"]] == [(0, 1), (1, 2)]
-    # the same folder, the run left unnamed: refused before anything loads, the earlier record untouched
-    other = subprocess.run([sys.executable, *sweep, added[1]], cwd=tmp_path, capture_output=True, text=True,
-                           env=env, timeout=120)
+    folder = tmp_path / added.split("=", 1)[1]
+    results = [json.loads((folder / str(n) / "result.json").read_text()) for n in (0, 1)]
+    assert [(a["start_step"], a["end_step"]) for a in results[0]["attempts"]] == [(0, 1), (1, 2)]  # job 0 resumed
+    assert [(a["start_step"], a["end_step"]) for a in results[1]["attempts"]] == [(0, 2)]
+    base = results[0]["run_name"].removesuffix("-0")
+    assert results[1]["run_name"] == f"{base}-1" and base == f"{folder.parent.name}_{folder.name}"
+    # the same folder under another name: refused before anything loads, the earlier record untouched
+    other = subprocess.run([sys.executable, *sweep, added, "run.name=other"], cwd=tmp_path, capture_output=True,
+                           text=True, env=env, timeout=120)
     assert other.returncode != 0
-    base = added[0].split("=", 1)[1]
-    assert (f"the run folder {folder} holds run {base}-0 (its result.json); to resume that run, add "
+    assert (f"the run folder {folder / '0'} holds run {base}-0 (its result.json); to resume that run, add "
             f"run.name={base}, or give this one its own folder (hydra.sweep.dir=...)") in other.stdout + other.stderr
-    assert json.loads((folder / "result.json").read_text()) == result
-    assert [p.name for p in (folder / "art" / "summrl" / "models").iterdir()] == [f"{base}-0"]
+    assert json.loads((folder / "0" / "result.json").read_text()) == results[0]
+    assert [p.name for p in (folder / "0" / "art" / "summrl" / "models").iterdir()] == [f"{base}-0"]
+
+
+
+def test_a_run_folder_whose_record_trained_nothing_takes_the_corrected_command(tmp_path):
+    """A first try that failed on its config or data (trainer.groups_per_step above the train split) leaves a
+    record; the corrected command, under its own default name, was refused as another run."""
+    from types import SimpleNamespace
+
+    from hydra.types import RunMode
+
+    from summrl.job import write_result
+    from summrl.train import check_folder_holds_this_run
+
+    config = SimpleNamespace(run=SimpleNamespace(name="2026-11-29_05-07-00", dir=str(tmp_path)))
+    hydra_cfg = SimpleNamespace(mode=RunMode.RUN, job=SimpleNamespace(num=0))
+    write_result(tmp_path, {"run_name": "2026-11-29_05-06-48", "status": "failed"})
+    check_folder_holds_this_run(config, hydra_cfg)
+    write_result(tmp_path, {"run_name": "2026-11-29_05-06-48", "status": "interrupted",
+                            "attempts": [{"start_step": 0, "end_step": 1}]})
+    with pytest.raises(ConfigError, match=r"holds run 2026-11-29_05-06-48 .* add run.name=2026-11-29_05-06-48"):
+        check_folder_holds_this_run(config, hydra_cfg)
 
 
 SAVING_SLOWLY = """

@@ -1167,7 +1167,19 @@ VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A key that is also a valid variable name (Gemini's AIza..., Hugging Face's hf_..., GitHub's, AWS's key id), or any
 # long run of mixed-case letters and digits with no "_" between words: no variable is named like that, and the key
 # is saved with the run.
-WORD = re.compile(r"[A-Za-z0-9_]+")
+# backend.setup's shell words ("-" kept: Gemini's keys have them), and a value typed for a key's variable or flag
+SHELL_WORD = re.compile(r"[^\s=\"';&|()]+")
+TYPED_KEY = re.compile(r"\b[A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD)=[\"']?(?!\$)[^\s\"';&|]+"
+                       r"|--(?:token|api[-_]key|password)[= ]+[\"']?(?!\$)[^\s\"';&|]+")
+
+
+def typed_key(command: str) -> bool:
+    """A key typed into a shell command: a word shaped like one, or a literal value given to a key's variable
+    (WANDB_API_KEY=...) or flag (--token ...), where ``$VAR`` would read it from the environment."""
+    return bool(TYPED_KEY.search(command)) or any(
+        KEY_LIKE.fullmatch(w) or re.fullmatch(r"AIza[\w-]{30,}", w) for w in SHELL_WORD.findall(command))
+
+
 KEY_LIKE = re.compile(r"(AIza|hf_|ghp_|gho_|ghs_|github_pat_|AKIA|ASIA)\w{12,}"
                       r"|(?=[A-Za-z0-9]*[a-z])(?=[A-Za-z0-9]*[A-Z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]{32,}")
 
@@ -1184,7 +1196,7 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
         parent = path.rsplit(".", 1)[0] if "." in path else ""
         if path.startswith("storage."):
             return "S3's keys belong in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (the environment or .env)"
-        if parent in ("judge", "sft.teacher"):  # the settings that name a key's variable
+        if parent in ("judge", "sft.teacher") or re.fullmatch(r"benchmark\.models\.\d+", parent):  # they name a key's variable
             return f"put the key in an environment variable (or .env) and name it with {parent}.api_key_env"
         return ("put it in an environment variable (or .env) that the tool reads itself, e.g. HF_TOKEN for the "
                 "Hugging Face hub")
@@ -1214,7 +1226,7 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
             named.append(raw)
         for text in {t for t in (raw, value) if isinstance(t, str)}:
             refuse_url(path, text)
-        if path == "backend.setup" and isinstance(raw, str) and any(KEY_LIKE.fullmatch(w) for w in WORD.findall(raw)):
+        if path == "backend.setup" and isinstance(raw, str) and typed_key(raw):
             # a shell command on the cluster: `huggingface-cli login --token hf_...`
             raise ConfigError("backend.setup: a key typed into the command is saved with the run, logged and sent to "
                               "W&B and SkyPilot: write its variable instead ($HF_TOKEN); the job gets HF_TOKEN, "

@@ -316,12 +316,18 @@ def unrecorded_checkpoint(config: Config, step: int) -> Optional[str]:
             "result.json; the run goes on from it")
 
 
-def check_groups_fit(config: Config, n_train: int) -> None:
+def check_groups_fit(config: Config, n_train: int, earlier: Optional[dict] = None) -> None:
     """A step's groups are distinct train documents: more than there are trained fewer groups (ART's batches are
     clipped to the split) while result.json and W&B said trainer.groups_per_step, so arms compared at other train
     sizes differed in their real batch size."""
     t = config.trainer
     if config.dataset.kind != "inbox" and 0 < n_train < t.groups_per_step:
+        trained = (earlier or {}).get("config") or {}
+        if (earlier or {}).get("attempts") and trained.get("trainer.groups_per_step") == t.groups_per_step:
+            # a run an earlier summrl trained so: its resume must keep the setting (check_resumed_as_trained)
+            log.warning(f"summrl: warning: trainer.groups_per_step={t.groups_per_step} is more than the {n_train} "
+                        f"train document(s): each step trains {n_train} group(s), as this run did before")
+            return
         raise ConfigError(f"trainer.groups_per_step={t.groups_per_step}: the train split has {n_train} document(s), "
                           f"so a step would train {n_train} group(s): set trainer.groups_per_step={n_train} or less, or "
                           "raise dataset.train_size")
@@ -558,7 +564,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         val, train_docs = splits.val, splits.train
         record.update(dataset=with_earlier_question_cost(splits.record, record.earlier))
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
-        check_groups_fit(config, len(train_docs))
+        check_groups_fit(config, len(train_docs), record.earlier)
         warn_short_run(config, len(train_docs))
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
         splits, online = await online_documents(config, splits)  # dataset=inbox: the new documents, before loading

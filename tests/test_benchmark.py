@@ -761,6 +761,15 @@ def test_greedy_sampling_with_best_of_n_or_several_summaries_per_document_is_ref
                           tmp_path / "o")
 
 
+
+def test_a_credential_in_a_model_entrys_url_is_refused_naming_the_entrys_api_key_env(tmp_path):
+    entry = "{model: openai/gpt-4o-mini, api_base: 'https://host.example/v1?api_key=abcd1234', label: m}"
+    with pytest.raises(ConfigError, match=r"benchmark.models.0.api_base: the URL carries .* name it with "
+                                          r"benchmark.models.0.api_key_env") as refused:
+        compose_benchmark(["experiment=local", "judge=lexical", f"benchmark.models=[{entry}]"], tmp_path / "o")
+    assert "abcd1234" not in str(refused.value)
+
+
 def test_a_best_of_n_candidate_paid_for_is_kept_when_a_sibling_fails(tmp_path):
     """The candidates were gathered whole or not at all: one failed call threw away the others, already paid for,
     and the rerun bought all n again."""

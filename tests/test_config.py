@@ -559,6 +559,12 @@ PLANTED = "QSECRET-9f3a"  # a credential no message, log or file may show
     # a key typed into the cluster's setup command: saved, logged and printed in the SkyPilot task
     (["backend=skypilot", "backend.setup='huggingface-cli login --token hf_PLANTEDabcdefghijklmnopqrstu'"], "backend.setup",
      "write its variable instead ($HF_TOKEN)"),
+    # a Gemini key with a "-" (split into pieces no pattern matched), and a hex key given to its variable
+    (["backend=skypilot", "backend.setup='export GEMINI_API_KEY=AIzaSyD8-xK2mN4pQ7rS9tU1vW3yZ5aB6cE8fGh'"],
+     "backend.setup", "write its variable instead"),
+    (["backend=skypilot", "backend.setup='WANDB_API_KEY=0123456789abcdef0123456789abcdef01234567 wandb login'"],
+     "backend.setup", "write its variable instead"),
+    # a benchmark model entry names its key with api_key_env (the fix said HF_TOKEN)
     # settings with no api_key_env of their own: the fix named model.api_key_env, which does not exist
     (f"model.weights='https://example.org/m.gguf?token={PLANTED}'", "model.weights", "that the tool reads itself"),
 ])
@@ -571,6 +577,15 @@ def test_a_secret_in_the_config_is_refused_naming_the_key_and_where_a_key_goes_n
         compose_config([*LOCAL, "judge=openai_compatible", *([override] if isinstance(override, str) else override)])
     assert str(refused.value).startswith(f"{key}: ") and fix in str(refused.value)
     assert PLANTED not in str(refused.value) and "PLANTED" not in str(refused.value)
+
+
+def test_ordinary_setup_commands_pass_the_typed_key_check():
+    for command in ("pip install flash-attn==2.6.3 --no-build-isolation", "huggingface-cli login --token $HF_TOKEN",
+                    "pip install git+https://github.com/x/y@3f2a9c1d0e4b5a6978877665544332211aabbccd",
+                    "export TOKENIZERS_PARALLELISM=false HF_HUB_ENABLE_HF_TRANSFER=1",
+                    "echo sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"):
+        config = compose_config([*LOCAL, "judge=lexical", "backend=skypilot", f"backend.setup='{command}'"])
+        assert config.backend.setup == command
 
 
 def test_urls_without_credentials_and_variable_names_pass_and_the_named_variables_are_masked(monkeypatch):

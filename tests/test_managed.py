@@ -241,6 +241,10 @@ def test_what_cant_be_known_is_unknown_never_zero(cloud_env):
     assert text.startswith("summrl: estimated cost of run summary-rl: unknown = GPU $")
     assert "judge $ unknown: dataset.val_size=0.1: the val documents are counted only once they load" in text
     assert "val unknown (qa, 41 passes)" in text
+    # an SFT stage's val pass after it (before SFT, after it, then the GRPO steps'): it was left out
+    with_sft = pricing.describe(pricing.estimate_run(managed_config("dataset.train_size=0.8", "dataset.val_size=0.1",
+                                                                    "sft=best_of_n")), config)
+    assert "val unknown (qa, 42 passes)" in with_sft
     assert "can't be estimated" in pricing.budget_problem([fraction], 100)
     # A judge model litellm can't price.
     config = managed_config("judge=openai_compatible")

@@ -136,9 +136,10 @@ def gpu_hours(config: Any) -> Optional[float]:
     return (config.backend.setup_minutes + config.trainer.max_steps * step) / 60
 
 
-def val_passes(trainer: Any) -> int:
-    """Val is scored every eval_every steps from step 0, and at the end."""
-    return len(set(range(0, trainer.max_steps, trainer.eval_every)) | {trainer.max_steps})
+def val_passes(trainer: Any, sft: bool = False) -> int:
+    """Val is scored every eval_every steps from step 0, and at the end; an SFT stage adds one, after it (the loop
+    scores before SFT, after it, then at the GRPO steps)."""
+    return len(set(range(0, trainer.max_steps, trainer.eval_every)) | {trainer.max_steps}) + sft
 
 
 @functools.lru_cache(maxsize=1)
@@ -228,7 +229,7 @@ def judge_calls(config: Any) -> tuple[Calls, list[str], list[str], list[str]]:
     if not isinstance(val_docs, int):
         unknown.append(f"dataset.val_size={val_docs}: the val documents are counted only once they load")
         val_docs = None
-    passes = val_passes(t)
+    passes = val_passes(t, s.kind != "none")
     val_label = label(train) + (" + qa metrics" if len(val) > len(train) else "") + f", {passes} passes"
     # (part, rewards, groups, summaries per group, documents scored for the first time)
     plan = [("train", train, groups, t.rollouts_per_group, first_train),

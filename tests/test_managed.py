@@ -448,7 +448,7 @@ def test_pull_swaps_a_history_in_whole_by_a_rename(cloud_env, monkeypatch, tmp_p
 
 def test_the_dry_run_of_a_managed_spot_sweep_prints_both_tasks_and_their_cost_offline(cloud_env, tmp_path):
     """The issue's command, with no network: the tasks, each job's estimate and the sweep's total; each job's name
-    (the default, resolved from the clock) the same in its task, its command and its estimate."""
+    (the default: the sweep folder's, with the job's number) the same in its task, its command and its estimate."""
     import re
 
     env = {**os.environ, "SKY_RUNTIME_DIR": str(SKY_RUNTIME), "PYTHONUNBUFFERED": "1"}
@@ -460,7 +460,8 @@ def test_the_dry_run_of_a_managed_spot_sweep_prints_both_tasks_and_their_cost_of
     out = result.stdout
     assert out.count("use_spot: true") == 2 and out.count("strategy: EAGER_NEXT_REGION") == 2
     names = re.findall(r"summrl: dry run: managed job summrl-(\S+), H100:1 on runpod", out)
-    assert [n[-2:] for n in names] == ["-0", "-1"] and names[0][:-2] != names[1][:-2]  # the clock moved
+    # named for the sweep's folder, not the clock as each job started (no one run.name resumed them all)
+    assert names == [f"{tmp_path.name}_multirun-0", f"{tmp_path.name}_multirun-1"]
     for name, reward in zip(names, ("qa", "ruler")):
         assert f"name: summrl-{name}\n" in out
         assert f"python -m summrl.train reward={reward} " in out and f" run.name={name} backend=local_gpu" in out

@@ -92,6 +92,11 @@ async def finish_despite_a_signal(update: Callable[[], Awaitable[T]], what: str,
             return await task, True
 
 
+def first_line(error: object) -> str:
+    """An error's first line (at most 200 characters), for a one-line message that quotes it."""
+    return (str(error).strip().splitlines() or [""])[0][:200]
+
+
 NETWORK_FIX = "check the network connection (or HTTPS_PROXY)"
 # The connection failures of the HTTP stacks the run uses (by class, subclasses included): a name that does not
 # resolve, a refused or timed-out connection, a proxy that can't be reached.

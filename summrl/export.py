@@ -35,7 +35,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from summrl import __version__, cli
 from summrl.checkpoints import TrainedRun, best_axis, resolve_step, run_config, trained_run
 from summrl.config import _require, typed_entry
-from summrl.errors import ConfigError, ExpectedFailure, exit_on
+from summrl.errors import ConfigError, ExpectedFailure, exit_on, first_line
 from summrl.job import task_overrides
 from summrl.secrets import redact, redact_text
 
@@ -126,11 +126,7 @@ def check_checkpoint_files(checkpoint: Path, step: int) -> None:
             f.keys()
     except Exception as e:  # OSError, JSONDecodeError, safetensors' own error
         raise ConfigError(f"step={step}: its checkpoint ({checkpoint}) can't be read ({type(e).__name__}: "
-                          f"{_first_line(e)}): export another step") from None
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:200]
+                          f"{first_line(e)}): export another step") from None
 
 
 def check_hub(repo_id: str) -> None:
@@ -200,12 +196,12 @@ def export(config: ExportConfig, command: str) -> Path:
                 merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
             except RuntimeError as e:  # a tensor of another shape: not this model's adapter
                 raise ConfigError(f"step={config.step}: its adapter ({checkpoint}) does not fit the run's model "
-                                  f"({_first_line(e)}): export another step") from None
+                                  f"({first_line(e)}): export another step") from None
         # peft loads an adapter with tensors missing and only warns: the export would hold part of it
         missing = [w for w in caught if "missing adapter keys" in str(w.message)]
         if missing:
             raise ConfigError(f"step={config.step}: its adapter ({checkpoint}) lacks tensors of this model's LoRA "
-                              f"({_first_line(missing[0].message)[:160]}): export another step")
+                              f"({first_line(missing[0].message)[:160]}): export another step")
         merged.to(getattr(torch, config.dtype))
         merged.save_pretrained(work / "merged")  # transformers 5 writes safetensors only
         with_legacy_rope(work / "merged" / "config.json")

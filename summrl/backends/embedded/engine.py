@@ -31,7 +31,7 @@ from summrl.backends.embedded import activations
 from summrl.backends.embedded.attention import ATTENTION, PackedRuns, SharedPrefix, register_attention
 from summrl.backends.embedded.linear import Linears, onednn_usable
 from summrl.data import resolve_path
-from summrl.errors import ConfigError
+from summrl.errors import ConfigError, first_line
 from summrl.prompt import chat_token_ids
 
 # peft looks the base model up again at every save_pretrained to see whether the vocabulary changed; offline, or
@@ -141,10 +141,6 @@ def gguf_tokenizer(path: Path) -> Any:
     return tokenizer
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else text
-
-
 def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, device: torch.device):
     """Load tokenizer and model from ``weights`` (folder, .gguf file, ``pkg:`` path) or the hub id.
     A .gguf file is de-quantized once and read from :func:`dequantized_cache` after that."""
@@ -174,7 +170,7 @@ def load_causal_lm(base_model: str, weights: Optional[str], dtype: torch.dtype, 
                      else AutoTokenizer.from_pretrained(source, **kwargs))
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=ATTENTION, **kwargs)
     except OSError as e:
-        raise ConfigError(f"model.weights={weights}: could not load {source!r} ({_first_line(str(e))}): with no "
+        raise ConfigError(f"model.weights={weights}: could not load {source!r} ({first_line(e)}): with no "
                           "network, point model.weights at a local folder or .gguf file") from None
     if cache is not None:
         _save_dequantized(tokenizer, model, cache)
@@ -376,7 +372,7 @@ class Engine:
         except ValueError as e:  # peft's NoMatchingPeftModuleError: a module name the model lacks
             linear = sorted({name.rsplit(".", 1)[-1] for name, module in base.named_modules()
                              if isinstance(module, torch.nn.Linear)})
-            raise ConfigError(f"model.lora.target_modules={list(lora.target_modules)}: {_first_line(str(e))}; this "
+            raise ConfigError(f"model.lora.target_modules={list(lora.target_modules)}: {first_line(e)}; this "
                               f"model's linear layers are {', '.join(linear)}") from None
         sorted_sets(self.model.peft_config["default"])  # after the layers are matched: the checkpoints' config
         activations.install(self.model)

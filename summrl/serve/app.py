@@ -268,6 +268,11 @@ class Service:
         try:
             response = await self.generate(messages, s.best_of_n, as_burst=True, gone=gone,
                                            max_tokens=t.max_summary_tokens, temperature=temperature, seed=request.seed)
+        except HTTPException as e:
+            if e.status_code == 499:  # said here: the model's server may not have seen the rows before they were cancelled
+                log.info(f"summrl: document {document.id}: the client disconnected before its summaries were "
+                         "generated; stopped")
+            raise
         except openai.APIStatusError as e:  # vLLM's refusal where the context is not known here (max_model_len null)
             if e.status_code not in (400, 422):
                 raise
@@ -446,7 +451,9 @@ def build_app(service: Service) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         if service.ready:
-            return JSONResponse({"status": "ok", "model": service.name, "step": service.step})
+            # in_flight: requests read and not yet answered, as serve.max_queue counts them
+            return JSONResponse({"status": "ok", "model": service.name, "step": service.step,
+                                 "in_flight": service.in_flight + service.waiting})
         return JSONResponse({"status": "failed" if service.failed else "loading", "error": service.failed},
                             status_code=503)
 

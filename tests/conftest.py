@@ -90,6 +90,17 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 900, env: dict | None =
     )
 
 
+HEAVY = ("torch", "art", "litellm", "transformers")
+
+
+def heavy_imports(stderr: str) -> list[str]:
+    """Which of torch, ART, litellm and transformers a process run with ``PYTHONPROFILEIMPORTTIME=1`` imported
+    (its stderr): a config error must come before them, as it does in well under 2 s (a figure a loaded machine
+    can't hold a test to)."""
+    imported = {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+    return [name for name in HEAVY if name in imported]
+
+
 # ---------------------------------------------------------------- a real S3 endpoint on loopback (moto's server)
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret",

@@ -30,6 +30,7 @@ from summrl.data.split import DataError
 from summrl.errors import ConfigError, ExpectedFailure
 from summrl.judges import build_judge, missing_keys
 from summrl.judges.cache import JsonCache
+from summrl.judges.client import REQUEST_COST
 from summrl.judges.questions import (Checked, QuestionBank, QuestionSettings, estimated_tokens, question_writer,
                                      totals)
 
@@ -292,28 +293,33 @@ async def fill(bank: QuestionBank, documents: Sequence[Document], settings: Any,
             checked[document.id] = bank.cached(document)  # type: ignore[assignment]
             bank.hits += 1
     over_budget: list[str] = []
-    # The budget while writing: a document starts only if what is spent, plus a document's cost for it and for each
-    # one in flight (the estimate's, or the mean so far where that is higher), stays within it; at most the
-    # writer's max_concurrency are in flight. (Every document passed the check as they all started at once: an
-    # estimate $5 short of the real cost spent it twice over.)
+    # The budget while writing: a document starts only if what is spent, plus what each one in flight may still
+    # spend, plus its own cost, stays within it; a document's cost is the estimate's, or the mean of those written
+    # where that is higher. At most the writer's max_concurrency are in flight. (Every document passed the check as
+    # they all started at once: an estimate $5 short of the real cost spent it twice over. Each document's own spend
+    # (REQUEST_COST) is what is counted: the mean of the total over the documents done counted the calls of those in
+    # flight too, and stopped writing well within the budget.)
     estimate = (calls.usd or 0.0) / len(pending) if pending else 0.0
     slots = asyncio.Semaphore(getattr(client, "max_concurrency", None) or 8)
-    in_flight, done = 0, 0
+    writing: dict[int, list[float]] = {}  # the documents in flight: what each has spent so far
+    done_usd, done = 0.0, 0
 
-    async def one(document: Document) -> None:
-        nonlocal in_flight, done
+    async def one(index: int, document: Document) -> None:
+        nonlocal done_usd, done
         async with slots:
             if budget is not None and client is not None:
-                spent = client.usage.cost_usd
-                each = max(estimate, spent / done if done else 0.0)
-                if spent + (in_flight + 1) * each > budget:
+                each = max(estimate, done_usd / done if done else 0.0)
+                ahead = sum(max(0.0, each - spent[0]) for spent in writing.values())
+                if client.usage.cost_usd + ahead + each > budget:
                     over_budget.append(document.id)
                     return
-            in_flight += 1
+            spent = writing[index] = [0.0]
+            REQUEST_COST.set(spent)  # this task's own context: the writer's calls add their price to it
             try:
                 result = await bank.get(document)
             finally:
-                in_flight, done = in_flight - 1, done + 1
+                del writing[index]
+                done_usd, done = done_usd + spent[0], done + 1
         if result is not None:
             checked[document.id] = result
 
@@ -322,7 +328,7 @@ async def fill(bank: QuestionBank, documents: Sequence[Document], settings: Any,
         from tqdm import tqdm
 
         bar = tqdm(total=len(pending), desc="writing questions", unit="doc")
-    tasks = [asyncio.ensure_future(one(d)) for d in pending]
+    tasks = [asyncio.ensure_future(one(i, d)) for i, d in enumerate(pending)]
     for task in asyncio.as_completed(tasks):
         await task
         if bar is not None:

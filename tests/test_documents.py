@@ -663,6 +663,15 @@ def test_an_id_that_names_a_part_is_refused_before_splitting(tmp_path):
         limit_length(read(dataset), dataset, lambda text: len(text.split()))
 
 
+def paid(client, usd: float) -> None:
+    """A priced call, accounted as JudgeClient.account does: the client's total and the caller's own."""
+    from summrl.judges.client import REQUEST_COST
+
+    client.usage.cost_usd += usd
+    if REQUEST_COST.get() is not None:
+        REQUEST_COST.get()[0] += usd
+
+
 def test_the_question_budget_holds_while_writing_when_the_estimate_was_short(monkeypatch):
     """Every document passed the budget check as they all started at once: an estimate of $5 against a budget of
     $5, at a real $1 a document, spent $10 without a word."""
@@ -675,7 +684,7 @@ def test_the_question_budget_holds_while_writing_when_the_estimate_was_short(mon
 
     async def write(document):
         await asyncio.sleep(0.01)
-        client.usage.cost_usd += 1.0
+        paid(client, 1.0)
         return f"questions of {document.id}"
 
     bank = SimpleNamespace(writer=SimpleNamespace(client=client), cached=lambda d: None, get=write, hits=0,
@@ -686,6 +695,32 @@ def test_the_question_budget_holds_while_writing_when_the_estimate_was_short(mon
     with pytest.raises(splits.QuestionsNotConfirmed, match=r"max_cost_usd=5 reached \(\$5\.0000 spent\): 5 documents"):
         asyncio.run(splits.fill(bank, documents, SimpleNamespace(max_cost_usd=5.0, confirm=False)))
     assert client.usage.cost_usd == 5.0
+
+
+def test_a_budget_the_writing_fits_in_writes_every_document(monkeypatch):
+    """A document's two calls ($0.50 each): the mean per document was the total over the documents done, which
+    counted the first calls of those in flight, so 10 documents at $1 against $10 stopped with 3 unwritten."""
+    from types import SimpleNamespace
+
+    import summrl.splits as splits
+    from summrl.data import Document
+
+    client = SimpleNamespace(model="gpt-4o-mini", usage=SimpleNamespace(cost_usd=0.0), max_concurrency=4)
+
+    async def write(document):  # the questions, then their check
+        paid(client, 0.5)
+        await asyncio.sleep(0.02)
+        paid(client, 0.5)
+        await asyncio.sleep(0.01 * int(document.id[1:]))  # finishing at different times
+        return f"questions of {document.id}"
+
+    bank = SimpleNamespace(writer=SimpleNamespace(client=client), cached=lambda d: None, get=write, hits=0,
+                           failures={}, written=0)
+    documents = [Document(id=f"d{i}", topic="", text="t", questions=()) for i in range(10)]
+    estimate = SimpleNamespace(usd=10.0, local=False, line=lambda: "$10.00", price=lambda: "$10.00")
+    monkeypatch.setattr(splits, "plan", lambda bank, documents, model: (list(documents), estimate))
+    checked = asyncio.run(splits.fill(bank, documents, SimpleNamespace(max_cost_usd=10.0, confirm=False)))
+    assert len(checked) == 10 and client.usage.cost_usd == 10.0
 
 
 def test_a_table_that_is_not_utf8_or_holds_half_a_character_is_one_line_naming_it(tmp_path):

@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import math
+import re
 import os
 import subprocess
 import time
@@ -106,6 +107,9 @@ def test_bad_entries_fail_before_anything_runs(tmp_path):
         compose_benchmark(["experiment=local", "benchmark.models=[openai/x,openai/x]"], tmp_path)
     with pytest.raises(ConfigError, match="benchmark.rollouts_per_doc: must be an integer >= 1"):
         compose_benchmark(["experiment=local", "benchmark.rollouts_per_doc=0"], tmp_path)
+    with pytest.raises(ConfigError, match="benchmark: nothing to benchmark"):  # it scored nothing and exited 0
+        compose_benchmark(["experiment=local", f"benchmark.run_dir={tmp_path / 'run'}", "benchmark.steps=[]",
+                           "benchmark.models=[]"], tmp_path)
 
 
 def test_a_trainer_setting_the_benchmark_does_not_read_is_refused(tmp_path):
@@ -663,6 +667,14 @@ def test_a_runs_checkpoints_are_scored_on_its_own_val_documents_and_prompt(tmp_p
     (run / "result.json").write_text(json.dumps({"config": {"dataset.val_size": 6}}))
     with pytest.raises(ConfigError, match=r"was trained with dataset.val_size=6, the benchmark has 8"):
         compose_benchmark(["experiment=local", at, "dataset.val_size=8"], tmp_path / "o")
+    # trained on other weights: a traceback once the adapter loaded (or, of the same shape, wrong scores)
+    weights = tmp_path / "tiny model"
+    weights.mkdir()
+    (run / "result.json").write_text(json.dumps({"config": {"dataset.val_size": 6, "model.weights": str(weights)}}))
+    with pytest.raises(ConfigError, match=re.escape(f"model.weights: the run in {run} trained on {weights}, the "
+                                                    f"benchmark loads {ours.model.weights}; pass 'model.weights={weights}'")):
+        compose_benchmark(["experiment=local", at, "dataset.val_size=6"], tmp_path / "o")
+    compose_benchmark(["experiment=local", at, "dataset.val_size=6", f"model.weights={weights}/."], tmp_path / "o")
 
 
 def test_a_paid_summary_is_kept_when_its_sibling_fails_and_the_rerun_pays_only_for_the_rest(tmp_path):

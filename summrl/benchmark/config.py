@@ -9,6 +9,7 @@ parsed here into :class:`ModelEntry` / :class:`BestOfNEntry`, and ``benchmark.ru
 from __future__ import annotations
 
 import logging
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -17,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from summrl.backends import BackendUnavailable, check_local_gpu, device_problems
+from summrl.data import DataError, resolve_path
 from summrl.config import EMBEDDED_JUDGES, ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
@@ -172,8 +174,9 @@ def _settings(section: BenchmarkSection) -> BenchmarkSettings:
     if section.output_dir is None:
         raise ConfigError("benchmark.output_dir: null; it is Hydra's output folder (benchmarks/<benchmark.name>): set "
                           "hydra.run.dir=<folder> instead")
-    if not models and run is None:
-        raise ConfigError("benchmark: nothing to benchmark; list benchmark.models or set benchmark.run_dir")
+    if not models and (run is None or not run.steps):  # benchmark.steps=[]: the run's steps are none of them
+        raise ConfigError("benchmark: nothing to benchmark; list benchmark.models, or set benchmark.run_dir and its "
+                          "benchmark.steps")
     return BenchmarkSettings(
         name=section.name, output_dir=section.output_dir, models=models, run=run,
         rollouts_per_doc=section.rollouts_per_doc, max_concurrency=section.max_concurrency,
@@ -329,7 +332,37 @@ def _check_run_matches(config: BenchmarkConfig, run: TrainedRun) -> None:
             if OmegaConf.to_container(lora).get(key) != getattr(config.model.lora, key):
                 raise ConfigError(f"model.lora.{key}: the run in {run.run_dir} trained its adapters with "
                                   f"{key}={lora[key]}, the benchmark has {getattr(config.model.lora, key)}; {fix}")
+    weights = _trained_value(run.run_dir, trained, "model.weights", default=_ABSENT)
+    if weights is not _ABSENT and not _same_weights(weights, config.model.weights):  # else a traceback, once loaded (or wrong scores)
+        raise ConfigError(f"model.weights: the run in {run.run_dir} trained on {weights}, the benchmark loads "
+                          f"{config.model.weights}; pass {shlex.quote(f'model.weights={weights}')}")
     _check_same_val_and_prompt(config, trained, run.run_dir)
+
+
+def _same_weights(theirs: Optional[str], ours: Optional[str]) -> bool:
+    """The same weights: the same spelling, or paths to the same file or folder."""
+    if theirs == ours:
+        return True
+    if theirs is None or ours is None:
+        return False
+    try:
+        return resolve_path(theirs).resolve() == resolve_path(ours).resolve()
+    except DataError:  # a package that is not installed: told when the model loads
+        return False
+
+
+_ABSENT = object()
+
+
+def _trained_value(run_dir: Path, trained: Any, key: str, default: Any = None) -> Any:
+    """``key`` as the run resolved it (result.json's config): Hydra's saved config holds the interpolations
+    themselves, which resolved here read today's environment (VAL_SIZE unset: 91), as strings ("2" is not 2)."""
+    resolved = (read_result(run_dir) or {}).get("config")
+    if isinstance(resolved, dict) and key in resolved:
+        return resolved[key]
+    value = OmegaConf.select(trained, key, default=default)
+    value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    return int(value) if isinstance(value, str) and value.isdigit() else value
 
 
 DATASET_SOURCE = ("kind", "files", "path", "hf_path", "hf_split")  # which documents: the same ones, or others
@@ -339,16 +372,8 @@ def _check_same_val_and_prompt(config: BenchmarkConfig, trained: Any, run_dir: P
     """The checkpoints scored on the run's own val documents, with the prompt they were trained on. Val is the first
     val_size documents of a seeded shuffle: another seed, or a larger val_size (VAL_SIZE), took in documents the run
     trained on, and nothing said so."""
-    # as the run resolved it (result.json's config): Hydra's saved config holds the interpolations themselves, which
-    # resolved here read today's environment (VAL_SIZE unset: 91), as strings ("2" is not 2)
-    resolved = (read_result(run_dir) or {}).get("config")
-
     def saved(key: str) -> Any:
-        if isinstance(resolved, dict) and key in resolved:
-            return resolved[key]
-        value = OmegaConf.select(trained, key, default=None)
-        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-        return int(value) if isinstance(value, str) and value.isdigit() else value
+        return _trained_value(run_dir, trained, key)
 
     def refuse(key: str, ours: Any, theirs: Any, why: str) -> None:
         raise ConfigError(f"{key}: the run in {run_dir} was trained with {key}={theirs}, the benchmark has {ours}: "

@@ -482,8 +482,16 @@ def test_a_benchmark_folder_knows_which_prompt_its_rows_were_asked(tmp_path):
     del old["prompt"]["style"]  # as summrl wrote it before trainer.prompt
     (tmp_path / IDENTITY_FILE).write_text(json.dumps(old))
     check_identity(tmp_path, facts)
-    with pytest.raises(ConfigError, match=r"holds rows scored with another prompt \(\{\"style\": \"facts\""):
+    with pytest.raises(ConfigError, match=r"holds rows scored with another prompt \(prompt.style: \"facts\" there, "
+                                          r"\"summary_rl\" here\)"):
         check_identity(tmp_path, summary_rl)
+    # val is the first val_size of the shuffle: train_size plays no part in its rows (the training run's value
+    # was refused), in a folder recorded with it too
+    old["prompt"]["style"] = "facts"
+    (tmp_path / IDENTITY_FILE).write_text(json.dumps(old))
+    check_identity(tmp_path, compose_benchmark(["experiment=local", "dataset.train_size=2"], tmp_path))
+    with pytest.raises(ConfigError, match=r"another dataset \(dataset.seed: \d+ there, 3 here\)"):
+        check_identity(tmp_path, compose_benchmark(["experiment=local", "dataset.seed=3"], tmp_path))
 
 
 def test_benchmark_split_must_be_val_or_all(tmp_path):

@@ -264,6 +264,8 @@ def identity(config: BenchmarkConfig) -> dict:
     dataset = asdict(config.dataset)
     if config.benchmark.split == "all":  # every document: the split sizes play no part
         dataset = {k: v for k, v in dataset.items() if k not in ("train_size", "val_size")} | {"split": "all"}
+    elif dataset.get("val_size") != "all":  # val is the first val_size of the shuffle, whatever train_size is
+        dataset.pop("train_size", None)
     return {
         "dataset": dataset,
         "prompt": {"style": t.prompt, "max_words": t.max_words, "max_summary_tokens": t.max_summary_tokens,
@@ -304,10 +306,17 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> Optional[dict]:
         saved = json.loads(path.read_text())
         if isinstance(saved.get("prompt"), dict):  # written before trainer.prompt
             saved["prompt"] = {"style": PROMPT_BEFORE_THE_OPTION, **saved["prompt"]}
+        if isinstance(saved.get("dataset"), dict) and "train_size" not in mine["dataset"]:
+            saved["dataset"].pop("train_size", None)  # recorded before it was left out: it plays no part in val
         for section in mine:
             if saved.get(section) != mine[section]:
+                theirs, ours = saved.get(section), mine[section]
+                keys = sorted(k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k)) \
+                    if isinstance(theirs, dict) and isinstance(ours, dict) else []
+                differ = "; ".join(f"{section}.{k}: {json.dumps(theirs.get(k))} there, {json.dumps(ours.get(k))} "
+                                   "here" for k in keys)
                 raise ConfigError(
-                    f"{out_dir} holds rows scored with another {section} ({json.dumps(saved.get(section))}); "
+                    f"{out_dir} holds rows scored with another {section} ({differ or json.dumps(theirs)}); "
                     f"rerun with that config to resume, or pick a new benchmark.name")
         known = saved.get("sources", {})  # (a folder from before this record: each label is recorded from now on)
         for label, source in labels.items():

@@ -174,6 +174,13 @@ def test_a_secret_resolved_into_the_tasks_commands_is_refused_before_launch(clou
         with pytest.raises(ConfigError, match=rf"^{where}.* holds the value of HF_TOKEN: .* write \$HF_TOKEN") as e:
             run_on_cluster(launcher_config(override), [override], None)
         assert "hf_PLANTED" not in str(e.value)
+    # a variable the override reads, whatever its name: the task forwards it as a secret, and it was in clear too
+    monkeypatch.setenv("MY_HF", "hf_VIAENV4242")
+    for override, where in (("backend.setup='huggingface-cli login --token ${oc.env:MY_HF}'", "backend.setup"),
+                            ("+backend.local_gpu.engine_args.hf_token=${oc.env:MY_HF}", "the cloud job's command")):
+        with pytest.raises(ConfigError, match=rf"^{where}.* holds the value of MY_HF: .* write \$MY_HF") as e:
+            run_on_cluster(launcher_config(override), [override], None)
+        assert "hf_VIAENV" not in str(e.value)
     assert fake.calls == []
     # the way the message names: the variable, read on the cluster from the task's secrets
     override = "backend.setup='huggingface-cli login --token $HF_TOKEN'"

@@ -368,8 +368,9 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
 
     b = config.backend
     setup, run = setup_script(config), run_script(config, overrides)
-    forwarded = {**secrets(config), **referenced_variables(overrides)}
-    check_no_secret(forwarded, {"backend.setup": setup, "the cloud job's command (backend.* settings)": run})
+    referenced = referenced_variables(overrides)
+    forwarded = {**secrets(config), **referenced}
+    check_no_secret(referenced, {"backend.setup": setup, "the cloud job's command (backend.* settings)": run})
     task = sky.Task(name=cluster, setup=setup, run=run, workdir=str(ROOT))
     task.update_secrets(forwarded)
     task.update_envs({name: os.environ[name] for name in FORWARDED_ENVS if os.environ.get(name)})
@@ -383,11 +384,13 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
     return task
 
 
-def check_no_secret(forwarded: dict[str, str], scripts: dict[str, str]) -> None:
+def check_no_secret(referenced: dict[str, str], scripts: dict[str, str]) -> None:
     """No secret's value in the task's commands: a ``${oc.env:HF_TOKEN}`` in ``backend.setup`` or an engine arg is
-    resolved here, and SkyPilot keeps commands in clear (the task YAML, a managed job's controller, this log)."""
+    resolved here, and SkyPilot keeps commands in clear (the task YAML, a managed job's controller, this log).
+    ``referenced``: the variables the overrides read, whatever their names (``${oc.env:MY_HF}``), which the task
+    forwards as secrets too."""
     values = set(secret_values())  # variables named as secrets (not BACKUP_BUCKET or AWS_REGION, which are settings)
-    known = {name: value for name, value in {**os.environ, **forwarded}.items() if value in values}
+    known = {**{name: value for name, value in os.environ.items() if value in values}, **referenced}
     for where, text in scripts.items():
         for name, value in known.items():
             if len(value) >= 4 and value in text:

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, compose_config, said
 
@@ -127,7 +128,7 @@ def test_default_task_targets_one_h100_on_runpod_and_validates_offline(cloud_env
     assert task.run.splitlines()[-1] == (
         "python -m summrl.train model.lr=1e-05 dataset.train_size=3500 dataset.val_size=91 run.name=summary-rl "
         "backend=local_gpu backend.gpu_memory_utilization=0.8 backend.enforce_eager=false backend.load_in_4bit=true "
-        "backend.max_seq_length=32768")
+        "backend.max_seq_length=32768 hydra.mode=RUN")
 
 
 def test_task_resources_and_remote_engine_args_follow_config(cloud_env):
@@ -160,6 +161,22 @@ def test_engine_args_of_any_shape_reach_the_cloud_job_as_given(cloud_env):
     remote = compose_config(shlex.split(command)[3:])
     assert remote.backend.engine_args == {"hf_overrides": {"rope_theta": 1000000}, "served_model_name": "a,b",
                                           "tokenizer_mode": "auto", "seed": "7"}
+
+
+def test_a_preset_that_sweeps_runs_on_the_cluster_as_the_one_run_submitted(cloud_env):
+    """experiment=reward_ablation sets hydra.mode: MULTIRUN: the remote command made the job a sweep of one, which
+    renamed its run (<name>-0), so sweep status, pull and the report found nothing under the name submitted (found
+    by an audit)."""
+    import subprocess
+
+    overrides = ["experiment=reward_ablation", "reward=qa", "model.lr=1e-05"]
+    command = build_task(default_config(*overrides), overrides, "summrl", resources=False).run.splitlines()[-1]
+    args = shlex.split(command)[3:]
+    printed = subprocess.run([sys.executable, "-m", "summrl.train", *args, "--cfg", "hydra"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    hydra = yaml.safe_load(printed.stdout)["hydra"]
+    assert hydra["mode"] == "RUN" and "run.name=summary-rl" in hydra["overrides"]["task"]
 
 
 def test_a_secret_resolved_into_the_tasks_commands_is_refused_before_launch(cloud_env, monkeypatch):

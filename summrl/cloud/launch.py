@@ -327,7 +327,9 @@ def remote_command(config: Any, overrides: list[str]) -> str:
         if reward.cache_dir is not None:
             kept = [o for o in kept if _override_key(o) != f"{key}.cache_dir"]
             pinned.append(f"++{key}.cache_dir={_quoted(REMOTE_RUBRICS)}")  # ++: a term's preset may not list it
-    args = [*kept, *pinned, f"run.name={_value(config.run.name)}", "backend=local_gpu", *backend]
+    # hydra.mode=RUN: a preset that sweeps (experiment=reward_ablation sets hydra.mode: MULTIRUN) made the job a
+    # sweep of one, which renamed the run, so its status, backup and result were looked for under the wrong name
+    args = [*kept, *pinned, f"run.name={_value(config.run.name)}", "backend=local_gpu", *backend, "hydra.mode=RUN"]
     check_parses(args)
     return "python -m summrl.train " + " ".join(shlex.quote(a) for a in args)
 

@@ -37,6 +37,7 @@ KINDS = {
     "wandb": (7, "W&B authentication error"),
     "skypilot": (8, "SkyPilot error"),
     "sft": (2, "SFT error"),
+    "remote": (100, "remote job failed"),  # SkyPilot's exit code for a failed job (the job's own: 103 cancelled)
     "not_confirmed": (3, "not confirmed"),
     "interrupted": (130, "interrupted"),  # Ctrl-C (SIGINT): 128 + 2, as a shell reports it; SIGTERM 143
 }
@@ -132,9 +133,12 @@ class NetworkError(ExpectedFailure, ConnectionError):
 class Failure:
     kind: str
     message: str
+    code: Optional[int] = None  # the exit code, where the failure carries its own (a remote job's)
 
     @property
     def exit_code(self) -> int:
+        if self.code is not None:
+            return self.code
         if self.kind == "interrupted":
             return 128 + _stopped_by  # as a shell reports a process the signal ended
         return KINDS[self.kind][0]
@@ -229,7 +233,7 @@ def classify(e: BaseException) -> Optional[Failure]:
         kind = _kind(x)
         if kind is not None:
             text = str(x) if kind == "preflight" else _one_line(str(x))  # the preflight lists one item a line
-            return Failure(kind, redact_text(text or type(x).__name__))
+            return Failure(kind, redact_text(text or type(x).__name__), getattr(x, "exit_code", None))
     if is_network(e):
         return Failure("network", redact_text(f"{network_message(e)}; {NETWORK_FIX}"))
     return None

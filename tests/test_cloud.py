@@ -346,6 +346,36 @@ def test_remote_exit_code_is_propagated(cloud_env, monkeypatch):
     assert exit_.value.code == 103
 
 
+# python -m summrl.train with SkyPilot's network calls faked: a sweep's job 0 exits 100 (failed), job 1 0
+FAILING_SWEEP = """
+import runpy, sys
+import sky
+sky.launch = lambda task, **kw: ("launch", task.name)
+sky.stream_and_get = lambda request: [7] if request[0] == "launch" else None
+sky.tail_logs = lambda cluster, job_id, follow=True, **kw: 100 if cluster.endswith("-0") else 0
+sky.down = lambda name: ("down", name)
+sky.get = lambda request: None
+sys.argv = ["summrl.train", *sys.argv[1:]]
+runpy.run_module("summrl.train", run_name="__main__")
+"""
+
+
+def test_a_sweeps_failed_remote_job_is_recorded_and_the_sweep_goes_on(cloud_env, tmp_path):
+    """RemoteJobFailed was no expected failure: the sweep ended at job 0 with a traceback, and the job's folder
+    had no result.json (found by an audit)."""
+    import subprocess
+
+    sweep = tmp_path / "sweep"
+    done = subprocess.run([sys.executable, "-c", FAILING_SWEEP, "-m", "seed=1,2", "storage.enabled=false",
+                           f"hydra.sweep.dir={sweep}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SKY_RUNTIME_DIR": str(SKY_RUNTIME)})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    failed = json.loads((sweep / "0" / "result.json").read_text())
+    assert (failed["status"], failed["error_kind"], failed["exit_code"]) == ("failed", "remote", 100)
+    assert failed["error"].startswith("remote job failed: the job 7 on cluster summrl-0 ended with exit code 100")
+    assert "on cluster summrl-1" in (sweep / "1" / "train.log").read_text()  # the sweep went on
+
+
 def test_multirun_jobs_drive_their_own_clusters(cloud_env, monkeypatch):
     fake = FakeSky(monkeypatch)
     config = launcher_config()

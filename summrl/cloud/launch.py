@@ -28,8 +28,8 @@ from typing import Any, Optional
 from summrl import splits
 from summrl.config import FREE_JUDGES, rubric_rewards
 from summrl.data import DataError
-from summrl.errors import (KINDS, NETWORK_FIX, ConfigError, NetworkError, classify, full_errors, is_network,
-                           network_message)
+from summrl.errors import (KINDS, NETWORK_FIX, ConfigError, ExpectedFailure, NetworkError, classify, full_errors,
+                           is_network, network_message)
 from summrl.cloud import managed, plan, pricing
 from summrl.job import RunRecord, task_overrides, write_result
 from summrl.judges import missing_keys
@@ -61,9 +61,12 @@ REMOTE_QUESTIONS = "~/.cache/summrl/questions"
 REMOTE_RUBRICS = "~/.cache/summrl/rubrics"
 
 
-class RemoteJobFailed(RuntimeError):
+class RemoteJobFailed(ExpectedFailure, RuntimeError):
     """The remote job ended unsuccessfully. ``exit_code`` is SkyPilot's job exit code (100 failed, 103 cancelled).
-    ``managed``: a managed job (``cluster`` is then its name)."""
+    ``managed``: a managed job (``cluster`` is then its name). Expected: a sweep records the failed job, with its
+    one line and exit code, and goes on."""
+
+    failure = "remote"
 
     def __init__(self, exit_code: int, cluster: str, job_id: Optional[int], managed: bool = False) -> None:
         if managed:

@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -374,6 +375,24 @@ def test_a_sweeps_failed_remote_job_is_recorded_and_the_sweep_goes_on(cloud_env,
     assert (failed["status"], failed["error_kind"], failed["exit_code"]) == ("failed", "remote", 100)
     assert failed["error"].startswith("remote job failed: the job 7 on cluster summrl-0 ended with exit code 100")
     assert "on cluster summrl-1" in (sweep / "1" / "train.log").read_text()  # the sweep went on
+
+
+def test_a_sweep_with_one_bad_job_stops_at_its_first_naming_that_job(cloud_env, tmp_path):
+    """Pricing the sweep composes every job: each job failed with job 1's config error, naming none (found by an
+    audit). Now the sweep stops at job 0, as for a missing key, saying which job is wrong; nothing is launched."""
+    import subprocess
+
+    sweep = tmp_path / "sweep"
+    done = subprocess.run([sys.executable, "-m", "summrl.train", "-m", "judge=lexical", "reward=qa,ruler",
+                           "backend.dry_run=true", f"hydra.sweep.dir={sweep}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "SKY_RUNTIME_DIR": str(SKY_RUNTIME)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert re.search(r"summrl: config error: job 1 of the sweep \(judge=lexical reward=ruler backend.dry_run=True\): "
+                     r"reward=ruler needs an LLM judge",
+                     done.stderr), done.stderr[-3000:]
+    assert "the sweep stopped at its first job: nothing was submitted" in done.stderr
+    assert not (sweep / "1").exists()
+    assert json.loads((sweep / "0" / "result.json").read_text())["error_kind"] == "config"
 
 
 def test_multirun_jobs_drive_their_own_clusters(cloud_env, monkeypatch):

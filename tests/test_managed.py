@@ -700,3 +700,21 @@ def test_sweep_status_without_the_bucket_or_with_one_s3_refuses_says_so_in_one_l
     with pytest.raises(SystemExit) as ended:
         sweep_cli.main(["status", str(folder)])
     assert ended.value.code == 6  # summrl's S3 error, one line
+
+
+def test_a_sweep_read_back_from_no_command_line_is_priced_as_its_jobs_so_far(monkeypatch, caplog):
+    """Another sweeper's jobs (Optuna's) can't be read back: the warning said each job was checked on its own, where
+    the jobs so far are priced as this one and the budget held against their total (found by an audit)."""
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from summrl.cloud import plan
+
+    config = managed_config()
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(sweeper={"params": None})))
+    monkeypatch.setattr(sys, "argv", ["summrl.train", "-m", "hydra/sweeper=optuna", "seed=choice(1,2,3)"])
+    with caplog.at_level(logging.WARNING, logger="summrl"):
+        found = plan.estimates(config, ["seed=2"], 2)
+    assert found == [pricing.estimate_run(config)] * 3
+    assert "the sweep so far is priced as 3 jobs of this one's estimate" in caplog.text

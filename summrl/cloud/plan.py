@@ -12,10 +12,15 @@ import sys
 from typing import Any, Optional
 
 from summrl.cloud import pricing
+from summrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 _cache: dict[tuple, list] = {}
+
+
+class SweepJobError(ConfigError):
+    """Another job of the sweep has a config error: the sweep can't be priced, so it stops at its first job."""
 
 
 def sweep_overrides(argv: list[str], params: dict) -> list[list[str]]:
@@ -42,8 +47,10 @@ def estimates(config: Any, overrides: list[str], job_num: Optional[int]) -> list
     except Exception:  # not the command line of this sweep (a launcher running jobs in other processes)
         jobs = []
     if len(jobs) <= job_num or sorted(jobs[job_num]) != sorted(overrides):
-        log.warning("summrl: warning: the sweep's other jobs could not be read back from the command line: "
-                    "each job is estimated (and checked against backend.max_cost_usd) on its own")
+        log.warning(f"summrl: warning: the sweep's other jobs could not be read back from the command line (another "
+                    f"sweeper, such as Optuna's, or launcher): the sweep so far is priced as {job_num + 1} jobs of this "
+                    "one's estimate and checked so against backend.max_cost_usd, so a job is refused only once the jobs "
+                    "before it, which may be running, have spent the budget")
         return [pricing.estimate_run(config)] * (job_num + 1)
     key = (tuple(sys.argv), tuple(sorted(params.items())))
     if key not in _cache:
@@ -59,7 +66,10 @@ def estimates(config: Any, overrides: list[str], job_num: Optional[int]) -> list
             if num == job_num:
                 found.append(pricing.estimate_run(config))
                 continue
-            other = validate(hydra.compose_config(name, job, run_mode=RunMode.RUN))
+            try:
+                other = validate(hydra.compose_config(name, job, run_mode=RunMode.RUN))
+            except ConfigError as e:  # every job failed with it, and none said whose it was
+                raise SweepJobError(f"job {num} of the sweep ({' '.join(job)}): {e}") from None
             other.run.name = f"{other.run.name}-{num}"
             found.append(pricing.estimate_run(other))
         _cache[key] = found

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, compose_config, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -106,12 +106,15 @@ def test_weighted_qa_plus_rubric_trains_offline_on_your_documents_and_logs_terms
     """experiment=local dataset=documents on the fixture folder, with qa + 0.2 x rubric (offline rubrics): the
     questions are written offline and checked, the run trains on them, each term is logged as train/reward_<term>,
     and the val hallucination rate is in the history, result.json's val history and its final figure."""
-    run_dir = tmp_path / "rubric"
-    result = run_cli(["experiment=local", tiny_weights, "reward=qa_rubric", "trainer.max_steps=1", "dataset=documents",
-                      f"dataset.path={ROOT / 'tests' / 'fixtures' / 'documents'}", "dataset.val_size=1",
-                      f"dataset.questions.cache_dir={tmp_path / 'questions'}",
-                      "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=2", "trainer.max_summary_tokens=16",
-                      "run.name=rubric", f"hydra.run.dir={run_dir}"], cwd=ROOT)
+    import shutil
+
+    run_dir, folder = tmp_path / "rubric", tmp_path / "documents"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "documents", folder)
+    args = ["experiment=local", tiny_weights, "reward=qa_rubric", "trainer.max_steps=1", "dataset=documents",
+            f"dataset.path={folder}", "dataset.val_size=1", f"dataset.questions.cache_dir={tmp_path / 'questions'}",
+            "trainer.val_rollouts_per_doc=2", "trainer.groups_per_step=2", "trainer.max_summary_tokens=16",
+            "run.name=rubric", f"hydra.run.dir={run_dir}"]
+    result = run_cli(args, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "val hallucination rate" in result.stdout
     assert "summrl: dataset: 10 documents from" in result.stdout
@@ -133,6 +136,18 @@ def test_weighted_qa_plus_rubric_trains_offline_on_your_documents_and_logs_terms
     assert [h["val_hallucination_rate"] for h in saved["val_history"]] == [val[0]["val/hallucination_rate"],
                                                                           val[1]["val/hallucination_rate"]]
     assert saved["final_val_hallucination_rate"] == val[1]["val/hallucination_rate"]
+    # a document removed from the folder moves others between val and train (the seeded shuffle is by position): the
+    # resume scored other val documents and ranked them with the first ones (found by an audit)
+    from summrl.splits import read_documents, split_whole
+
+    config = compose_config([a for a in args if not a.startswith("hydra.")])
+    (val_document,) = split_whole(read_documents(config, report=False), config.dataset)[0]
+    (folder / val_document.id.split("#")[0]).unlink()  # the val document itself: the val split can't stay the same
+    resumed = run_cli([*args, "trainer.max_steps=2"], cwd=ROOT)
+    assert resumed.returncode == 2, resumed.stderr[-3000:]
+    assert ("resumes a run whose val documents were others: the documents in dataset.path=" in resumed.stderr
+            and "Restore the documents it trained on, or give this run a new run.name" in resumed.stderr)
+    assert json.loads((run_dir / "result.json").read_text())["val_history"] == saved["val_history"]
 
 
 def test_the_same_seed_trains_the_same_adapter(shared_run, tmp_path, tiny_weights):

@@ -186,7 +186,9 @@ async def with_questions(config: Any, loaded: Loaded, val: list[Document], train
         for document in documents:
             if document.id in checked:
                 document = replace(document, questions=checked[document.id].questions(document.id))
-            if document.questions or not required:
+            # all unanswerable (a cloze writer finds no name, number or date): any summary, an empty one too, answers
+            # every question, so its QA reward was 1.0 whatever the policy wrote
+            if any(q.answerable for q in document.questions) or not required:
                 out.append(document)
         return out
 
@@ -194,8 +196,8 @@ async def with_questions(config: Any, loaded: Loaded, val: list[Document], train
     train_out = questioned(train, train_needs)
     left_out = sorted({d.id for d in [*val, *train]} - {d.id for d in [*val_out, *train_out]})
     if left_out:
-        log.info(f"summrl: dataset: {len(left_out)} document(s) left out, none of their written questions passed the "
-                 f"check: {', '.join(left_out[:10])}{' ...' if len(left_out) > 10 else ''}")
+        log.info(f"summrl: dataset: {len(left_out)} document(s) left out, none of their questions that a summary must "
+                 f"answer passed the check: {', '.join(left_out[:10])}{' ...' if len(left_out) > 10 else ''}")
     if not val_out or (not train_out and train_required):
         raise ConfigError(f"{loaded.source}: after the question check, {len(val_out)} val and {len(train_out)} train "
                           "documents are left: add documents, or change dataset.val_size")

@@ -982,3 +982,27 @@ def test_a_repliqa_json_tables_empty_cells_are_empty_not_nan(tmp_path):
     documents = all_documents(RepliqaDatasetConfig(files=[str(tmp_path / "r.json")], train_size=2, val_size=1))
     assert [(d.id, d.topic) for d in documents] == [("d0", "News"), ("d1", ""), ("d2", "")]
     assert [(q.id, q.long_answer) for q in documents[1].questions] == [("d1-q1", ""), ("d1-q2", "")]
+
+
+def test_a_document_with_no_question_a_summary_must_answer_is_left_out_and_named(tmp_path, caplog):
+    """The offline writer finds no name, number or date in it and writes only an unanswerable question: any summary,
+    an empty one too, answered every question, so its QA reward was 1.0 whatever the policy wrote (found by an
+    audit)."""
+    import logging
+    import shutil
+
+    from summrl.splits import load
+
+    folder = tmp_path / "documents"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "documents", folder)
+    (folder / "team-values.txt").write_text("This note is about how we like to work together as a team.\n"
+                                            "we try to be kind and to listen to each other before we decide.\n")
+    caplog.set_level(logging.INFO, logger="summrl")
+    config = compose_config(["experiment=local", "dataset=documents", f"dataset.path={folder}", "dataset.val_size=2",
+                             f"dataset.questions.cache_dir={tmp_path / 'questions'}"])
+    splits = asyncio.run(load(config))
+    kept = {d.id for d in [*splits.val, *splits.train]}
+    assert "team-values.txt" not in kept and len(kept) == 10
+    assert all(any(q.answerable for q in d.questions) for d in [*splits.val, *splits.train])
+    assert ("1 document(s) left out, none of their questions that a summary must answer passed the check: "
+            "team-values.txt") in caplog.text

@@ -331,12 +331,14 @@ async def fill(bank: QuestionBank, documents: Sequence[Document], settings: Any,
 
         bar = tqdm(total=len(pending), desc="writing questions", unit="doc")
     tasks = [asyncio.ensure_future(one(i, d)) for i, d in enumerate(pending)]
-    for task in asyncio.as_completed(tasks):
-        await task
+    try:
+        for task in asyncio.as_completed(tasks):
+            await task
+            if bar is not None:
+                bar.update(1)
+    finally:  # Ctrl-C too: the bar ends its line first, or it was redrawn after the interrupted line, at the exit
         if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+            bar.close()
     if over_budget:
         raise QuestionsNotConfirmed(f"dataset.questions.max_cost_usd={budget:g} reached (${client.usage.cost_usd:.4f} "
                                     f"spent): {len(over_budget)} documents still need questions; those written are "

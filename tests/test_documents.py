@@ -1006,3 +1006,29 @@ def test_a_document_with_no_question_a_summary_must_answer_is_left_out_and_named
     assert all(any(q.answerable for q in d.questions) for d in [*splits.val, *splits.train])
     assert ("1 document(s) left out, none of their questions that a summary must answer passed the check: "
             "team-values.txt") in caplog.text
+
+
+def test_ctrl_c_while_prepare_writes_questions_is_one_line_and_exit_130(tmp_path):
+    """It was asyncio's CancelledError and KeyboardInterrupt tracebacks, exit 1, with no word that what was written is
+    cached (found by an audit)."""
+    import os
+    import signal
+    import time
+
+    with FakeLLM(default_delay_s=1.0) as server:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "summrl.data", "prepare", "experiment=local", "dataset=documents",
+             f"dataset.path={FIXTURE}", "judge=openai_compatible", "judge.model=gpt-4o-mini",
+             f"judge.api_base={server.base_url}", "dataset.questions.confirm=false",
+             f"dataset.questions.cache_dir={tmp_path / 'questions'}"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 120
+        while not server.requests:  # writing: the judge has been asked
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == ("summrl: interrupted: stopped (Ctrl-C or SIGINT); the questions and rubrics "
+                                            "written so far are cached: the same command writes only the rest")

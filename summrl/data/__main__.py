@@ -28,7 +28,7 @@ from summrl import logs
 from summrl.config import compose, validate
 from summrl.data import load_splits
 from summrl.data.documents import policy_token_counter
-from summrl.errors import ConfigError, exit_on
+from summrl.errors import ConfigError, Failure, end, exit_on, stop_signal
 
 log = logging.getLogger("summrl.data")
 
@@ -50,6 +50,9 @@ def main(argv: list[str]) -> None:
                               "(see the README's \"Keep it learning\")")
         load_dotenv()  # keys may live in .env, as for training
         asyncio.run(inspect(config) if command == "inspect" else prepare(config))
+    except KeyboardInterrupt:  # Ctrl-C while writing: what was written (and paid for) is in the caches
+        end(Failure("interrupted", f"stopped ({stop_signal()}); the questions and rubrics written so far are cached: "
+                                   "the same command writes only the rest"))
     except Exception as e:
         exit_on(e)
 

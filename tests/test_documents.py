@@ -789,6 +789,21 @@ def test_a_number_where_the_text_should_be_is_named_with_its_type_and_the_fix(tm
     path.write_text('{"id": "a", "text": ["a list"]}\n')
     with pytest.raises(DataError, match=r"line 1: column 'text' \(dataset.text_field\) holds a list \(\[\"a list\"\]\)"):
         read(dataset(path))
+    # an id of another type was taken as its Python text ("['a']", "True") where a text cell of it is refused; a
+    # number stays an id (found by an audit)
+    for cell, name in (('["a"]', "a list"), ('{"k": 1}', "a dict"), ("true", "a bool")):
+        path.write_text('{"id": %s, "text": "Alice went to Paris."}\n' % cell)
+        with pytest.raises(DataError, match=rf"line 1: column 'id' \(dataset.id_field\) holds {name} .*not text"):
+            read(dataset(path))
+    path.write_text('{"id": 7, "text": "Alice went to Paris."}\n')
+    assert [d.id for d in read(dataset(path)).documents] == ["7"]
+    # Repliqa's files by any case of their suffix, as dataset=documents reads them
+    from summrl.data.repliqa import _read_rows
+
+    upper = tmp_path / "rows.JSONL"
+    upper.write_text(path.read_text())
+    with pytest.raises(DataError, match=r"missing column"):  # read as .jsonl; it was "unsupported file type '.JSONL'"
+        _read_rows(upper)
 
 
 def test_rows_are_numbered_as_the_file_counts_them_in_every_message(tmp_path):

@@ -363,7 +363,10 @@ def _read_table(path: Path, dataset: "DocumentsDatasetConfig") -> Loaded:
             raise DataError(f"{where}: " + (not_text(text, f"column {dataset.text_field!r} (dataset.text_field)") or
                                              f"no text in column {dataset.text_field!r} (dataset.text_field): give "
                                              "the row its text or remove it"))
-        doc_id = cell_text(row.get(used["id_field"])) if "id_field" in used else text_hash(text)[:16]
+        raw_id = row.get(used["id_field"]) if "id_field" in used else None
+        if isinstance(raw_id, (list, dict, bool)) or getattr(raw_id, "ndim", 0):  # was read as its Python text
+            raise DataError(f"{where}: " + not_text(raw_id, f"column {dataset.id_field!r} (dataset.id_field)"))
+        doc_id = cell_text(raw_id) if "id_field" in used else text_hash(text)[:16]
         if not doc_id:
             raise DataError(f"{where}: an empty id in column {dataset.id_field!r} (dataset.id_field): every row needs one")
         if doc_id in seen and "id_field" in used:

@@ -36,16 +36,17 @@ def _read_rows(path: Path) -> list[dict]:
     a parquet or .json table's row counted from 1) for the errors of :func:`group_documents`."""
     if not path.exists():
         raise DataError(f"{path}: no such file (dataset.files lists it)")
-    if path.suffix not in (".parquet", ".jsonl", ".json"):
+    suffix = path.suffix.lower()  # data.JSONL, as dataset=documents reads it
+    if suffix not in (".parquet", ".jsonl", ".json"):
         raise DataError(f"{path}: unsupported file type {path.suffix!r}; use .parquet or .jsonl")
-    if path.suffix == ".jsonl":  # line by line, as dataset=documents reads it: a bad line is named by its number
+    if suffix == ".jsonl":  # line by line, as dataset=documents reads it: a bad line is named by its number
         rows = read_jsonl(path)
         columns = list(dict.fromkeys(k for row in rows for k in row))
     else:
         import pandas as pd
 
         try:
-            frame = (pd.read_parquet(path) if path.suffix == ".parquet"
+            frame = (pd.read_parquet(path) if suffix == ".parquet"
                      else pd.read_json(path, dtype=False, encoding="utf-8"))
         except Exception as e:  # pandas' and pyarrow's many parse errors (not UTF-8, a damaged file)
             raise DataError(f"{path}: can't be read as {path.suffix} ({type(e).__name__}: {str(e)[:200]}): check "

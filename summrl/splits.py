@@ -198,6 +198,9 @@ async def with_questions(config: Any, loaded: Loaded, val: list[Document], train
     if left_out:
         log.info(f"summrl: dataset: {len(left_out)} document(s) left out, none of their questions that a summary must "
                  f"answer passed the check: {', '.join(left_out[:10])}{' ...' if len(left_out) > 10 else ''}")
+    if not train and train_required:  # the split gave it documents: each was over the length limit
+        raise DataError(f"the train documents are all over dataset.max_document_tokens={dataset.max_document_tokens} "
+                        "and skipped: raise the limit, set dataset.long_documents=split, or another dataset.seed")
     if not val_out or (not train_out and train_required):
         raise ConfigError(f"{loaded.source}: after the question check, {len(val_out)} val and {len(train_out)} train "
                           "documents are left: add documents, or change dataset.val_size")

@@ -1047,3 +1047,28 @@ def test_ctrl_c_while_prepare_writes_questions_is_one_line_and_exit_130(tmp_path
     assert process.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == ("summrl: interrupted: stopped (Ctrl-C or SIGINT); the questions and rubrics "
                                             "written so far are cached: the same command writes only the rest")
+
+
+def test_train_documents_all_skipped_for_length_are_named_so_not_as_a_question_check(tmp_path):
+    """"after the question check, 1 val and 0 train documents are left", where no question was dropped: the one train
+    document was over dataset.max_document_tokens and skipped (found by an audit)."""
+    from summrl.data import DataError
+    from summrl.splits import read_documents, split_whole
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "short.md").write_text("The Orchard Street library reopened on May 3, 2025.\n")
+    (folder / "huge.md").write_text("The harbor budget grew by 12 percent in 2024. " * 60)
+    limits = ["dataset.val_size=1", "dataset.max_document_tokens=60", "dataset.long_documents=skip"]
+
+    def val_ids(seed: int) -> list[str]:
+        config = config_for(folder, tmp_path, *limits, f"dataset.seed={seed}")
+        try:
+            return [d.id for d in split_whole(read_documents(config, report=False), config.dataset)[0]]
+        except DataError:  # huge.md in val: that side has its own message
+            return []
+
+    seed = next(seed for seed in range(50) if val_ids(seed) == ["short.md"])
+    with pytest.raises(DataError, match=r"^the train documents are all over dataset.max_document_tokens=60 and "
+                                        r"skipped: raise the limit"):
+        asyncio.run(load(config_for(folder, tmp_path, *limits, f"dataset.seed={seed}")))

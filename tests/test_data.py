@@ -42,6 +42,12 @@ def test_split_is_a_seeded_shuffle(repliqa_parquet):
 def test_too_many_requested_documents_reports_the_available_count(repliqa_parquet):
     with pytest.raises(DataError, match="only 12 documents are available"):
         splits(repliqa_parquet(12), train_size=10, val_size=5)
+    # within the documents, but a side gets none: it read "= 0 + 1 documents, but only 1 documents are available"
+    from summrl.data import split_counts
+
+    with pytest.raises(DataError, match=r"^docs: train_size \+ val_size = all \+ 0.1 = 0 \+ 1 documents leaves train "
+                                        r"no document of the 1 available; each split needs at least one"):
+        split_counts(1, "all", 0.1, "docs")
 
 
 def test_train_and_val_size_come_from_the_environment(monkeypatch, repliqa_parquet):

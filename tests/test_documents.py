@@ -431,8 +431,8 @@ def test_data_prepare_and_inspect_split_a_folder_with_a_split_document_as_traini
 
     folder = tmp_path / "docs"
     shutil.copytree(FIXTURE, folder)
-    (folder / "long.md").write_text("\n\n".join(f"Section {i}. " + "The committee reviewed the budget line by line. " * 8
-                                                 for i in range(8)))
+    (folder / "long.md").write_text("\n\n".join(f"Section {i}. " + f"The {20 + i} committee members reviewed the "
+                                                 "budget line by line. " * 8 for i in range(8)))
     for seed in range(4):
         args = ["experiment=local", "dataset=documents", f"dataset.path={folder}", "reward=ruler",
                 f"dataset.questions.cache_dir={tmp_path / f'q{seed}'}", "dataset.max_document_tokens=200",
@@ -547,10 +547,10 @@ def test_an_inbox_run_says_which_recorded_documents_it_leaves_out(tmp_path, capl
 
     caplog.set_level(logging.INFO, logger="summrl")
     recorder = inbox.Recorder(tmp_path)
-    for i in range(6):
-        recorder.record(f"d{i}", f"The council met on day {i} and approved item {i}.", 1)
-    recorder.record("again", "The council met on day 2 and approved item 2.\r\n", 1)  # served twice
-    recorder.record("long", " ".join(["The harbor budget grew again."] * 40), 1)
+    for i in range(6):  # (a fact each, two digits: the offline writer's questions must have one to ask about)
+        recorder.record(f"d{i}", f"The council met on day {i + 10} and approved item {i + 20}.", 1)
+    recorder.record("again", "The council met on day 12 and approved item 22.\r\n", 1)  # served twice
+    recorder.record("long", " ".join(["The harbor budget grew by 12 percent again."] * 40), 1)
     config = compose_config(["experiment=local", "dataset=inbox", "reward=ruler", f"run.dir={tmp_path}",
                              "dataset.max_document_tokens=60", f"dataset.questions.cache_dir={tmp_path / 'q'}"])
     splits = asyncio.run(load_inbox(config))
@@ -567,11 +567,12 @@ def test_inbox_ids_stay_apart_when_a_clients_id_looks_like_a_renamed_one(tmp_pat
     from summrl.splits import load_inbox
 
     recorder = inbox.Recorder(tmp_path)
-    texts = {"v1": "The council met on Monday.", "v2": "The harbor opened in May.", "x~5": "The school hired a cook.",
-             "y": "The bridge was painted blue.", "x": "The mayor spoke at noon."}
+    texts = {"v1": "The council met on Monday with 12 members.", "v2": "The harbor opened in May with 14 boats.",
+             "x~5": "The school hired a cook for 35 pupils.", "y": "The bridge was painted blue in 1998.",
+             "x": "The mayor spoke at noon to 60 people."}
     for doc_id, text in texts.items():
         recorder.record(doc_id, text, 1)
-    recorder.record("x", "The library closed early.", 1)  # line 5: the id x taken, so x~5, which a client sent
+    recorder.record("x", "The library closed early on 23 June.", 1)  # line 5: the id x taken, so x~5, which a client sent
     config = compose_config(["experiment=local", "dataset=inbox", "reward=ruler", f"run.dir={tmp_path}",
                              "dataset.val_size=2", f"dataset.questions.cache_dir={tmp_path / 'q'}"])
     splits = asyncio.run(load_inbox(config))
@@ -579,7 +580,7 @@ def test_inbox_ids_stay_apart_when_a_clients_id_looks_like_a_renamed_one(tmp_pat
     assert ids == ["x~5", "y", "x", "x~5~5"]
     assert [splits.lines[i] for i in ids] == [2, 3, 4, 5]
     found = inbox.online(tmp_path, 0, splits.train, splits.lines, {d.id for d in splits.val}, 2)
-    assert [d.text for d, _ in found.new] == [texts["x~5"], texts["y"], texts["x"], "The library closed early."]
+    assert [d.text for d, _ in found.new] == [texts["x~5"], texts["y"], texts["x"], "The library closed early on 23 June."]
 
 
 def test_the_online_val_set_is_the_first_documents_recorded_whatever_the_length_limit(tmp_path):
@@ -590,9 +591,9 @@ def test_the_online_val_set_is_the_first_documents_recorded_whatever_the_length_
     from summrl.splits import load_inbox
 
     recorder = inbox.Recorder(tmp_path)
-    recorder.record("long", " ".join(["The harbor budget grew again."] * 40), 1)
+    recorder.record("long", " ".join(["The harbor budget grew by 12 percent again."] * 40), 1)
     for i in range(1, 7):
-        recorder.record(f"d{i}", f"The council met on day {i} and approved item {i}.", 1)
+        recorder.record(f"d{i}", f"The council met on day {i + 10} and approved item {i + 20}.", 1)
 
     def split(*overrides: str) -> tuple[list[str], list[str]]:
         config = compose_config(["experiment=local", "dataset=inbox", "reward=ruler", f"run.dir={tmp_path}",

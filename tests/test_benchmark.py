@@ -532,7 +532,9 @@ def test_ctrl_c_stops_the_benchmark_with_one_line_exit_130_and_a_rerun_does_only
                                    stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         rows_file = out / "rows.csv"
         deadline = time.monotonic() + 120
-        while not (rows_file.exists() and len(read_rows(rows_file)) >= 1) and time.monotonic() < deadline:
+        # (size first: the file exists, empty, between its creation and the first row's write)
+        while not (rows_file.exists() and rows_file.stat().st_size and len(read_rows(rows_file)) >= 1) \
+                and time.monotonic() < deadline:
             assert process.poll() is None, process.communicate()[1][-3000:]
             time.sleep(0.1)
         process.send_signal(signal.SIGINT)
@@ -591,9 +593,38 @@ def test_an_empty_reply_from_a_paid_model_is_a_failed_call_not_a_summary_scored(
     monkeypatch.setattr(litellm, "acompletion", empty)
     document = Document(id="d", topic="", text="A text.", questions=())
     ask = dict(prompt=SummaryPrompt("facts", 350), max_tokens=8, temperature=1.0, timeout_s=5, max_retries=0)
-    with pytest.raises(SummaryError, match=r"openai/o4-mini: an empty reply \(finish_reason=length\)"):
+    with pytest.raises(SummaryError, match=r"openai/o4-mini: an empty reply \(finish_reason=length\)") as e:
         asyncio.run(LiteLLMSource(model="openai/o4-mini", **ask).summarize(document))
+    assert e.value.model_calls == 1 and math.isnan(e.value.model_cost_usd)  # billed; no usage: its price unknown
     assert asyncio.run(LiteLLMSource(model="openai/policy", local=True, **ask).summarize(document)).text == ""
+
+    async def no_choices(**kwargs):  # an IndexError, which ended the benchmark with a traceback (found by an audit)
+        return litellm.ModelResponse(choices=[])
+
+    monkeypatch.setattr(litellm, "acompletion", no_choices)
+    with pytest.raises(SummaryError, match=r"openai/o4-mini: a reply with no choices"):
+        asyncio.run(LiteLLMSource(model="openai/o4-mini", **ask).summarize(document))
+
+
+def test_a_paid_call_whose_summary_failed_is_counted_and_each_reason_is_logged(tmp_path, caplog):
+    """An empty reply is paid for: the row stays undone, and its cost was counted nowhere, so $ / 1k understated a
+    reasoning model's spend; only the first failure's reason reached benchmark.log (found by an audit)."""
+    with FakeLLM() as fake:
+        fake.script = [Reply(""), Reply("A summary.")]  # priced: gpt-4o is in litellm's cost map
+        config = compose_benchmark(["experiment=local", "dataset.val_size=1", "benchmark.rollouts_per_doc=2",
+                                    "benchmark.max_concurrency=1", "benchmark.max_retries=0", "benchmark.confirm=false",
+                                    f"benchmark.models=[{fake_model(fake, 'gpt-4o', label='m')}]"], tmp_path / "out")
+        with caplog.at_level(logging.INFO, logger="summrl"):
+            assert asyncio.run(run(config)) == 1
+    (failed,) = [json.loads(line) for line in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()]
+    assert (failed["model"], failed["model_calls"]) == ("m", 1) and failed["model_cost_usd"] > 0
+    assert failed["error"].startswith("openai/gpt-4o: an empty reply")
+    table = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert table.failed_usd[0] == pytest.approx(failed["model_cost_usd"]) and table.failed_calls[0] == 1
+    assert f"**Failed calls were paid for too**, and $ / 1k leaves them out: m ${failed['model_cost_usd']:.4f} (1 calls)" \
+        in (tmp_path / "out" / "summary.md").read_text()
+    assert "summrl: m: 1 x openai/gpt-4o: an empty reply (finish_reason=stop)" in caplog.text
+    assert "summrl: m: 1 of 2 summaries scored" in caplog.text  # in the log, not only on the terminal
 
 
 @pytest.mark.parametrize("reward", ["qa", "length_penalized", "qa_rubric"])

@@ -408,12 +408,17 @@ def test_an_entry_point_ends_as_python_would_joining_threads_and_running_atexit(
 
 
 STOPPING = """
-import sys, threading, time
+import signal, sys, threading, time
 from summrl import cli
 
+def joined():  # joined as the process ends: says so once the exit has begun, then waits for the test's signals
+    while signal.getsignal(signal.SIGINT) is not cli._already_stopping:
+        time.sleep(0.01)
+    print("joining", flush=True)
+    sys.stdin.read()  # until the test closes it
+
 def main():
-    threading.Thread(target=time.sleep, args=(2,)).start()  # joined as the process ends
-    print("ending", flush=True)
+    threading.Thread(target=joined).start()
     sys.exit(130)
 
 cli.run(main)
@@ -427,14 +432,13 @@ def test_signals_while_the_process_ends_are_said_once_and_change_nothing():
     import signal
     import subprocess
 
-    process = subprocess.Popen([sys.executable, "-c", STOPPING], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout.readline() == "ending\n"
-    time.sleep(0.3)  # into the join
+    process = subprocess.Popen([sys.executable, "-c", STOPPING], cwd=ROOT, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "joining\n"  # in the join (a fixed 0.3 s raced a loaded machine)
     for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
         process.send_signal(stop)
         time.sleep(0.1)
-    out, err = process.communicate(timeout=30)
+    out, err = process.communicate(timeout=30)  # (closes stdin: the thread ends)
     assert process.returncode == 130, err[-2000:]
     assert err == "summrl: already stopping: closing threads and files (kill -9 ends it now, unsaved)\n"
 
@@ -531,7 +535,7 @@ def test_an_interrupted_sweep_resumes_with_what_its_line_says_and_a_folder_keeps
     import signal
     import subprocess
 
-    sweep = ["-m", "summrl.train", "-m", "seed=5,6", "experiment=local", tiny_weights, "trainer.max_steps=2",
+    sweep = ["-m", "summrl.train", "-m", "seed=5,6", "experiment=local", tiny_weights, "trainer.max_steps=3",
              "trainer.max_summary_tokens=8", "trainer.groups_per_step=1", "trainer.rollouts_per_group=2",
              "trainer.val_rollouts_per_doc=1", "dataset.val_size=1"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -543,18 +547,20 @@ def test_an_interrupted_sweep_resumes_with_what_its_line_says_and_a_folder_keeps
             break
     out, err = process.communicate(timeout=120)
     assert process.returncode == 143, err[-3000:]
-    added = re.search(r"stopped after step 1 \(SIGTERM\); its checkpoint is kept: run the same command with (.*) to "
-                      r"resume from it", err)
+    # step 1's, or step 2's where the signal came once its update had begun (it is finished, and recorded)
+    added = re.search(r"stopped after step ([12]) \(SIGTERM\); its checkpoint is kept: run the same command with (.*) "
+                      r"to resume from it", err)
     assert added, err[-3000:]
-    (added,) = shlex.split(added.group(1))
+    stopped = int(added.group(1))
+    (added,) = shlex.split(added.group(2))
     assert added.startswith("hydra.sweep.dir=")
     resumed = subprocess.run([sys.executable, *sweep, added], cwd=tmp_path, capture_output=True, text=True, env=env,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     folder = tmp_path / added.split("=", 1)[1]
     results = [json.loads((folder / str(n) / "result.json").read_text()) for n in (0, 1)]
-    assert [(a["start_step"], a["end_step"]) for a in results[0]["attempts"]] == [(0, 1), (1, 2)]  # job 0 resumed
-    assert [(a["start_step"], a["end_step"]) for a in results[1]["attempts"]] == [(0, 2)]
+    assert [(a["start_step"], a["end_step"]) for a in results[0]["attempts"]] == [(0, stopped), (stopped, 3)]  # resumed
+    assert [(a["start_step"], a["end_step"]) for a in results[1]["attempts"]] == [(0, 3)]
     base = results[0]["run_name"].removesuffix("-0")
     assert results[1]["run_name"] == f"{base}-1" and base == f"{folder.parent.name}_{folder.name}"
     # the same folder under another name: refused before anything loads, the earlier record untouched

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -26,9 +27,9 @@ from summrl.config import (EMBEDDED_JUDGES, FREE_JUDGES, LexicalJudgeConfig, Rul
                            rubric_rewards)
 from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
 from summrl.data import Document, Question
-from summrl.errors import ConfigError
+from summrl.errors import ConfigError, first_line
 from summrl.facts import hallucinates
-from summrl.job import write_json
+from summrl.job import append_jsonl, jsonl_rows, write_json
 from summrl.judges import build_judge, embedded_endpoint
 from summrl.rewards import Missing, build_reward
 from summrl.rewards.ruler import RulerReward
@@ -160,6 +161,25 @@ class KeptCandidates:
 
 
 @dataclass
+class FailedRow:
+    """A rollout that could not be made or scored (``failures.jsonl``): why, and what its calls were billed for, so
+    the folder's spend counts it (the row stays undone; a rerun retries it)."""
+
+    model: str
+    step: Optional[int]
+    document_id: str
+    rollout: int
+    error: str
+    model_calls: int = 0
+    model_cost_usd: float = 0.0  # nan: unknown
+    judge_calls: float = 0.0
+    judge_cost_usd: float = 0.0  # nan: unknown
+
+
+FAILURES_FILE = "failures.jsonl"
+
+
+@dataclass
 class Scorer:
     config: BenchmarkConfig
     judge_config: Any  # config.judge, or its lexical half when judge=local runs no RULER (no model to serve)
@@ -168,7 +188,7 @@ class Scorer:
     kept: Optional[KeptSummaries] = None  # summaries paid for, kept until scored (a rerun scores them)
 
     async def summaries(self, job: Job, source: Any,
-                        document: Document) -> tuple[list[int], list[Summary], list[str]]:
+                        document: Document) -> tuple[list[int], list[Summary], list[FailedRow]]:
         """The rollouts whose summary was made now or kept from before, those summaries, and the errors of those that
         failed: one failed model call no longer throws its paid siblings away."""
         async def one(rollout: int) -> Summary:
@@ -190,9 +210,11 @@ class Scorer:
             if isinstance(result, BaseException) and not isinstance(result, SummaryError):
                 raise result
         made = [(r, s) for r, s in zip(rollouts, results) if isinstance(s, Summary)]
-        return [r for r, _ in made], [s for _, s in made], [str(s) for s in results if isinstance(s, SummaryError)]
+        failed = [FailedRow(job.label, job.step, document.id, r, str(e), e.model_calls, e.model_cost_usd)
+                  for r, e in zip(rollouts, results) if isinstance(e, SummaryError)]
+        return [r for r, _ in made], [s for _, s in made], failed
 
-    async def score(self, job: Job, source: Any, document: Document) -> tuple[list[Row], list[str]]:
+    async def score(self, job: Job, source: Any, document: Document) -> tuple[list[Row], list[FailedRow]]:
         rollouts, summaries, failed = await self.summaries(job, source, document)
         if not rollouts:
             return [], failed
@@ -207,8 +229,10 @@ class Scorer:
         judge_cost = usage.get("judge/cost_usd", 0.0) / len(texts) if self.judge_cost_known else math.nan
         rows, errors = [], list(failed)
         for rollout, summary, score, verdict in zip(rollouts, summaries, scores, verdicts):
-            if isinstance(score, Missing) or isinstance(verdict, Exception):
-                errors.append(score.error if isinstance(score, Missing) else str(verdict))
+            if isinstance(score, Missing) or isinstance(verdict, Exception):  # its summary is kept: not paid again
+                errors.append(FailedRow(job.label, job.step, document.id, rollout,
+                                        score.error if isinstance(score, Missing) else str(verdict),
+                                        judge_calls=calls, judge_cost_usd=judge_cost))
                 continue
             rows.append(Row(
                 model=job.label, step=job.step, document_id=document.id, rollout=rollout,
@@ -348,6 +372,7 @@ def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -
     run = config.benchmark.run
     stages = {(run.name, step): run.stage(step) for step in run.steps} if run else {}
     table = summarize(rows, order=[(j.label, j.step) for j in jobs], stages=stages)
+    table = with_failed_spend(table, out_dir / FAILURES_FILE)
     table.to_csv(out_dir / "summary.csv", index=False)
     text = markdown(table)
     (out_dir / "summary.md").write_text(text)
@@ -357,6 +382,22 @@ def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -
     if trained and (table.model == trained).any():
         step_chart(table, trained, out_dir / "steps.png")
     return table
+
+
+def with_failed_spend(table: Any, path: Path) -> Any:
+    """The table with each line's failed calls (``failures.jsonl``, every run of the folder): how many, and their $
+    (model and judge; nan where a price is unknown), which the $ / 1k column does not count."""
+    import pandas as pd
+
+    failed = jsonl_rows(path.read_text(encoding="utf-8", errors="replace")) if path.exists() else []
+    calls, usd = [], []
+    for model, step in zip(table.model, table.step):
+        step = None if pd.isna(step) else int(step)
+        mine = [f for f in failed if f.get("model") == model and f.get("step") == step]
+        calls.append(sum((f.get("model_calls") or 0) + (f.get("judge_calls") or 0) for f in mine))
+        costs = [f.get(k) for f in mine for k in ("model_cost_usd", "judge_cost_usd")]
+        usd.append(math.nan if any(c is None for c in costs) else float(sum(costs)))
+    return table.assign(failed_calls=calls, failed_usd=usd)
 
 
 # ------------------------------------------------------------------ main
@@ -383,8 +424,11 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
     log.info(f"summrl: benchmark output in {out_dir}")
     publish(config, out_dir)
     if failures:
-        log.error(f"summrl: {len(failures)} summaries could not be made or scored (first: {redact_text(str(failures[0]))}); rerun the same "
-                  "command to retry only those")
+        for (label, step, error), count in Counter((f.model, f.step, first_line(f.error)) for f in failures).items():
+            where = "" if step is None else f" step {step}"
+            log.error(f"summrl: {label}{where}: {count} x {redact_text(error)}")
+        log.error(f"summrl: {len(failures)} summaries could not be made or scored (the reasons above, and in "
+                  f"{FAILURES_FILE}); rerun the same command to retry only those")
         return 1
     return 0
 
@@ -415,7 +459,8 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
         scorer = Scorer(config, judge_config, endpoint, judge_cost_known=known, kept=kept)
         ruler_judge = build_judge(judge_config, endpoint) if any(isinstance(j.entry, BestOfNEntry) for j in jobs) else None
         by_id = {d.id: d for d in documents}
-        failures: list[str] = []
+        failures: list[FailedRow] = []
+        failed_file = store.path.with_name(FAILURES_FILE)
         progress = progress_bar(sum(len(r) for j in jobs for r in j.pending.values()))
         for job in jobs:
             source = await source_for(config, job, server, ruler_judge)
@@ -432,13 +477,19 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
                     finally:
                         progress.update(len(job.pending[doc_id]))
                     store.append(rows)  # as soon as the document is scored: a crash loses only what is in flight
+                    if errors:  # what they cost is the folder's spend too (unknown: null)
+                        append_jsonl(failed_file, [{k: None if isinstance(v, float) and math.isnan(v) else v
+                                                    for k, v in asdict(e).items()} for e in errors])
                     failures.extend(errors)
                     return len(rows)
 
             written = sum(await asyncio.gather(*(one(d) for d in job.pending)))
             where = "" if job.step is None else f" step {job.step} ({config.benchmark.run.stage(job.step)})"
-            progress.write(f"summrl: {job.label}{where}: {written} of {sum(len(r) for r in job.pending.values())} "
-                           "summaries scored")
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            with logging_redirect_tqdm():  # into benchmark.log too, and under the bar on a terminal
+                log.info(f"summrl: {job.label}{where}: {written} of {sum(len(r) for r in job.pending.values())} "
+                         "summaries scored")
         progress.close()
         return failures
     finally:

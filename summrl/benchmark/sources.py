@@ -41,7 +41,12 @@ class Candidates(Protocol):
 
 
 class SummaryError(RuntimeError):
-    """A model call that failed after its retries (the row stays undone; a rerun retries it)."""
+    """A model call that failed after its retries (the row stays undone; a rerun retries it). ``model_calls`` and
+    ``model_cost_usd``: what it was billed for (an empty reply is paid for; a refused call is not)."""
+
+    def __init__(self, message: str, model_calls: int = 0, model_cost_usd: float = 0.0) -> None:
+        super().__init__(message)
+        self.model_calls, self.model_cost_usd = model_calls, model_cost_usd
 
 
 @dataclass
@@ -76,18 +81,25 @@ class LiteLLMSource:
                 message = message.replace(key, "***")
             # every known secret, and a key in a URL (litellm puts gemini/* keys in the request URL as ?key=)
             raise SummaryError(f"{self.model}: {redact_text(message)[:500]}") from None
+        cost = 0.0 if self.local else call_cost(response)
+        if not response.choices:  # a 200 with nothing in it (a provider's filter): an IndexError ended the benchmark
+            raise SummaryError(f"{self.model}: a reply with no choices", 1, cost)
         text = response.choices[0].message.content or ""
         if not text.strip() and not self.local:
             # a reasoning model that spent max_tokens thinking, or a content filter: not a summary to score (an empty
-            # one answers every unanswerable question); the row stays undone. A checkpoint's empty summary is scored.
+            # one answers every unanswerable question); the row stays undone, and its cost is counted apart. A
+            # checkpoint's empty summary is scored.
             raise SummaryError(f"{self.model}: an empty reply (finish_reason={response.choices[0].finish_reason}); "
-                               "a reasoning model needs more of trainer.max_summary_tokens")
-        return Summary(text=text, model_calls=1, model_cost_usd=0.0 if self.local else call_cost(response))
+                               "a reasoning model needs more of trainer.max_summary_tokens", 1, cost)
+        return Summary(text=text, model_calls=1, model_cost_usd=cost)
 
 
 def call_cost(response) -> float:
     import litellm
 
+    usage = getattr(response, "usage", None)
+    if not getattr(usage, "prompt_tokens", None) and not getattr(usage, "completion_tokens", None):
+        return math.nan  # no usage in the reply: litellm prices it $0, but it was not free
     try:
         return float(litellm.completion_cost(completion_response=response))
     except Exception:  # not in litellm's cost map: unknown, never 0
@@ -114,6 +126,10 @@ class BestOfN:
         results = await asyncio.gather(*(candidate(i) for i in range(self.n)), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:  # the others are kept: the rerun asks only for the failed ones
+            if isinstance(failed, SummaryError):  # what every failed candidate was billed for
+                spent = [r for r in results if isinstance(r, SummaryError)]
+                raise SummaryError(str(failed), sum(e.model_calls for e in spent),
+                                   sum(e.model_cost_usd for e in spent))
             raise failed
         candidates: list[Summary] = results  # type: ignore[assignment]
         texts = [c.text for c in candidates]

@@ -89,6 +89,19 @@ def coverage_note(table: pd.DataFrame) -> str:
             "the failed summaries.\n\n")
 
 
+def failed_note(table: pd.DataFrame) -> str:
+    """The $ of calls whose summaries could not be made or scored (an empty reply is paid for), which $ / 1k leaves
+    out ("" when there were none)."""
+    if "failed_usd" not in table or not ((table["failed_usd"] != 0) | table["failed_usd"].isna()).any():
+        return ""
+    spent = ", ".join(f"{m}{'' if pd.isna(s) else f' step {s}'} {'unknown' if pd.isna(u) else f'${u:.4f}'} "
+                      f"({c:g} calls)"
+                      for m, s, u, c in zip(table.model, table.step, table.failed_usd, table.failed_calls)
+                      if u != 0 or pd.isna(u))
+    return (f"\n**Failed calls were paid for too**, and $ / 1k leaves them out: {spent} (`failures.jsonl` says what "
+            "failed; a rerun retries those rows).\n")
+
+
 def markdown(table: pd.DataFrame) -> str:
     header = ("| model | step | stage | docs | summaries | % answered | 95% CI | reward | words | % inventing "
               "| $ / 1k summaries |")
@@ -99,4 +112,4 @@ def markdown(table: pd.DataFrame) -> str:
                      f"{_ci(r.ci_low_pct, r.ci_high_pct)} | {r.mean_reward:.3f} | {r.mean_words:.0f} | {r.hallucination_pct:.1f} | {_money(r.usd_per_1k)} |")
     return coverage_note(table) + "\n".join(lines) + f"\n\nStage: what wrote the trained model's weights at that step (base = no training, " \
         f"sft = the SFT warm start's checkpoint, grpo = a GRPO step). CI: {CI_METHOD}. % inventing: summaries stating a number, date or proper name " \
-        f"absent from the document. $ = model + judge calls from litellm's cost map (local models $0).\n"
+        f"absent from the document. $ = model + judge calls from litellm's cost map (local models $0).\n" + failed_note(table)

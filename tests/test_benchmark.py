@@ -209,6 +209,12 @@ def test_fake_frontier_rows_table_confidence_intervals_resume_and_charts(tmp_pat
         assert len(again) == 6 and len(set(zip(again.document_id, again.rollout))) == 6
         written = {r.content for r in scripted_summaries(docs, 6)}
         assert set(again.summary) <= written  # no summary was kept cut short
+        # a rerun of the folder for a model whose every call fails: the earlier table and chart stood as this run's
+        down = compose_benchmark(["experiment=local", "judge=lexical", "dataset.val_size=3", "benchmark.max_retries=0",
+                                  "benchmark.rollouts_per_doc=2", "benchmark.confirm=false",
+                                  "benchmark.models=[{model: openai/down, api_base: 'http://127.0.0.1:9/v1'}]"], out)
+        assert asyncio.run(run(down)) == 1
+        assert not [name for name in ("summary.csv", "summary.md", "models.png") if (out / name).exists()]
 
 
 def test_a_rows_file_cut_inside_a_character_or_inside_its_header_resumes_keeping_every_whole_row(tmp_path):
@@ -396,6 +402,11 @@ def test_checkpoints_per_step_against_a_fake_frontier_model_with_the_lexical_jud
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert "0 of 6 summaries to do (6 already in rows.csv)" in rerun.stdout
         assert len(fake.requests) == 2 and len(read_rows(out / "rows.csv")) == 6
+        # the other model alone: the trained run's per-step chart, still in the folder, was published as this run's
+        alone = run_benchmark_cli([a for a in args if not a.startswith(("benchmark.run_dir", "benchmark.every"))],
+                                  timeout=120)
+        assert alone.returncode == 0, alone.stderr[-3000:]
+        assert not (out / "steps.png").exists() and (out / "models.png").exists()
 
 
 @pytest.mark.slow

@@ -362,12 +362,13 @@ def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -
 
 
     rows_path = out_dir / "rows.csv"
-    if not rows_path.exists():
-        return None
-    rows = read_rows(rows_path)
+    rows = read_rows(rows_path) if rows_path.exists() else None
     wanted = {(j.label, j.step) for j in jobs}
-    rows = rows[[(m, None if pd.isna(s) else int(s)) in wanted for m, s in zip(rows.model, rows.step)]]
-    if rows.empty:
+    if rows is not None:
+        rows = rows[[(m, None if pd.isna(s) else int(s)) in wanted for m, s in zip(rows.model, rows.step)]]
+    if rows is None or rows.empty:  # nothing of this run's models: an earlier run's table and charts would stand
+        for name in ("summary.csv", "summary.md", "models.png", "steps.png"):
+            (out_dir / name).unlink(missing_ok=True)
         return None
     run = config.benchmark.run
     stages = {(run.name, step): run.stage(step) for step in run.steps} if run else {}
@@ -381,6 +382,8 @@ def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -
     bar_chart(table, trained, out_dir / "models.png")
     if trained and (table.model == trained).any():
         step_chart(table, trained, out_dir / "steps.png")
+    else:  # an earlier run's, with the trained run in it, was published as this one's
+        (out_dir / "steps.png").unlink(missing_ok=True)
     return table
 
 

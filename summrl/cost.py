@@ -182,6 +182,9 @@ class Work:
     model_calls: Calls
     candidates: int  # 1, or n for best-of-N
     pending: dict[str, int]  # document id -> rollouts still to do
+    # document id -> the model calls still to buy, where summaries (or candidates) paid for are kept to be scored
+    # (the benchmark's generated.jsonl); None: every pending rollout's candidates
+    to_buy: Optional[dict[str, int]] = None
 
 
 def estimate(work: Sequence[Work], documents: Sequence[Document], judge: Calls, *, prompt: SummaryPrompt,
@@ -203,7 +206,7 @@ def estimate(work: Sequence[Work], documents: Sequence[Document], judge: Calls, 
                 judged.plus(rubric_group(r.max_rubrics, rollouts, max_summary_tokens))
                 if first or not r.cache_dir:
                     judged.plus(first_calls([r], d))
-            calls = rollouts * w.candidates
+            calls = rollouts * w.candidates if w.to_buy is None else w.to_buy.get(doc_id, rollouts * w.candidates)
             w.model_calls.calls += calls
             w.model_calls.input_tokens += calls * d.prompt
             w.model_calls.output_tokens += calls * max_summary_tokens

@@ -743,7 +743,7 @@ def test_a_paid_summary_is_kept_when_its_sibling_fails_and_the_rerun_pays_only_f
     assert sorted(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary.", "Another summary."]
 
 
-def test_a_summary_whose_judge_failed_is_scored_on_the_rerun_without_paying_the_model_again(tmp_path):
+def test_a_summary_whose_judge_failed_is_scored_on_the_rerun_without_paying_the_model_again(tmp_path, caplog):
     with FakeLLM() as policy, FakeLLM() as judge:
         policy.script = [Reply("A summary.")]
         judge.script = [Reply(status=500)] * 20  # the judge is down for this run, whatever it retries
@@ -755,8 +755,12 @@ def test_a_summary_whose_judge_failed_is_scored_on_the_rerun_without_paying_the_
         assert asyncio.run(run(config)) == 1
         assert len(read_rows(tmp_path / "out" / "rows.csv")) == 0 and len(policy.requests) == 1
         judge.script = []  # back up
-        assert asyncio.run(run(config)) == 0
+        with caplog.at_level(logging.INFO, logger="summrl"):
+            assert asyncio.run(run(config)) == 0
         assert len(policy.requests) == 1  # kept in generated.jsonl: not bought again
+        # nor priced, or asked about, as a call to make (found by an audit)
+        plan = next(r.getMessage() for r in caplog.records if "benchmark plan" in r.getMessage())
+        assert "1 of 1 summaries to do" in plan and "model openai/fake-frontier" not in plan, plan
     assert list(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary."]
 
 

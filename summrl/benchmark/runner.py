@@ -85,7 +85,24 @@ def ruler_used(config: BenchmarkConfig, jobs: Sequence[Job]) -> bool:
     return _uses_ruler(config) or any(isinstance(j.entry, BestOfNEntry) for j in jobs)
 
 
-def cost_plan(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[Document]) -> list[Calls]:
+def to_buy(job: Job, kept: Optional[KeptSummaries], candidates: int) -> Optional[dict[str, int]]:
+    """Each document's model calls still to pay for: a rollout's summary, or a best-of-N candidate, kept from an
+    earlier run (generated.jsonl) is scored without being bought again. None: nothing is kept."""
+    if kept is None or not kept.kept:
+        return None
+
+    def calls(doc_id: str, rollout: int) -> int:
+        if kept.get(job.label, job.step, doc_id, rollout) is not None:
+            return 0
+        if candidates == 1:
+            return 1
+        return sum(kept.get(job.label, job.step, doc_id, rollout, candidate=i) is None for i in range(candidates))
+
+    return {doc_id: sum(calls(doc_id, r) for r in rollouts) for doc_id, rollouts in job.pending.items()}
+
+
+def cost_plan(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[Document],
+              kept: Optional[KeptSummaries] = None) -> list[Calls]:
     work = []
     for job in jobs:
         entry = job.entry.model if isinstance(job.entry, BestOfNEntry) else job.entry
@@ -94,7 +111,7 @@ def cost_plan(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[
         else:  # served on this machine
             calls = Calls(f"model {job.label} (checkpoint step {job.serve_step})", None)
         candidates = job.entry.n if isinstance(job.entry, BestOfNEntry) else 1
-        work.append(Work(calls, candidates, {d: len(r) for d, r in job.pending.items()}))
+        work.append(Work(calls, candidates, {d: len(r) for d, r in job.pending.items()}, to_buy(job, kept, candidates)))
     judge_id = getattr(config.judge, "model", None) or f"{config.model.base_model} (judge={config.judge.kind})"
     judge = Calls(f"judge {judge_id}", None if judge_local(config) else config.judge.model)
     llm_judge = config.judge.kind not in ("lexical", "local")
@@ -415,7 +432,7 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
     jobs = plan(config, val, store)
     total = len(jobs) * len(val) * config.benchmark.rollouts_per_doc
     todo = [j for j in jobs if j.pending]
-    lines = cost_plan(config, todo, val)
+    lines = cost_plan(config, todo, val, KeptSummaries(out_dir / GENERATED_FILE))
     log.info(render(lines, total, total - sum(len(r) for j in todo for r in j.pending.values())))
     if todo and config.benchmark.confirm and needs_confirmation(lines) and not confirmed(stdin):
         log.error("summrl: not confirmed: benchmark: the cost was not confirmed; nothing was called "

@@ -252,6 +252,18 @@ def test_long_documents_split_at_paragraphs_with_nothing_lost_or_skip_counted(tm
         limit_length(read(refuse), refuse, words)
 
 
+def test_a_part_with_another_parts_text_is_kept_once(tmp_path):
+    """Two leases sharing their standard clauses, cut at the same place: the same part was in val and in train,
+    where whole documents with the same text are kept once (found by an audit)."""
+    folder, paragraphs = long_folder(tmp_path)
+    (folder / "other.md").write_text("\n\n".join(paragraphs[:2] + [" ".join(f"y{i}" for i in range(30)) + "."]))
+    settings = dataset(folder, max_document_tokens=70)
+    loaded = limit_length(read(settings), settings, words)
+    assert [d.id for d in loaded.documents if d.id.startswith("other.md")] == ["other.md#part2"]
+    assert loaded.duplicates == [("other.md#part1", "long.md#part1")]
+    assert "1 duplicate document(s) kept once: other.md#part1 = long.md#part1" in "\n".join(loaded.lines())
+
+
 def test_a_paragraph_over_the_limit_is_cut_at_sentence_ends():
     text = "One two three. Four five six. Seven eight nine.\n\nTen."
     assert split_text(text, 6, words) == ["One two three. Four five six.", "Seven eight nine.\n\nTen."]

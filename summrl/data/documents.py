@@ -480,7 +480,17 @@ def limit_length(loaded: Loaded, dataset: "DocumentsDatasetConfig", count_tokens
         parts = split_text(document.text, limit, count_tokens)
         loaded.long["parts"] += len(parts)
         documents += [replace(document, id=f"{document.id}#part{k}", text=part) for k, part in enumerate(parts, 1)]
-    loaded.documents = documents
+    # A part can have another's text (boilerplate that two documents share, cut at the same place): kept once, as
+    # whole documents are, or the same text could be in val and in train
+    seen: dict[str, str] = {}
+    loaded.documents = []
+    for document in documents:
+        digest = same_text(document.text)
+        if digest in seen:
+            loaded.duplicates.append((document.id, seen[digest]))
+            continue
+        seen[digest] = document.id
+        loaded.documents.append(document)
     return loaded
 
 

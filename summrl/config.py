@@ -217,6 +217,11 @@ class QuestionsConfig:
         _require(self.per_document > 0, "dataset.questions.per_document", f"must be > 0, got {self.per_document}")
         _require(0.0 <= self.unanswerable_share < 1.0, "dataset.questions.unanswerable_share",
                  f"must be in [0, 1), got {self.unanswerable_share}")
+        unanswerable = round(self.per_document * self.unanswerable_share)  # as the writer asks for them
+        _require(self.per_document - unanswerable >= 1, "dataset.questions.unanswerable_share",
+                 f"{self.unanswerable_share} of dataset.questions.per_document={self.per_document} makes all "
+                 f"{self.per_document} unanswerable, and a document with no answerable question is left out: lower "
+                 "it, or raise per_document")
         _require(self.max_cost_usd is None or self.max_cost_usd >= 0, "dataset.questions.max_cost_usd",
                  f"must be >= 0 or null, got {self.max_cost_usd}")
         _require(bool(self.cache_dir), "dataset.questions.cache_dir", "must name a folder")

@@ -1085,3 +1085,16 @@ def test_train_documents_all_skipped_for_length_are_named_so_not_as_a_question_c
     with pytest.raises(DataError, match=r"^the train documents are all over dataset.max_document_tokens=60 and "
                                         r"skipped: raise the limit"):
         asyncio.run(load(config_for(folder, tmp_path, *limits, f"dataset.seed={seed}")))
+
+
+def test_question_settings_that_leave_no_answerable_question_are_refused_naming_them():
+    """per_document=1 with unanswerable_share=0.6 asks for one unanswerable question a document: every document was
+    left out, and the line said to add documents (found by a review)."""
+    from summrl.errors import ConfigError
+
+    docs = ["experiment=local", "dataset=documents", f"dataset.path={FIXTURE}"]
+    with pytest.raises(ConfigError, match=r"^dataset.questions.unanswerable_share: 0.6 of dataset.questions."
+                                          r"per_document=1 makes all 1 unanswerable"):
+        compose_config([*docs, "dataset.questions.per_document=1", "dataset.questions.unanswerable_share=0.6"])
+    assert compose_config([*docs, "dataset.questions.per_document=2",
+                           "dataset.questions.unanswerable_share=0.4"]).dataset.questions.per_document == 2

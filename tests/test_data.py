@@ -48,6 +48,8 @@ def test_too_many_requested_documents_reports_the_available_count(repliqa_parque
     with pytest.raises(DataError, match=r"^docs: train_size \+ val_size = all \+ 0.1 = 0 \+ 1 documents leaves train "
                                         r"no document of the 1 available; each split needs at least one"):
         split_counts(1, "all", 0.1, "docs")
+    with pytest.raises(DataError, match=r"= 0 \+ 15 documents, but only 10 documents are available"):  # val over n
+        split_counts(10, "all", 15, "docs")
 
 
 def test_train_and_val_size_come_from_the_environment(monkeypatch, repliqa_parquet):

@@ -42,7 +42,7 @@ def split_counts(n: int, train_size: Union[int, float, str], val_size: Union[int
         given, counted = f"{train_size} + {val_size}", f"{max(train, 0)} + {max(val, 0)}"
         sizes = f"train_size + val_size = {given}{'' if counted == given else f' = {counted}'} documents"
         variables = " (or the TRAIN_SIZE / VAL_SIZE environment variables)" if env_sizes else ""
-        if val + train <= n:  # within the documents, but one side gets none ("0 + 1 ... only 1" read as a contradiction)
+        if max(val, 0) + max(train, 0) <= n:  # within the documents, but one side gets none ("0 + 1 ... only 1")
             side = "train" if train <= 0 else "val"
             raise DataError(f"{source}: {sizes} leaves {side} no document of the {n} available; each split needs at "
                             f"least one: add documents, or change dataset.train_size / dataset.val_size{variables}")

@@ -761,6 +761,8 @@ def test_a_summary_whose_judge_failed_is_scored_on_the_rerun_without_paying_the_
         # nor priced, or asked about, as a call to make (found by an audit)
         plan = next(r.getMessage() for r in caplog.records if "benchmark plan" in r.getMessage())
         assert "1 of 1 summaries to do" in plan and "model openai/fake-frontier" not in plan, plan
+        # the judge's failed calls were refused, not billed: nothing to add to the spend (it said "unknown (0 calls)")
+        assert "Failed calls" not in (tmp_path / "out" / "summary.md").read_text()
     assert list(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary."]
 
 

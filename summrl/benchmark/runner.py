@@ -249,7 +249,7 @@ class Scorer:
             if isinstance(score, Missing) or isinstance(verdict, Exception):  # its summary is kept: not paid again
                 errors.append(FailedRow(job.label, job.step, document.id, rollout,
                                         score.error if isinstance(score, Missing) else str(verdict),
-                                        judge_calls=calls, judge_cost_usd=judge_cost))
+                                        judge_calls=calls, judge_cost_usd=judge_cost if calls else 0.0))
                 continue
             rows.append(Row(
                 model=job.label, step=job.step, document_id=document.id, rollout=rollout,

@@ -92,12 +92,11 @@ def coverage_note(table: pd.DataFrame) -> str:
 def failed_note(table: pd.DataFrame) -> str:
     """The $ of calls whose summaries could not be made or scored (an empty reply is paid for), which $ / 1k leaves
     out ("" when there were none)."""
-    if "failed_usd" not in table or not ((table["failed_usd"] != 0) | table["failed_usd"].isna()).any():
+    if "failed_usd" not in table or not (table["failed_calls"] > 0).any():  # (no call billed, nothing to say)
         return ""
     spent = ", ".join(f"{m}{'' if pd.isna(s) else f' step {s}'} {'unknown' if pd.isna(u) else f'${u:.4f}'} "
                       f"({c:g} calls)"
-                      for m, s, u, c in zip(table.model, table.step, table.failed_usd, table.failed_calls)
-                      if u != 0 or pd.isna(u))
+                      for m, s, u, c in zip(table.model, table.step, table.failed_usd, table.failed_calls) if c > 0)
     return (f"\n**Failed calls were paid for too**, and $ / 1k leaves them out: {spent} (`failures.jsonl` says what "
             "failed; a rerun retries those rows).\n")
 

@@ -439,10 +439,12 @@ def upload_verified(client: Any, bucket: str, label: str, path: Path, key: str) 
     return {"size": size, "md5": md5}
 
 
-def publish_folder(storage: Any, key_root: str, folder: Path, skip: tuple[str, ...] = ()) -> Optional[str]:
+def publish_folder(storage: Any, key_root: str, folder: Path, skip: tuple[str, ...] = (),
+                   gone: tuple[str, ...] = ()) -> Optional[str]:
     """Upload every file of ``folder`` (but its top-level ``skip`` folders) under
-    ``s3://<bucket>/<prefix>/<key_root>/``, verified. Returns the URL (the bucket as ``bucket_label`` names it),
-    or None when no bucket is configured."""
+    ``s3://<bucket>/<prefix>/<key_root>/``, verified; the files named in ``gone`` that the folder no longer has are
+    deleted there too (an earlier upload's, which would stand as this one's). Returns the URL (the bucket as
+    ``bucket_label`` names it), or None when no bucket is configured."""
     bucket = resolve_bucket(storage)
     if not storage.enabled or not bucket:
         return None
@@ -451,6 +453,9 @@ def publish_folder(storage: Any, key_root: str, folder: Path, skip: tuple[str, .
     root = "/".join(p for p in (storage.prefix, key_root) if p)
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).parts[0] not in skip):
         upload_verified(client, bucket, label, path, f"{root}/{path.relative_to(folder).as_posix()}")
+    for name in gone:
+        if not (folder / name).exists():
+            client.delete_object(Bucket=bucket, Key=f"{root}/{name}")
     return f"s3://{label}/{root}"
 
 

@@ -279,6 +279,16 @@ def test_results_go_to_s3_and_to_wandb_when_configured(tmp_path, s3_endpoint, aw
     names = {k.rsplit("/", 1)[1] for k in uploaded}
     assert {"rows.csv", "summary.csv", "summary.md", "models.png", "benchmark.json"} <= names
     assert not any("/wandb/" in k for k in uploaded)  # W&B keeps its own copy
+    # rerun for a model whose every call fails: the earlier table, gone from the folder, is gone from S3 too (it
+    # stood there as this run's: found by a review)
+    down = compose_benchmark(["experiment=local", "judge=lexical", "dataset.val_size=2", "benchmark.rollouts_per_doc=1",
+                              "benchmark.name=pub", "benchmark.max_retries=0", "benchmark.confirm=false",
+                              "storage.enabled=true", "storage.bucket=bench-results",
+                              f"storage.endpoint_url={s3_endpoint}",
+                              "benchmark.models=[{model: openai/down, api_base: 'http://127.0.0.1:9/v1'}]"], out)
+    assert asyncio.run(run(down)) == 1
+    left = {k.rsplit("/", 1)[1] for k in keys(s3_endpoint, "bench-results", "summrl/summrl/benchmarks/pub/")}
+    assert "rows.csv" in left and not left & {"summary.csv", "summary.md", "models.png"}
 
     run_record = wandb_records(out)
     assert run_record["project"] == "summrl" and run_record["job_type"] == "benchmark"

@@ -12,13 +12,16 @@ from summrl.tracking import wandb_id, wandb_mode
 
 log = logging.getLogger(__name__)
 
+# What a run writes from its rows: removed when this run has none of them, here and where it was published
+OUTPUTS = ("summary.csv", "summary.md", "models.png", "steps.png")
+
 
 def publish(config, out_dir: Path) -> None:
     """Upload ``out_dir`` (rows, tables, charts) to S3, and log it as one W&B run. A failure here warns and keeps
     the local folder: the results are already on disk, and a rerun publishes them again."""
     try:
         url = publish_folder(config.storage, f"{config.project}/benchmarks/{config.benchmark.name}", out_dir,
-                             skip=("wandb",))
+                             skip=("wandb",), gone=OUTPUTS)
         if url:
             log.info(f"summrl: benchmark results uploaded to {url}")
     except Exception as e:

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, Union
 
 from summrl.benchmark.charts import bar_chart, step_chart
 from summrl.benchmark.config import BenchmarkConfig, BestOfNEntry, ModelEntry
-from summrl.benchmark.publish import publish
+from summrl.benchmark.publish import OUTPUTS, publish
 from summrl.benchmark.rows import KeptSummaries, Row, RowStore, correctness, read_rows, row_key
 from summrl.backends.serving import start_server
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
@@ -384,7 +384,7 @@ def write_outputs(config: BenchmarkConfig, jobs: Sequence[Job], out_dir: Path) -
     if rows is not None:
         rows = rows[[(m, None if pd.isna(s) else int(s)) in wanted for m, s in zip(rows.model, rows.step)]]
     if rows is None or rows.empty:  # nothing of this run's models: an earlier run's table and charts would stand
-        for name in ("summary.csv", "summary.md", "models.png", "steps.png"):
+        for name in OUTPUTS:
             (out_dir / name).unlink(missing_ok=True)
         return None
     run = config.benchmark.run

@@ -474,12 +474,11 @@ def run_from_hydra(config: Any, record: Optional[RunRecord] = None) -> Optional[
             raise  # a sweep records the failed job and goes on
         log.error(f"summrl: {e}")
         sys.exit(e.exit_code)  # a single run exits as the remote job did
-    except (PreflightError, plan.SweepJobError) as e:
+    except PreflightError as e:
         if job_num != 0 or full_errors():
             raise
-        # The sweep's first job: the keys, the credentials and the budget are every job's (and another job's bad
-        # config stops the pricing of all), so its listing would repeat for each of them (and again as Hydra's
-        # summary). The sweep stops here, with nothing submitted.
+        # The sweep's first job: the keys, the credentials and the budget are every job's, so its listing would
+        # repeat for each of them (and again as Hydra's summary). The sweep stops here, with nothing submitted.
         failure = classify(e)
         if record is not None:
             record.fail(failure.kind, f"{KINDS[failure.kind][1]}: {failure.message}", failure.exit_code)

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Optional
 
 from summrl.cloud import pricing
+from summrl.cost import Calls
 from summrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -19,8 +20,10 @@ log = logging.getLogger(__name__)
 _cache: dict[tuple, list] = {}
 
 
-class SweepJobError(ConfigError):
-    """Another job of the sweep has a config error: the sweep can't be priced, so it stops at its first job."""
+def not_run(name: str) -> pricing.Estimate:
+    """A job that will not run (its config is refused): $0 of GPU and judge."""
+    return pricing.Estimate(run=name, price=pricing.Price(0.0, "none", "none"), hours=0.0,
+                            judge=Calls(f"judge ({name}: not run)", None))
 
 
 def sweep_overrides(argv: list[str], params: dict) -> list[list[str]]:
@@ -68,8 +71,11 @@ def estimates(config: Any, overrides: list[str], job_num: Optional[int]) -> list
                 continue
             try:
                 other = validate(hydra.compose_config(name, job, run_mode=RunMode.RUN))
-            except ConfigError as e:  # every job failed with it, and none said whose it was
-                raise SweepJobError(f"job {num} of the sweep ({' '.join(job)}): {e}") from None
+            except ConfigError as e:  # it fails on its own, with its own line: not this job's error, and costs $0
+                log.warning(f"summrl: warning: job {num} of the sweep ({' '.join(job)}) has a config error, so it "
+                            f"will fail on its own and is priced $0: {e}")
+                found.append(not_run(f"job {num}"))
+                continue
             other.run.name = f"{other.run.name}-{num}"
             found.append(pricing.estimate_run(other))
         _cache[key] = found

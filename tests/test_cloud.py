@@ -199,6 +199,12 @@ def test_a_secret_resolved_into_the_tasks_commands_is_refused_before_launch(clou
         with pytest.raises(ConfigError, match=rf"^{where}.* holds the value of MY_HF: .* write \$MY_HF") as e:
             run_on_cluster(launcher_config(override), [override], None)
         assert "hf_VIAENV" not in str(e.value)
+    # ...but a variable meant to be in the command (a run name, a W&B project, a split) launches, whole words only
+    for name, value, override in (("EXPERIMENT", "alice", "run.name=${oc.env:EXPERIMENT}-lr"),
+                                  ("WANDB_PROJECT", "summrl", "project=${oc.env:WANDB_PROJECT}"),
+                                  ("SPLIT", "train", "dataset.hf_split=${oc.env:SPLIT}")):
+        monkeypatch.setenv(name, value)
+        build_task(launcher_config(override), [override], "summrl", resources=False)
     assert fake.calls == []
     # the way the message names: the variable, read on the cluster from the task's secrets
     override = "backend.setup='huggingface-cli login --token $HF_TOKEN'"

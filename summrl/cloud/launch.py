@@ -308,15 +308,20 @@ def _quoted(path: str) -> str:
     return "'" + path.replace("'", "\\'") + "'"
 
 
-def remote_command(config: Any, overrides: list[str]) -> str:
-    """``python -m summrl.train`` with this job's own overrides, its run name and backend=local_gpu."""
-    kept = [o for o in overrides
-            if not any(_override_key(o) == k or _override_key(o).startswith(k + ".") for k in _LOCAL_ONLY)]
+def backend_args(config: Any) -> list[str]:
+    """The remote job's backend=local_gpu settings, resolved here (a ``${oc.env:...}`` in them is its value)."""
     gpu = config.backend.local_gpu
     backend = [f"backend.{f.name}={_value(getattr(gpu, f.name))}" for f in fields(gpu)
                if f.name not in ("kind", "engine_args") and getattr(gpu, f.name) is not None]
     # ++: engine_args is an empty mapping in local_gpu.yaml, and struct mode refuses new keys without it.
-    backend += [f"++backend.engine_args.{k}={_value(v)}" for k, v in gpu.engine_args.items()]
+    return backend + [f"++backend.engine_args.{k}={_value(v)}" for k, v in gpu.engine_args.items()]
+
+
+def remote_command(config: Any, overrides: list[str]) -> str:
+    """``python -m summrl.train`` with this job's own overrides, its run name and backend=local_gpu."""
+    kept = [o for o in overrides
+            if not any(_override_key(o) == k or _override_key(o).startswith(k + ".") for k in _LOCAL_ONLY)]
+    backend = backend_args(config)
     # Values the local environment chose (TRAIN_SIZE / VAL_SIZE) are pinned, so the remote job is this job.
     keys = {_override_key(o) for o in kept}
     pinned = [f"dataset.{k}={getattr(config.dataset, k)}" for k in ("train_size", "val_size")
@@ -375,7 +380,8 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
     setup, run = setup_script(config), run_script(config, overrides)
     referenced = referenced_variables(overrides)
     forwarded = {**secrets(config), **referenced}
-    check_no_secret(referenced, {"backend.setup": setup, "the cloud job's command (backend.* settings)": run})
+    check_no_secret(referenced, {"backend.setup": (setup, setup),
+                                 "the cloud job's command (backend.* settings)": (run, " ".join(backend_args(config)))})
     task = sky.Task(name=cluster, setup=setup, run=run, workdir=str(ROOT))
     task.update_secrets(forwarded)
     task.update_envs({name: os.environ[name] for name in FORWARDED_ENVS if os.environ.get(name)})
@@ -389,21 +395,26 @@ def build_task(config: Any, overrides: list[str], cluster: str, resources: bool 
     return task
 
 
-def check_no_secret(referenced: dict[str, str], scripts: dict[str, str]) -> None:
+def check_no_secret(referenced: dict[str, str], scripts: dict[str, tuple[str, str]]) -> None:
     """No secret's value in the task's commands: a ``${oc.env:HF_TOKEN}`` in ``backend.setup`` or an engine arg is
     resolved here, and SkyPilot keeps commands in clear (the task YAML, a managed job's controller, this log).
+    ``scripts``: each command, and its part resolved from the config (the setup; the backend.* arguments).
     ``referenced``: the variables the overrides read, whatever their names (``${oc.env:MY_HF}``), which the task
-    forwards as secrets too."""
+    forwards as secrets too: their values are looked for as whole words in the resolved parts only (a run name or
+    a W&B project read from the environment is meant to be in the command, and "summrl" is in summrl.train)."""
     values = set(secret_values())  # variables named as secrets (not BACKUP_BUCKET or AWS_REGION, which are settings)
-    known = {**{name: value for name, value in os.environ.items() if value in values}, **referenced}
-    for where, text in scripts.items():
-        for name, value in known.items():
-            if len(value) >= 4 and value in text:
-                raise ConfigError(
-                    f"{where} holds the value of {name}: SkyPilot would keep it in clear in the task. {name} reaches "
-                    f"the cluster as a secret: in backend.setup write ${name} (the cluster's environment has it) "
-                    f"instead of ${{oc.env:{name}}}, and leave it out of backend.engine_args (vLLM and Hugging Face "
-                    "read HF_TOKEN from the environment)")
+    named = {name: value for name, value in os.environ.items() if value in values}
+    for where, (text, resolved) in scripts.items():
+        found = [name for name, value in named.items() if len(value) >= 4 and value in text]
+        found += [name for name, value in referenced.items() if len(value) >= 4 and name not in named
+                  and re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])", resolved)]
+        if found:
+            name = found[0]
+            raise ConfigError(
+                f"{where} holds the value of {name}: SkyPilot would keep it in clear in the task. {name} reaches "
+                f"the cluster as a secret: in backend.setup write ${name} (the cluster's environment has it) "
+                f"instead of ${{oc.env:{name}}}, and leave it out of backend.engine_args (vLLM and Hugging Face "
+                "read HF_TOKEN from the environment)")
 
 
 def resources_spec(b: Any) -> dict:

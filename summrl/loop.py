@@ -7,7 +7,6 @@ or which reward it runs with.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import os
@@ -334,28 +333,21 @@ def check_groups_fit(config: Config, n_train: int, earlier: Optional[dict] = Non
                           "raise dataset.train_size")
 
 
-def val_digest(val: Sequence[Document]) -> str:
-    """What the val split is: its documents' ids and texts (the split's seeded shuffle moves documents when one is
-    added to or removed from dataset.path, and an edited one is another document)."""
-    digest = hashlib.sha256()
-    for document in sorted(val, key=lambda d: d.id):
-        digest.update(f"{document.id}\0{document.text}\0".encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()[:16]
-
-
-def check_same_val(config: Config, earlier: dict, val: Sequence[Document]) -> None:
-    """A resumed run scores the val documents its earlier invocations did: a folder of documents that changed
-    (one added or removed reshuffles the split) went on, and its best_val_score ranked scores of other documents."""
+def check_same_val(config: Config, earlier: dict, digest: Optional[str]) -> None:
+    """A resumed run scores the val documents its earlier invocations did (``digest``: splits.val_digest of the val
+    split, before the question check): a folder of documents that changed (one added or removed reshuffles the
+    split) went on, and its best_val_score ranked scores of other documents."""
     trained = (earlier.get("dataset") or {}).get("val_sha256")
     if config.dataset.kind == "inbox" or not trained or not (earlier.get("attempts") or earlier.get("val_history")):
         return  # online learning has its own val; a run recorded before the digest was kept
-    if val_digest(val) != trained:
+    if digest != trained:
         where = (f"the documents in dataset.path={config.dataset.path}" if config.dataset.kind == "documents"
                  else f"dataset {config.dataset.name}'s documents")
         raise ConfigError(f"run.name={config.run.name} resumes a run whose val documents were others: {where} "
-                          "changed since it trained (one added, removed or edited "
-                          "moves documents between val and train), so its val scores would be ranked with scores of "
-                          "other documents. Restore the documents it trained on, or give this run a new run.name")
+                          "changed since it trained (a document added, removed or edited moves documents between val "
+                          "and train, and so does another dataset.train_size where dataset.val_size=all), so its val "
+                          "scores would be ranked with scores of other documents. Restore the documents and sizes it "
+                          "trained with, or give this run a new run.name")
 
 
 def warn_short_run(config: Config, n_train: int) -> None:
@@ -587,9 +579,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                 record.update(dataset=with_failed_question_cost(record.earlier, spent))
             raise
         val, train_docs = splits.val, splits.train
-        check_same_val(config, record.earlier, val)
-        record.update(dataset={**with_earlier_question_cost(splits.record, record.earlier),
-                               "val_sha256": val_digest(val)})
+        check_same_val(config, record.earlier, splits.record.get("val_sha256"))
+        record.update(dataset=with_earlier_question_cost(splits.record, record.earlier))
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
         check_groups_fit(config, len(train_docs), record.earlier)
         warn_short_run(config, len(train_docs))

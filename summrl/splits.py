@@ -13,6 +13,7 @@ printed and returned as the run's ``dataset`` record.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import statistics
 import sys
@@ -84,6 +85,16 @@ def needs_questions(config: Any, train: bool) -> bool:
     return not train or "qa" in reward_kinds(config.reward)
 
 
+def val_digest(val: Sequence[Document]) -> str:
+    """What the val split is (result.json's dataset.val_sha256, which a resume must match): its documents' ids and
+    texts, before the question check (the split's seeded shuffle moves documents when one is added to or removed
+    from dataset.path, and an edited one is another document)."""
+    digest = hashlib.sha256()
+    for document in sorted(val, key=lambda d: d.id):
+        digest.update(f"{document.id}\0{document.text}\0".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()[:16]
+
+
 async def load(config: Any, *, every_document: bool = False, val_only: bool = False) -> Splits:
     """(val, train) for ``config.dataset``, questions included. ``every_document``: every document as val, none as
     train (the benchmark's split=all); ``val_only``: only val needs questions (the benchmark). Raises DataError,
@@ -95,7 +106,8 @@ async def load(config: Any, *, every_document: bool = False, val_only: bool = Fa
         if every_document:
             return Splits(all_documents(dataset), [], {"kind": "repliqa", "split": "all"})
         val, train = load_splits(dataset)
-        return Splits(val, train, {"kind": "repliqa", "val": len(val), "train": len(train)})
+        return Splits(val, train, {"kind": "repliqa", "val": len(val), "train": len(train),
+                                   "val_sha256": val_digest(val)})
     loaded = read_documents(config)
     val, train = (list(loaded.documents), []) if every_document else split_whole(loaded, dataset)
     return await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True) and not val_only,
@@ -206,6 +218,7 @@ async def with_questions(config: Any, loaded: Loaded, val: list[Document], train
                           "documents are left: add documents, or change dataset.val_size")
     usage = bank.writer.client.usage if bank.writer.client is not None else None
     record = {"kind": dataset.kind, **loaded.record(), "val": len(val_out), "train": len(train_out),
+              "val_sha256": val_digest(val),
               "questions": {"given": sum(bool(d.questions) for d in loaded.documents),
                             "generated_documents": len(checked), "cache_hits": bank.hits, "written_now": bank.written,
                             **totals(checked), "left_out": left_out,

@@ -138,15 +138,17 @@ def test_weighted_qa_plus_rubric_trains_offline_on_your_documents_and_logs_terms
     assert saved["final_val_hallucination_rate"] == val[1]["val/hallucination_rate"]
     # a document removed from the folder moves others between val and train (the seeded shuffle is by position): the
     # resume scored other val documents and ranked them with the first ones (found by an audit)
-    from summrl.splits import read_documents, split_whole
+    from summrl.splits import read_documents, split_whole, val_digest
 
     config = compose_config([a for a in args if not a.startswith("hydra.")])
     (val_document,) = split_whole(read_documents(config, report=False), config.dataset)[0]
+    # the split as made, before the question check (which settings that may change can make keep more or fewer)
+    assert dataset["val_sha256"] == val_digest([val_document])
     (folder / val_document.id.split("#")[0]).unlink()  # the val document itself: the val split can't stay the same
     resumed = run_cli([*args, "trainer.max_steps=2"], cwd=ROOT)
     assert resumed.returncode == 2, resumed.stderr[-3000:]
     assert ("resumes a run whose val documents were others: the documents in dataset.path=" in resumed.stderr
-            and "Restore the documents it trained on, or give this run a new run.name" in resumed.stderr)
+            and "Restore the documents and sizes it trained with, or give this run a new run.name" in resumed.stderr)
     assert json.loads((run_dir / "result.json").read_text())["val_history"] == saved["val_history"]
 
 

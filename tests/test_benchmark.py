@@ -765,6 +765,7 @@ def test_a_summary_whose_judge_failed_is_scored_on_the_rerun_without_paying_the_
         assert asyncio.run(run(config)) == 1
         assert len(read_rows(tmp_path / "out" / "rows.csv")) == 0 and len(policy.requests) == 1
         judge.script = []  # back up
+        caplog.clear()  # (the first run's plan, where the logger's level let it through)
         with caplog.at_level(logging.INFO, logger="summrl"):
             assert asyncio.run(run(config)) == 0
         assert len(policy.requests) == 1  # kept in generated.jsonl: not bought again

@@ -685,13 +685,29 @@ def paid(client, usd: float) -> None:
         REQUEST_COST.get()[0] += usd
 
 
+def paid_bank(monkeypatch, client, write, estimate_usd: float):
+    """A question bank whose ``write`` pays through ``client``, for 10 uncached documents estimated at
+    ``estimate_usd`` in all."""
+    from types import SimpleNamespace
+
+    import summrl.splits as splits
+    from summrl.data import Document
+
+    bank = SimpleNamespace(writer=SimpleNamespace(client=client), cached=lambda d: None, get=write, hits=0,
+                           failures={}, written=0)
+    documents = [Document(id=f"d{i}", topic="", text="t", questions=()) for i in range(10)]
+    price = f"${estimate_usd:.2f}"
+    estimate = SimpleNamespace(usd=estimate_usd, local=False, line=lambda: price, price=lambda: price)
+    monkeypatch.setattr(splits, "plan", lambda bank, documents, model: (list(documents), estimate))
+    return bank, documents
+
+
 def test_the_question_budget_holds_while_writing_when_the_estimate_was_short(monkeypatch):
     """Every document passed the budget check as they all started at once: an estimate of $5 against a budget of
     $5, at a real $1 a document, spent $10 without a word."""
     from types import SimpleNamespace
 
     import summrl.splits as splits
-    from summrl.data import Document
 
     client = SimpleNamespace(model="gpt-4o-mini", usage=SimpleNamespace(cost_usd=0.0), max_concurrency=4)
 
@@ -700,11 +716,7 @@ def test_the_question_budget_holds_while_writing_when_the_estimate_was_short(mon
         paid(client, 1.0)
         return f"questions of {document.id}"
 
-    bank = SimpleNamespace(writer=SimpleNamespace(client=client), cached=lambda d: None, get=write, hits=0,
-                           failures={}, written=0)
-    documents = [Document(id=f"d{i}", topic="", text="t", questions=()) for i in range(10)]
-    estimate = SimpleNamespace(usd=5.0, local=False, line=lambda: "$5.00", price=lambda: "$5.00")
-    monkeypatch.setattr(splits, "plan", lambda bank, documents, model: (list(documents), estimate))
+    bank, documents = paid_bank(monkeypatch, client, write, estimate_usd=5.0)
     with pytest.raises(splits.QuestionsNotConfirmed, match=r"max_cost_usd=5 reached \(\$5\.0000 spent\): 5 documents"):
         asyncio.run(splits.fill(bank, documents, SimpleNamespace(max_cost_usd=5.0, confirm=False)))
     assert client.usage.cost_usd == 5.0
@@ -716,7 +728,6 @@ def test_a_budget_the_writing_fits_in_writes_every_document(monkeypatch):
     from types import SimpleNamespace
 
     import summrl.splits as splits
-    from summrl.data import Document
 
     client = SimpleNamespace(model="gpt-4o-mini", usage=SimpleNamespace(cost_usd=0.0), max_concurrency=4)
 
@@ -727,11 +738,7 @@ def test_a_budget_the_writing_fits_in_writes_every_document(monkeypatch):
         await asyncio.sleep(0.01 * int(document.id[1:]))  # finishing at different times
         return f"questions of {document.id}"
 
-    bank = SimpleNamespace(writer=SimpleNamespace(client=client), cached=lambda d: None, get=write, hits=0,
-                           failures={}, written=0)
-    documents = [Document(id=f"d{i}", topic="", text="t", questions=()) for i in range(10)]
-    estimate = SimpleNamespace(usd=10.0, local=False, line=lambda: "$10.00", price=lambda: "$10.00")
-    monkeypatch.setattr(splits, "plan", lambda bank, documents, model: (list(documents), estimate))
+    bank, documents = paid_bank(monkeypatch, client, write, estimate_usd=10.0)
     checked = asyncio.run(splits.fill(bank, documents, SimpleNamespace(max_cost_usd=10.0, confirm=False)))
     assert len(checked) == 10 and client.usage.cost_usd == 10.0
 

@@ -432,14 +432,15 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
     jobs = plan(config, val, store)
     total = len(jobs) * len(val) * config.benchmark.rollouts_per_doc
     todo = [j for j in jobs if j.pending]
-    lines = cost_plan(config, todo, val, KeptSummaries(out_dir / GENERATED_FILE))
+    kept = KeptSummaries(out_dir / GENERATED_FILE)  # read once: priced by the plan, scored by the jobs
+    lines = cost_plan(config, todo, val, kept)
     log.info(render(lines, total, total - sum(len(r) for j in todo for r in j.pending.values())))
     if todo and config.benchmark.confirm and needs_confirmation(lines) and not confirmed(stdin):
         log.error("summrl: not confirmed: benchmark: the cost was not confirmed; nothing was called "
                   "(benchmark.confirm=false skips the question)")  # the line every not-confirmed stop prints
         return 3
     record_identity(out_dir, identity_record)
-    failures = await run_jobs(config, todo, val, store) if todo else []
+    failures = await run_jobs(config, todo, val, store, kept) if todo else []
     write_outputs(config, jobs, out_dir)
     log.info(f"summrl: benchmark output in {out_dir}")
     publish(config, out_dir)
@@ -462,7 +463,7 @@ def progress_bar(total: int) -> Any:
 
 
 async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[Document],
-                   store: RowStore) -> list[str]:
+                   store: RowStore, kept: KeptSummaries) -> list[FailedRow]:
     ruler = ruler_used(config, jobs)
     needs_server = (config.judge.kind == "embedded" or (config.judge.kind == "local" and ruler)
                     or any(j.serve_step is not None for j in jobs))
@@ -475,7 +476,6 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
         if judge_config.kind in EMBEDDED_JUDGES:
             endpoint = embedded_endpoint(config, server.base_url, server.api_key)
         known = judge_local(config) or (not _uses_ruler(config) and token_price(config.judge.model, 1, 1) is not None)
-        kept = KeptSummaries(store.path.with_name(GENERATED_FILE))
         scorer = Scorer(config, judge_config, endpoint, judge_cost_known=known, kept=kept)
         ruler_judge = build_judge(judge_config, endpoint) if any(isinstance(j.entry, BestOfNEntry) for j in jobs) else None
         by_id = {d.id: d for d in documents}

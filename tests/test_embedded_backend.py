@@ -508,10 +508,11 @@ def assert_training_forward_reproduces_sampling(loop, backend, model, doc) -> No
         t.reward = float(i)
     packed = backend._pack(groups)
     assert packed["tokens"].shape[0] == 1  # one group, one sequence: the prompt once, then 3 completions
-    inputs = {k: v[:1] for k, v in packed.items() if isinstance(v, torch.Tensor)}
+    # on the engine's device, as train_packed moves them (CUDA where experiment=local's backend.device=auto finds one)
+    inputs = {k: v[:1].to(backend.engine.device) for k, v in packed.items() if isinstance(v, torch.Tensor)}
     with torch.enable_grad():  # as training computes them: from the weights, never sampling's packed copies
-        new = backend.engine.completion_logprobs(inputs).detach()
-    old = torch.nn.functional.pad(inputs["logprobs"][:, 1:], (0, 1), value=float("nan"))
+        new = backend.engine.completion_logprobs(inputs).detach().cpu()
+    old = torch.nn.functional.pad(packed["logprobs"][:1, 1:], (0, 1), value=float("nan"))
     mask = ~torch.isnan(old)
     assert mask.sum() >= 3
     assert torch.allclose(new[mask], old[mask], atol=2e-3)
@@ -692,7 +693,7 @@ def test_seeded_sampling_draws_each_token_from_the_models_distribution(session):
     prompt = engine.encode_chat([{"role": "user", "content": "Name one animal, in one word."}])
     temperature, rows = 0.7, 600
     with torch.no_grad(), engine.model.disable_adapter():
-        logits = engine.model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+        logits = engine.model(input_ids=torch.tensor([prompt], device=engine.device)).logits[0, -1].float().cpu()
     expected = torch.softmax(logits / temperature, dim=-1)
     drawn = engine.generate([prompt] * rows, SamplingParams(max_tokens=1, temperature=temperature), use_lora=False,
                             seeds=list(range(rows)))

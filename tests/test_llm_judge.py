@@ -483,6 +483,25 @@ def test_ruler_scores_out_of_range_or_nan_are_retried_not_taken_as_rewards(fake,
     assert isinstance(first, Missing) and "RULER scores must lie in [0, 1], got [-1.0]" in first.error
 
 
+def test_ruler_gives_each_score_to_the_summary_its_id_names(fake, secret_env):
+    """ART's ruler_score_group paired scores with summaries in the reply's order: a judge that listed the best summary
+    first gave its score to the first one. Ids other than 1..n once each are a wrong shape: retried, then missing."""
+    def reply(*scores):
+        return Reply(json.dumps({"scores": [{"trajectory_id": i, "explanation": "", "score": v} for i, v in scores]}))
+
+    fake.script = [reply(("2", 0.9), ("1", 0.1))]  # the best first, named by its id
+    scores = asyncio.run(ruler_reward(fake).score_group(DOC, ["bad summary", "good summary"]))
+    assert [s.reward for s in scores] == [0.1, 0.9]
+    fake.script = [reply(("1", 0.9), ("1", 0.2), ("7", 0.4)), reply(("3", 0.3), ("1", 0.5), ("2", 0.7))]
+    reward = RulerReward(client(fake, max_retries=1), rubric="r", prompt=FACTS)
+    assert [s.reward for s in asyncio.run(reward.score_group(DOC, ["a", "b b", "c c c"]))] == [0.5, 0.7, 0.3]
+    assert reward.client.usage.retries == 1
+    fake.script = [reply(("1", 0.9), ("1", 0.2), ("7", 0.4))]
+    scores = asyncio.run(ruler_reward(fake).score_group(DOC, ["a", "b b", "c c c"]))
+    assert all(isinstance(s, Missing) and s.kind == "ReplyShapeError" for s in scores)
+    assert "once each, got ids ['1', '1', '7']" in scores[0].error
+
+
 def test_ruler_retries_http_errors_on_the_clients_own_loop_and_counts_them(fake, secret_env):
     """One budget of attempts for RULER too: litellm retries nothing itself (the server sees each attempt once),
     Retry-After is waited for, and every retry is counted, like a QA judge call's."""

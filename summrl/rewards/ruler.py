@@ -1,10 +1,11 @@
-"""RULER: ART's ``ruler_score_group`` ranks a group's summaries against each other with a rubric.
+"""RULER: ART's ``ruler`` ranks a group's summaries against each other with a rubric.
 
 One judge call per group, through the configured LLM judge's model, endpoint and key. GRPO only
 needs scores that are consistent within a group. The call runs on the judge client's own retry loop, like
 every other judge call: an HTTP error (429 with its Retry-After, 5xx, a timeout) and a reply of the wrong shape
-(not JSON, the wrong number of scores: ART raises ValueError) are retried from one budget of attempts, and
-counted. A group RULER still cannot score comes back missing: the loop leaves it out and counts it.
+(not JSON, the wrong number of scores: ART raises ValueError; trajectory ids other than 1..n once each) are retried
+from one budget of attempts, and counted. Each score goes to the summary its trajectory id names. A group RULER
+still cannot score comes back missing: the loop leaves it out and counts it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import math
 import sys
 from typing import Any, Sequence, Union
 
-import art
 from art.metrics import MetricsBuilder
 
 from summrl.data import Document
@@ -96,18 +96,16 @@ class RulerReward:
         return params
 
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
-        from art.rewards import ruler_score_group
+        from art.rewards import ruler
 
         unescaped_prompts()
         prompt = self.prompt.messages(document)
-        group = art.TrajectoryGroup(
-            art.Trajectory(messages_and_choices=[*prompt, {"role": "assistant", "content": s}], reward=0.0)
-            for s in summaries
-        )
+        trajectories = [[*prompt, {"role": "assistant", "content": s}] for s in summaries]
         n_scores = 1 if len(set(summaries)) == 1 else len(summaries)  # RULER sends identical trajectories once
         client = self.client
-        # the judge's reply cache, as every other judge call has it: a rerun or a resumed step paid for RULER again
-        asked = [{"role": "system", "content": f"RULER: {self.rubric}"}, *prompt,
+        # the judge's reply cache, as every other judge call has it: a rerun or a resumed step paid for RULER again.
+        # "by id": scores kept before they were read by trajectory id may sit on the wrong summaries, so not reused
+        asked = [{"role": "system", "content": f"RULER by id: {self.rubric}"}, *prompt,
                  *({"role": "assistant", "content": s} for s in summaries)]
         # keyed by what decides the reply: the endpoint is in the key as the client names it (an embedded judge's port
         # changes every run), and the key, timeout and retries decide nothing
@@ -119,19 +117,26 @@ class RulerReward:
             return [Score(float(r), {"ruler_score": float(r), "word_count": float(len(s.split()))})
                     for r, s in zip(rewards, summaries)]
 
-        async def attempt() -> art.TrajectoryGroup:
+        async def attempt() -> list[float]:
             async with client.slot():
                 # ART prices a RULER call through the active metrics builder, which it looks up as it records:
                 # this one adds the call's tokens and $ to the judge's usage (it was counted, never priced)
                 token = MetricsBuilder.activate(UsageRecorder(client))  # type: ignore[arg-type]
                 try:
-                    scored = await ruler_score_group(group, routed(client.model, client.api_base),
-                                                     self._litellm_params(n_scores), self.rubric)
+                    # ART's ruler(), not ruler_score_group(): the latter pairs scores with trajectories in the reply's
+                    # order, so a judge that listed the best first gave its score to the first summary
+                    scored = await ruler(trajectories, routed(client.model, client.api_base),
+                                         self._litellm_params(n_scores), self.rubric)
+                    ids = [str(i + 1) for i in range(len(summaries))]
+                    if sorted(s.trajectory_id for s in scored) != sorted(ids):
+                        raise ReplyShapeError(f"RULER must score trajectories {', '.join(ids)} once each, got ids "
+                                              f"{[s.trajectory_id for s in scored][:10]}")
+                    by_id = {s.trajectory_id: s.score for s in scored}
+                    rewards = [by_id[i] for i in ids]
                     # ART checks the count only (its schema bounds nothing for a hosted judge): a score out of
                     # [0, 1] or NaN was taken as the reward, and a NaN poisoned the group's advantages
-                    bad = [t.reward for t in scored.trajectories
-                           if not isinstance(t.reward, (int, float)) or not math.isfinite(t.reward)
-                           or not 0.0 <= t.reward <= 1.0]
+                    bad = [r for r in rewards if not isinstance(r, (int, float)) or not math.isfinite(r)
+                           or not 0.0 <= r <= 1.0]
                     if bad:
                         raise ReplyShapeError(f"RULER scores must lie in [0, 1], got {bad[:3]}")
                 except ValueError:
@@ -140,15 +145,12 @@ class RulerReward:
                 finally:
                     token.var.reset(token)
             client.usage.calls += 1
-            return scored
+            return rewards
 
         try:
-            scored = await client.retrying(attempt, shape_errors=(ValueError,))
+            rewards = await client.retrying(attempt, shape_errors=(ValueError,))
         except JudgeError as e:
             error = client.redact(" ".join(f"RULER could not score the group of document {document.id}: {e}".split()))
             return [Missing(error[:500], e.kind) for _ in summaries]
-        client.keep_reply(asked, params, [t.reward for t in scored.trajectories])
-        return [
-            Score(t.reward, {"ruler_score": t.reward, "word_count": float(len(s.split()))})
-            for t, s in zip(scored.trajectories, summaries)
-        ]
+        client.keep_reply(asked, params, rewards)
+        return [Score(r, {"ruler_score": r, "word_count": float(len(s.split()))}) for r, s in zip(rewards, summaries)]

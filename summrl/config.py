@@ -628,6 +628,12 @@ class WeightedRewardConfig:
         if len(factors) == len(self.terms):
             raise ConfigError(f"reward.terms.{factors[0]}.shape: hard multiplies the other terms' sum (by 0 beyond "
                               "trainer.max_words), and there is none: add one, e.g. +reward.terms.qa.kind=qa")
+        # every summary would score 0: GRPO's advantages are all 0 and the run trains nothing, paying for the judge
+        weightless = [name for name, term in self.terms.items() if not _is_factor(term.reward) and term.weight == 0]
+        if len(weightless) + len(factors) == len(self.terms):
+            raise ConfigError(f"{', '.join(f'reward.terms.{name}.weight' for name in weightless)}: every term's "
+                              f"weight is 0, so every summary scores 0 and nothing is learned: give a term a nonzero "
+                              f"weight, e.g. reward.terms.{weightless[0]}.weight=1.0")
 
 
 def _typed_term(key: str, term: Any) -> WeightedTerm:

@@ -215,6 +215,11 @@ def test_bad_values_name_the_key(override, message):
     (["reward=length_penalized", "reward.strength=inf"], r"reward.strength: must be a finite number, got inf"),
     (["reward=qa_rubric", "reward.terms.rubric.weight=nan"], r"reward.terms.rubric.weight: must be a finite number"),
     (["model.lr=inf"], r"model.lr: must be a finite number, got inf"),
+    # every summary scored 0: the run trained nothing, its judge paid for
+    (["reward=weighted", "reward.terms.qa.weight=0"],
+     r"reward.terms.qa.weight: every term's weight is 0, so every summary scores 0 .* reward.terms.qa.weight=1.0"),
+    (["reward=weighted", "reward.terms.qa.weight=0", "+reward.terms.len={kind: length, shape: hard}"],
+     r"^reward.terms.qa.weight: every term's weight is 0"),
     # the hub's repliqa_0 has 3591 documents: this failed on the cluster, after it was rented and set up
     (["dataset=repliqa", "dataset.train_size=4000", "dataset.val_size=91"],
      r"dataset.train_size: ServiceNow/repliqa repliqa_0: train_size \+ val_size = 4000 \+ 91 documents, but only 3591"),

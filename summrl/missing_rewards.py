@@ -50,6 +50,9 @@ def fixes(kinds: Counter, judge: Any) -> list[str]:
             fix = "the judge model ignores the reply format (not JSON, or the wrong items): try another judge.model"
         elif kind in REQUEST_ERRORS:
             fix = "the judge refuses the request: check judge.model and judge.api_base"
+        elif kind == "RubricsWeighNothing":  # no judge failed: the rubric reward's weights leave nothing to score
+            fix = ("a document's rubrics all weigh 0: raise the rubric reward's reward.positive_weight or "
+                   "reward.negative_weight (reward.terms.<term>.* in reward=weighted)")
         else:  # 5xx, connection errors, anything else
             fix = f"check that the judge is up, or raise {setting('max_retries')}"
         if fix not in out:

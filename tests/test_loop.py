@@ -111,6 +111,11 @@ def test_the_missing_reward_message_names_the_judge_once_and_fits_its_advice_to_
         assert "max_retries" not in advice and "timeout_s" not in advice
     down = message(Missing("500", "InternalServerError"))
     assert "check that the judge is up, or raise judge.max_retries (now 5)" in down
+    # rubrics that weigh nothing: no judge failed, and no retry would help (it said to raise judge.max_retries)
+    weightless = message(Missing("its rubrics all weigh 0", "RubricsWeighNothing")).split("To fix: ")[1]
+    assert weightless.startswith("a document's rubrics all weigh 0: raise the rubric reward's reward.positive_weight "
+                                 "or reward.negative_weight")
+    assert "max_retries" not in weightless and "judge is up" not in weightless
 
 
 def test_missing_reward_limit_is_judged_over_a_window_and_says_what_failed():

@@ -289,6 +289,24 @@ def test_offline_judges_refuse_dataset_rubrics_they_cannot_read(repliqa_parquet,
         asyncio.run(offline().score_group(val[0], [FAITHFUL]))
 
 
+def test_prepare_prints_each_rubric_terms_own_judge_cost(fake, tmp_path, capsys):
+    """Two rubric terms share one judge: the second term's line counted the first term's calls too (3, then 6)."""
+    import io
+
+    from summrl.rewards.rubric import prepare
+
+    docs = [Document(f"d{i}", "", f"Ruth Okafor opened bridge {i} on March 14, 2024 for 1{i}0 people.", ())
+            for i in range(3)]
+    terms = [f"+reward.terms.r{n}={{kind: rubric, weight: 0.1, max_rubrics: {n}, cache_dir: {tmp_path / 'rubrics'}}}"
+             for n in (4, 8)]
+    config = compose_config(["experiment=local", "judge=openai_compatible", f"judge.api_base={fake.base_url}",
+                             "judge.model=openai/gpt-4o-mini", "judge.cache_dir=null", "reward=weighted", *terms])
+    asyncio.run(prepare(config, docs, stdin=io.StringIO("y\ny\n")))
+    assert writing_calls(fake) == 6
+    written = [line for line in capsys.readouterr().out.splitlines() if "rubrics written into" in line]
+    assert [line.split("judge cost ")[1].split(" in ")[1] for line in written] == ["3 calls", "3 calls"]
+
+
 def test_rubrics_that_weigh_nothing_are_refused_before_training_or_leave_that_documents_reward_missing(repliqa_parquet):
     """positive_weight=0 and a document with positive rubrics only: its weighted mean is undefined. Dataset rubrics
     are refused before any model loads; rubrics a judge writes can't be known then, so that document's reward is

@@ -223,6 +223,7 @@ async def prepare(config: Any, documents: Sequence[Document], stdin: Optional[Te
             raise JudgeError(f"rubrics could not be written for {len(failed)} of {len(pending)} documents (document "
                              f"{first_id}: {error}); the {len(pending) - len(failed)} written are cached: rerun to write "
                              "the rest", error.kind)
-        usage = plan.reward.judge.client.usage
+        # this term's own calls: every term shares one judge, whose counts went on from the term before
+        spent = plan.reward.judge.client.usage.snapshot_and_reset()
         print(f"summrl: rubrics: {len(pending)} documents' rubrics written into {plan.reward.cache.cache.directory}; "
-              f"judge cost ${usage.cost_usd:.4f} in {usage.calls} calls")
+              f"judge cost ${spent['judge/cost_usd']:.4f} in {spent['judge/calls']:.0f} calls")

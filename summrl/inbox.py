@@ -61,8 +61,17 @@ class Recorder:
     """Appends served documents to a run's inbox."""
 
     def __init__(self, run_dir: Any) -> None:
+        """Raises ConfigError for an inbox folder that can't be made (a file there, a read-only run folder): said at
+        startup, not as a traceback."""
+        from summrl.errors import ConfigError
+
         self.path = inbox_dir(run_dir) / DOCUMENTS
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"serve.record=true: can't create the run's inbox {self.path.parent} "
+                              f"({e.strerror or e}): make that path a writable folder, or leave serve.record off"
+                              ) from None
 
     def record(self, document_id: str, text: str, step: int) -> None:
         # a line a crash cut short stays a line of its own, which read() skips; the documents after it are kept

@@ -81,7 +81,7 @@ class Recorder:
 @dataclass
 class InboxRead:
     rows: list[dict]  # in recording order; each has its line number as "line"
-    cut_short: int  # lines a crash cut short: skipped
+    cut_short: int  # lines a crash cut short, or the last one still being written (no newline yet): skipped
 
 
 def read(run_dir: Any) -> InboxRead:
@@ -90,6 +90,11 @@ def read(run_dir: Any) -> InboxRead:
         return InboxRead([], 0)
     rows, cut = [], 0
     lines = path.read_bytes().split(b"\n")
+    # a last line without its newline is still being written, or was cut by a crash, even where it parses: skipped,
+    # so the watermark never ends on it (it hashes whole lines only: the next run was refused); read once it ends
+    unfinished = lines.pop()
+    if unfinished.strip():
+        cut += 1
     for number, raw in enumerate(lines):
         if not raw.strip():
             continue

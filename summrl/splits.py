@@ -119,7 +119,8 @@ async def load_inbox(config: Any) -> Splits:
     val. Which of the rest are new is the watermark's business (:func:`summrl.inbox.online`, at the resume step)."""
     got = inbox.read(config.run.dir)
     if got.cut_short:
-        log.info(f"summrl: inbox: {got.cut_short} line(s) cut short (a crash while recording): skipped")
+        log.info(f"summrl: inbox: {got.cut_short} line(s) cut short (a crash while recording) or still being "
+                 "written (no newline yet): skipped")
     documents, lines, seen, duplicates = [], {}, {}, []
     for row in got.rows:
         text = row["text"].strip()

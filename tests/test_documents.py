@@ -500,6 +500,24 @@ def test_an_inbox_line_a_crash_cut_short_is_skipped_and_the_documents_recorded_a
     assert [(r["id"], r["line"]) for r in got.rows] == [("a", 0), ("c", 2)] and got.cut_short == 1
 
 
+def test_an_inbox_last_line_without_its_newline_waits_for_it_and_the_next_run_is_not_refused(tmp_path):
+    """A last line of complete JSON but no newline yet (still being written) was trained with no hash in the
+    watermark, and the next run was refused as an inbox "replaced, cut or edited"."""
+    from summrl import inbox
+
+    recorder = inbox.Recorder(tmp_path)
+    recorder.record("a", "first document", 1)
+    with recorder.path.open("ab") as f:
+        f.write(b'{"id": "b", "text": "second document", "time": 0, "step": 1}')
+    got = inbox.read(tmp_path)
+    assert [r["id"] for r in got.rows] == ["a"] and got.cut_short == 1
+    inbox.mark(tmp_path, 2, got.rows[-1]["line"] + 1)  # an online step trains what it read
+    inbox.check_watermark(tmp_path, 2, 4)  # the next run, before the line ends: not refused
+    recorder.record("c", "third document", 2)  # its newline comes first
+    assert [(r["id"], r["line"]) for r in inbox.read(tmp_path).rows] == [("a", 0), ("b", 1), ("c", 2)]
+    assert inbox.online(tmp_path, 2, [], {}, set(), 4).start == 1  # b is trained next
+
+
 def test_an_unreadable_inbox_watermark_stops_the_run_instead_of_training_every_document_again(tmp_path):
     """Read as empty (as it was), a damaged watermark sent every recorded document back into training."""
     from summrl import inbox

@@ -153,6 +153,10 @@ def comparable(history: list[dict]) -> list[dict]:
     return [h for h in history if h.get("val_set") == key]
 
 
+# What the run's checkpoints were trained with (summrl.loop sets them as it starts): an invocation that trains no step
+# (an inbox run with nothing new, or one failing before its first step) keeps its earlier invocations'. Another
+# reward's best_by changed which checkpoint step=best serves, exports and benchmarks.
+TRAINED_WITH = ("best_by", "config", "algorithm", "seed", "choices", "overrides")
 # What save() writes itself, or what one invocation's failure says: not carried from an earlier invocation's record
 PER_INVOCATION = ("traceback", "error", "error_kind", "exit_code", "val_history", "attempts", "untrained_steps",
                   "wall_s")
@@ -177,6 +181,7 @@ class RunRecord:
         self.started = time.time()
         self.saved = False  # this invocation has written the record
         self.timed = True  # this invocation's time counts in the run's wall_s (not when it trained nothing)
+        self.stepped = False  # this invocation has trained a step: TRAINED_WITH are then its own
         self.resume_with: list[str] = []  # what the same command needs added to resume (train.resume_overrides)
 
     def adopt(self, earlier: Optional[dict]) -> None:
@@ -201,6 +206,7 @@ class RunRecord:
 
     def trained(self, step: int) -> None:
         """This attempt has trained up to ``step``."""
+        self.stepped = True
         if self.attempts:
             self.attempts[-1].update(end_step=step, steps_trained=step - self.attempts[-1]["start_step"])
 
@@ -235,8 +241,9 @@ class RunRecord:
         timed = timed and self.timed
         wall_s = round(self.earlier.get("wall_s", 0.0) + (time.time() - self.started if timed else 0.0), 1)
         attempts = {"attempts": self.attempts} if self.attempts else {}
-        write_result(self.run_dir, {**self.carried(), **self.fields, "val_history": self.val_history, **attempts,
-                                    "untrained_steps": self.untrained_steps, "wall_s": wall_s})
+        kept = {} if self.stepped else {k: self.earlier[k] for k in TRAINED_WITH if k in self.earlier}
+        write_result(self.run_dir, {**self.carried(), **self.fields, **kept, "val_history": self.val_history,
+                                    **attempts, "untrained_steps": self.untrained_steps, "wall_s": wall_s})
         self.saved = True
 
     def interruption(self) -> str:

@@ -590,6 +590,37 @@ def test_an_inbox_run_says_which_recorded_documents_it_leaves_out(tmp_path, capl
 
 
 
+def test_an_inbox_run_that_trains_nothing_keeps_the_runs_best_by_and_config(tmp_path):
+    """reward=qa with nothing new ("nothing to train", exit 0) rewrote a RULER run's best_by (val_qa_accuracy ->
+    val_reward) and config: step=best (serve, export, benchmark) then picked another checkpoint. So did a run that
+    failed before its first step."""
+    from summrl import inbox
+    from summrl.errors import ConfigError
+    from summrl.job import RunRecord, read_result, write_result
+    from summrl.loop import train
+
+    earlier = {"status": "completed", "steps": 3, "best_by": "val_qa_accuracy", "seed": 42,
+               "config": {"reward": "ruler", "reward.kind": "ruler"}, "algorithm": {"kind": "grpo"},
+               "choices": {"reward": "ruler"}, "overrides": ["reward=ruler"], "wall_s": 9.0,
+               "val_history": [{"step": 3, "val_reward": 0.5, "val_qa_accuracy": 0.4}]}
+    write_result(tmp_path, earlier)
+    recorder = inbox.Recorder(tmp_path)
+    for i in range(4):  # the online val set only: nothing new to train
+        recorder.record(f"d{i}", f"The council met on day {i + 10} and approved item {i + 20}.", 1)
+    args = ["experiment=local", "dataset=inbox", "reward=qa", f"run.dir={tmp_path}",
+            f"dataset.questions.cache_dir={tmp_path / 'q'}"]
+    assert asyncio.run(train(compose_config(args), RunRecord(tmp_path))) is None  # nothing to train
+    kept = {k: earlier[k] for k in ("best_by", "config", "algorithm", "seed", "choices", "overrides")}
+    saved = read_result(tmp_path)
+    assert {k: saved[k] for k in kept} == kept and saved["status"] == "completed"
+    recorder.record("d4", "The council met on day 14 and approved item 24.", 1)  # new, but refused before step 1
+    with pytest.raises(ConfigError, match="algorithm.kl_penalty_reference_step=5"):
+        asyncio.run(train(compose_config([*args, "algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=5"]),
+                        RunRecord(tmp_path)))
+    saved = read_result(tmp_path)
+    assert {k: saved[k] for k in kept} == kept and saved["status"] == "failed"
+
+
 def test_inbox_ids_stay_apart_when_a_clients_id_looks_like_a_renamed_one(tmp_path):
     """A second text under a used id is renamed <id>~<line>; a client had already sent that name as its own id, so
     two documents shared it, and the trained one came back as new past the watermark."""

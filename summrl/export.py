@@ -36,7 +36,7 @@ from summrl import __version__, cli
 from summrl.checkpoints import TrainedRun, best_axis, resolve_step, run_config, trained_run
 from summrl.config import _require, typed_entry
 from summrl.errors import ConfigError, ExpectedFailure, exit_on, first_line
-from summrl.job import task_overrides
+from summrl.job import comparable, task_overrides
 from summrl.secrets import redact, redact_text
 
 log = logging.getLogger("summrl.export")  # not __main__ under python -m: summrl's console handlers
@@ -353,7 +353,19 @@ def model_card(config: ExportConfig, command: str) -> str:
     data = ModelCardData(base_model=model.base_model, library_name="transformers", pipeline_tag="text-generation",
                          tags=["summrl", "summarization", "grpo", "lora", "openpipe-art"],
                          **LICENSES.get(model.base_model, {}))
-    history = [h for h in record.get("val_history") or [] if isinstance(h, dict)]
+    recorded = [h for h in record.get("val_history") or [] if isinstance(h, dict)]
+    # the scores measured as the latest was, as step=best ranks them: online learning's (val_set) are of its own val
+    # documents and reward, and were listed under the original split's heading beside its scores
+    history = comparable(recorded)
+    key = history[-1].get("val_set") if history else None  # inbox:<reward>, or None: the run's val split
+    saved = record.get("config") or {}  # the run's last training invocation's, which measured them
+    reward = key.split(":")[1] if key else saved.get("reward.kind", train.reward.kind)
+    val_size = saved.get("dataset.val_size", train.dataset.val_size)
+    rollouts = saved.get("trainer.val_rollouts_per_doc", trainer.val_rollouts_per_doc)
+    measured = (f"the online val set (the first dataset.val_size={val_size} documents recorded in the run's inbox, "
+                f"val_set {key}" if key else f"the val split (dataset.val_size={val_size}")
+    left_out = (f" Left out: {len(recorded) - len(history)} score(s) measured on other val documents or with another "
+                "reward, which don't compare." if len(history) < len(recorded) else "")
     rows = "\n".join(
         f"| {h.get('step')}{' (exported)' if h.get('step') == config.step else ''} | {_fmt(h.get('val_reward'))} | "
         f"{_fmt(h.get('val_qa_accuracy'))} | {_fmt(h.get('val_hallucination_rate'))} |" for h in history)
@@ -397,8 +409,8 @@ Exported: step {config.step} ({why(config)}). Steps trained: {record.get('steps'
 
 ## Val scores per step
 
-Step 0 is the base model. The val reward is the training reward (reward={train.reward.kind}), averaged over the val
-split (dataset.val_size={train.dataset.val_size}, trainer.val_rollouts_per_doc={trainer.val_rollouts_per_doc}).
+Step 0 is the base model. The val reward is the training reward (reward={reward}), averaged over {measured},
+trainer.val_rollouts_per_doc={rollouts}).{left_out}
 
 {scores}
 

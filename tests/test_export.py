@@ -238,6 +238,28 @@ def test_the_model_cards_usage_renders_the_prompt_with_the_runs_chat_template_se
                      "enable_thinking": False}
 
 
+def test_the_model_cards_val_scores_are_those_comparable_with_the_latest_under_their_own_heading(trained, tmp_path):
+    """After online learning the card listed the original split's scores and the inbox's together (step 2 twice:
+    1.000 and 0.581) under a heading naming the original val split's size."""
+    from summrl.export import model_card, validate_export
+
+    run = copy_run(trained, tmp_path / "run")
+    record = json.loads((run / "result.json").read_text())
+    original = record["val_history"]
+    online = [{**h, "val_set": "inbox:qa", "val_reward": r, "val_qa_accuracy": r, "val_hallucination_rate": 0.0}
+              for h, r in zip([h for h in original if h["step"] in (2, 3)], (0.581, 0.625))]
+    config = {**record["config"], "dataset.val_size": 4, "reward.kind": "qa"}  # the online run's
+    (run / "result.json").write_text(json.dumps({**record, "val_history": original + online, "config": config}))
+    text = model_card(validate_export(compose("export", [f"run_dir={run}", "step=latest"])), "cmd")
+    table = [line for line in text.splitlines() if re.match(r"\| \d", line)]
+    assert table == ["| 2 | 0.581 | 0.581 | 0.000 |", "| 3 (exported) | 0.625 | 0.625 | 0.000 |"]
+    prose = " ".join(text.split())
+    assert ("The val reward is the training reward (reward=qa), averaged over the online val set (the first "
+            "dataset.val_size=4 documents recorded in the run's inbox, val_set inbox:qa, "
+            "trainer.val_rollouts_per_doc=") in prose
+    assert f"Left out: {len(original)} score(s) measured on other val documents or with another reward" in prose
+
+
 def test_step_best_latest_and_a_number(trained, tmp_path):
     from summrl.export import validate_export
 

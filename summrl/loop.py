@@ -7,6 +7,7 @@ or which reward it runs with.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import os
@@ -38,7 +39,7 @@ from summrl.prompt import SummaryPrompt
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
 from summrl.rollout import Burst, check_context, in_request_order, rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
-from summrl.splits import Splits
+from summrl.splits import Splits, val_digest
 from summrl.splits import load as load_documents
 from summrl.storage import CheckpointBackup, local_steps, model_dir
 from summrl.tracking import Tracker, flat_config, open_tracker
@@ -265,7 +266,7 @@ async def evaluate(session: Session, val: Sequence[Document], step: int) -> dict
     session.tracker.log_samples(step, result.groups)
     scores = {"step": step, "val_reward": result.mean_reward(), "val_qa_accuracy": result.mean_metric("qa_accuracy"),
               "val_hallucination_rate": result.mean_metric("hallucination_rate"), "per_doc": per_doc,
-              **({"val_set": key} if (key := val_set(session.config)) else {})}
+              **({"val_set": key} if (key := val_set(session.config, val)) else {})}
     accuracy = "" if scores["val_qa_accuracy"] is None else f" | val qa accuracy {scores['val_qa_accuracy']:.3f}"
     invented = ("" if scores["val_hallucination_rate"] is None
                 else f" | val hallucination rate {scores['val_hallucination_rate']:.3f}")
@@ -444,10 +445,17 @@ def val_summary(history: list[dict]) -> dict:
     )
 
 
-def val_set(config: Config) -> Optional[str]:
-    """What an online run's val scores are measured on (its own val documents, its reward); None: the run's val
-    split, as every other run measures it."""
-    return f"inbox:{config.reward.kind}" if config.dataset.kind == "inbox" else None
+def val_set(config: Config, val: Sequence[Document]) -> Optional[str]:
+    """What an online run's val scores are measured on: ``inbox:<reward>:<digest>``, the digest of its val documents
+    (ids and texts) and of the judge; None: the run's val split, as every other run measures it. An inbox rotated
+    (its watermark deleted: other val documents) or another judge is another val set: its scores don't compare with
+    the earlier ones (step=best, best_val_score), and the checkpoint the run starts from is scored on it again. (Records
+    from before the digest have ``inbox:<reward>``.)"""
+    if config.dataset.kind != "inbox":
+        return None
+    judge = f"{config.judge.kind}\0{getattr(config.judge, 'model', None)}"
+    digest = hashlib.sha256(f"{val_digest(val)}\0{judge}".encode()).hexdigest()[:16]
+    return f"inbox:{config.reward.kind}:{digest}"
 
 
 def scored_at(history: list[dict], step: int, key: Optional[str] = None) -> bool:
@@ -626,7 +634,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         batches = (online.batches(step, t.groups_per_step) if online is not None
                    else training_batches(train_docs, t, config.seed, initial_step=step - sft_steps))
         trained_steps: list[tuple[int, bool]] = []  # (step, no group trainable) of this invocation
-        key = val_set(config)
+        key = val_set(config, val)
         if online is not None and not scored_at(history, step, key):  # where online learning starts, on its val set
             history.append(await evaluate(session, val, step))
             save()

@@ -192,3 +192,31 @@ def test_best_compares_the_val_scores_measured_as_the_latest_was():
                                                                          "val_set": "inbox:ruler"}]
     assert [h["step"] for h in comparable(history)] == [3, 4]
     assert [h["step"] for h in comparable(history[:2])] == [0, 3] and comparable([]) == []
+
+
+def test_an_online_val_set_of_other_documents_or_another_judge_is_another_val_set():
+    """The key was inbox:<reward> alone: after a rotated inbox (its watermark deleted, as the refusal says), the new
+    val documents' scores were ranked with the old ones' (best_val_score 0.593 was step 9's on the old documents), and
+    the starting checkpoint was not scored on the new ones (scored_at found the old pass)."""
+    from summrl.data import Document
+    from summrl.job import comparable
+    from summrl.loop import scored_at, val_set
+    from tests.conftest import compose_config
+
+    def docs(*ids):
+        return [Document(id=i, topic="", text=f"document {i}", questions=()) for i in ids]
+
+    config = compose_config(["experiment=local", "dataset=inbox", "reward=ruler"])
+    key = val_set(config, docs("d0", "d1"))
+    assert key.startswith("inbox:ruler:") and key == val_set(config, docs("d1", "d0"))
+    rotated = val_set(config, docs("d100", "d101"))
+    judged = val_set(compose_config(["experiment=local", "dataset=inbox", "reward=ruler", "judge=embedded"]),
+                     docs("d0", "d1"))
+    assert len({key, rotated, judged}) == 3
+    assert val_set(compose_config(["experiment=local"]), docs("d0")) is None  # the run's own val split
+    history = [{"step": 9, "val_reward": 0.593, "val_set": "inbox:ruler"},  # recorded before the digest
+               {"step": 11, "val_reward": 0.5, "val_set": key}]
+    assert not scored_at(history, 11, rotated)  # the starting checkpoint is scored on the new val set
+    history.append({"step": 11, "val_reward": 0.4, "val_set": rotated})
+    history.append({"step": 12, "val_reward": 0.588, "val_set": rotated})
+    assert [h["val_reward"] for h in comparable(history)] == [0.4, 0.588]

@@ -533,7 +533,8 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
             # (it compared RULER on the inbox with QA on the original val split)
             online_record = json.loads((run_copy / "result.json").read_text())
             scored = [(h["step"], h.get("val_set")) for h in online_record["val_history"]]
-            assert scored[-2:] == [(3, "inbox:ruler"), (4, "inbox:ruler")] and (3, None) in scored
+            assert [s for s, _ in scored[-2:]] == [3, 4] and (3, None) in scored
+            assert scored[-1][1] == scored[-2][1] and scored[-1][1].startswith("inbox:ruler:")  # + its documents
             assert online_record["best_val_score"] == max(h["val_reward"] for h in online_record["val_history"][-2:])
             deadline = time.monotonic() + 30
             # reloaded with no request to prompt it (GET /health loads nothing), no restart

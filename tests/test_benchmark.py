@@ -777,6 +777,24 @@ def test_a_summary_whose_judge_failed_is_scored_on_the_rerun_without_paying_the_
     assert list(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary."]
 
 
+def test_a_judge_key_litellm_reads_itself_is_masked_in_judge_errors_and_failures_jsonl(tmp_path, monkeypatch):
+    """judge.api_key_env=null: litellm reads OPENAI_API_KEY itself, which the judge's redaction did not know; a server
+    that echoed it put it in the judge's error and, verbatim, in failures.jsonl (found by an audit)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-SECRET-9876")
+    with FakeLLM() as policy, FakeLLM() as judge:
+        monkeypatch.setenv("OPENAI_BASE_URL", judge.base_url)  # stands in for api.openai.com
+        policy.script = [Reply("A summary.")]
+        judge.script = [Reply(status=401)] * 4  # echoes the Authorization header
+        config = compose_benchmark(
+            ["experiment=local", "judge=openai_compatible", "judge.api_base=null", "judge.api_key_env=null",
+             "judge.model=openai/gpt-4o-mini", "judge.max_retries=0", "judge.cache_dir=null", "dataset.val_size=1",
+             "benchmark.rollouts_per_doc=1", f"benchmark.models=[{fake_model(policy)}]", "benchmark.confirm=false"],
+            tmp_path / "out")
+        assert asyncio.run(run(config)) == 1
+    (failed,) = [json.loads(line) for line in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()]
+    assert "401 for Bearer ***" in failed["error"] and "sk-live-SECRET-9876" not in failed["error"]
+
+
 def test_a_label_that_now_names_another_model_is_refused_in_a_resumed_folder(tmp_path):
     """Rows are matched by label: changing a labelled entry's model mixed the new model's rows with the old one's
     under one name in summary.md."""

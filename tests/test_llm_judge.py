@@ -276,6 +276,21 @@ def test_api_key_never_reaches_errors_or_logs(fake, secret_env, caplog, capsys):
         assert SECRET not in text
 
 
+def test_a_key_litellm_reads_itself_never_reaches_errors_or_logs(fake, monkeypatch, caplog):
+    """judge.api_key_env=null: litellm reads OPENAI_API_KEY itself; its value was not masked in the judge's error, the
+    Missing reward's and usage.last_error (found by an audit)."""
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)  # stands in for api.openai.com
+    fake.script = [Reply(status=401)] * 2  # the server echoes the Authorization header in its body
+    judge_client = client(fake, api_key_env=None, api_base=None, max_retries=0)
+    reward = QAReward(LLMJudge(judge_client), max_chars=None, forbid_han=False, include_unanswerable=True)
+    (score,) = asyncio.run(reward.score_group(DOC, ["Ruth Okafor opened it."]))
+    assert isinstance(score, Missing) and "401 for Bearer ***" in score.error
+    for text in (score.error, judge_client.usage.last_error, caplog.text):
+        assert SECRET not in text
+
+
 def test_missing_key_is_reported_by_name(fake, monkeypatch):
     monkeypatch.delenv("FAKE_JUDGE_KEY", raising=False)
     with pytest.raises(JudgeError, match="FAKE_JUDGE_KEY is not set"):

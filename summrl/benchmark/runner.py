@@ -247,8 +247,8 @@ class Scorer:
         rows, errors = [], list(failed)
         for rollout, summary, score, verdict in zip(rollouts, summaries, scores, verdicts):
             if isinstance(score, Missing) or isinstance(verdict, Exception):  # its summary is kept: not paid again
-                errors.append(FailedRow(job.label, job.step, document.id, rollout,
-                                        score.error if isinstance(score, Missing) else str(verdict),
+                error = score.error if isinstance(score, Missing) else str(verdict)
+                errors.append(FailedRow(job.label, job.step, document.id, rollout, redact_text(error),  # to a file
                                         judge_calls=calls, judge_cost_usd=judge_cost if calls else 0.0))
                 continue
             rows.append(Row(

@@ -29,6 +29,8 @@ from typing import Any, Awaitable, Callable, Optional, Union
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from summrl.errors import ExpectedFailure
+from summrl.keys import key_names
+from summrl.secrets import redact_text
 
 
 class JudgeError(ExpectedFailure, RuntimeError):
@@ -176,8 +178,11 @@ class JudgeClient:
     usage: JudgeUsage = field(default_factory=JudgeUsage)
 
     def __post_init__(self) -> None:
-        if self.api_key_env:
-            redact_in_logs(self.api_key_env)
+        # api_key_env, or litellm's own variables for a hosted model that names none (OPENAI_API_KEY): litellm reads
+        # those itself, and a server may echo the key back in its error
+        self._key_names = key_names(self)
+        for name in self._key_names:
+            redact_in_logs(name)
         quiet_litellm()
         self._semaphore = asyncio.Semaphore(self.max_concurrency)
         self._cache = None
@@ -224,10 +229,10 @@ class JudgeClient:
         return min(self.retry_max_s, max(self.backoff_s(attempt), _retry_after(error) or 0.0))
 
     def redact(self, text: str) -> str:
-        for key in (os.environ.get(self.api_key_env) if self.api_key_env else None, self.api_key):
+        for key in (*(os.environ.get(n) for n in self._key_names), self.api_key):
             if key:
                 text = text.replace(key, "***")
-        return text
+        return redact_text(text)  # and any other secret variable's value, or a credential in a URL
 
     @property
     def cache_endpoint(self) -> Optional[str]:

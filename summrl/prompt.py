@@ -3,10 +3,12 @@ how its word limit is counted. Light on purpose: the cost guard and the data too
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from summrl.data import Document
+from summrl.judges.lexical import UNSPACED, tokens
 
 # trainer.prompt's choices: the system message and the user message (``{document}``, ``{max_words}``).
 PROMPTS: dict[str, tuple[str, str]] = {
@@ -58,5 +60,11 @@ def chat_token_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: 
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
+_UNSPACED_CHAR = re.compile(f"[{UNSPACED}]")
+
+
 def word_count(text: str) -> int:
-    return len(text.split())
+    """Words as ``str.split()`` counts them, but in a script written without spaces (Chinese, Japanese, Thai) each
+    character is a word, as the lexical judge reads it: a Chinese summary of any length was one word, never over
+    trainer.max_words. A word with none of those characters counts 1, as before."""
+    return sum(len(tokens(word)) if _UNSPACED_CHAR.search(word) else 1 for word in text.split())

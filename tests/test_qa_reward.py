@@ -82,6 +82,24 @@ def test_length_penalty_shapes_beyond_max_words():
     assert [s.reward for s in within] == [0.6, 1.0] and within[0].metrics["reward_length"] == 1.0
 
 
+def test_words_of_a_script_without_spaces_count_one_a_character_and_english_counts_as_before():
+    """A Chinese summary is one run without spaces: str.split() counted it 1 word, never over trainer.max_words
+    (found by an audit). Latin-script text counts exactly as before, so recorded English runs are unchanged."""
+    import json
+
+    from summrl.prompt import word_count
+    from summrl.rewards.length import LengthPenalty
+    from tests.conftest import SAMPLE
+
+    texts = [v for line in SAMPLE.read_text().splitlines()
+             for v in json.loads(line).values() if isinstance(v, str)]
+    assert texts and all(word_count(t) == len(t.split()) for t in texts)
+    assert word_count("市议会批准了三百万元的预算。") == 13 and word_count("東京タワーは333メートル, Tokyo") == 12
+    zh = "市议会周一批准了三百万元的港口预算" * 2  # 34 characters, no space
+    (scored,) = asyncio.run(LengthPenalty(max_words=17, shape="linear").score_group(DOC, [zh]))
+    assert scored.reward == pytest.approx(-1.0) and scored.metrics["over_max_words"] == 1.0
+
+
 @pytest.mark.parametrize("overrides,shape,strength", [
     ([], "linear", 1.0),
     (["reward.shape=quadratic", "reward.strength=0.5"], "quadratic", 0.5),  # the original keys still work

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence, Union
 
 from summrl.data import Document
+from summrl.prompt import word_count
 from summrl.rewards.base import Missing, Score
 
 SHAPES = ("hard", "linear", "quadratic")
@@ -34,6 +35,6 @@ class LengthPenalty:
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
         out: list[Union[Score, Missing]] = []
         for summary in summaries:
-            words = len(summary.split())
+            words = word_count(summary)
             out.append(Score(self.value(words), {"over_max_words": float(words > self.max_words)}))
         return out

@@ -305,6 +305,12 @@ class TrainerConfig:
     # wait_for_documents_s (0: it does not wait), then ends cleanly (exit 0) without training.
     min_new_documents: int = 1
     wait_for_documents_s: float = 0.0
+    # The QA rules val/qa_accuracy is measured with (as reward=qa's max_chars and forbid_han) where the reward has no QA
+    # term, or several (ruler, rubric): Summary-RL's, as reward=qa's defaults, so that every reward is measured alike;
+    # val_qa_forbid_han=false for Chinese or Japanese documents. A reward with one QA term is measured by it: validation
+    # sets these to its settings.
+    val_qa_max_chars: Optional[int] = 3000
+    val_qa_forbid_han: bool = True
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "groups_per_step", "rollouts_per_group", "eval_every",
@@ -326,6 +332,8 @@ class TrainerConfig:
                  f"must be in [0, 1], got {self.max_missing_reward_rate}")
         _require(self.wait_for_documents_s >= 0, "trainer.wait_for_documents_s",
                  f"must be >= 0 (0: no wait), got {self.wait_for_documents_s}")
+        _require(self.val_qa_max_chars is None or self.val_qa_max_chars > 0, "trainer.val_qa_max_chars",
+                 f"must be > 0 or null, got {self.val_qa_max_chars}")
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -1031,13 +1039,17 @@ def reward_kinds(reward: Any) -> set[str]:
     return {reward.kind}
 
 
-def rubric_rewards(reward: Any) -> dict[str, Any]:
-    """The rubric rewards of a reward config, by the path of their settings' keys in an override: ``reward``, or
+def rewards_of_kind(reward: Any, kind: str) -> dict[str, Any]:
+    """The rewards of ``kind`` in a reward config, by the path of their settings' keys in an override: ``reward``, or
     ``reward.terms.<name>`` (a term's settings sit beside its weight there)."""
     if reward.kind == "weighted":
         return {f"reward.terms.{name}": term.reward for name, term in reward.terms.items()
-                if term.reward.kind == "rubric"}
-    return {"reward": reward} if reward.kind == "rubric" else {}
+                if term.reward.kind == kind}
+    return {"reward": reward} if reward.kind == kind else {}
+
+
+def rubric_rewards(reward: Any) -> dict[str, Any]:
+    return rewards_of_kind(reward, "rubric")
 
 
 REWARD_BOUNDS = {"qa": (0.0, 1.0), "ruler": (0.0, 1.0), "rubric": (0.0, 1.0)}
@@ -1287,6 +1299,21 @@ def validate(cfg: DictConfig) -> Config:
     return config
 
 
+def check_val_qa(reward: Any, trainer: TrainerConfig) -> None:
+    """A reward with one QA term is val/qa_accuracy's own: trainer.val_qa_* become its settings (so result.json and
+    W&B say what val QA read), and another value set for them is refused, naming the term's key."""
+    qa = rewards_of_kind(reward, "qa")
+    if len(qa) != 1:
+        return
+    ((path, term),) = qa.items()
+    for key in ("max_chars", "forbid_han"):
+        value, default = getattr(trainer, f"val_qa_{key}"), getattr(TrainerConfig, f"val_qa_{key}")
+        _require(value in (default, getattr(term, key)), f"trainer.val_qa_{key}",
+                 f"is {value}, but val QA is the reward's QA term, with {path}.{key}={getattr(term, key)}: set "
+                 f"{path}.{key} (or leave trainer.val_qa_{key} out)")
+        setattr(trainer, f"val_qa_{key}", getattr(term, key))
+
+
 def _refuse_added_keys(node: DictConfig, path: str) -> None:
     """Hydra's ``+key=value`` adds a key even to a typed node, and OmegaConf.to_object drops it silently: an
     unknown key is refused here, as Hydra refuses it without the ``+``."""
@@ -1333,6 +1360,7 @@ def check_skypilot(config: Config) -> None:
 
 def check(config: Config) -> None:
     """The rules that span fields and groups."""
+    check_val_qa(config.reward, config.trainer)
     if "ruler" in reward_kinds(config.reward) and config.judge.kind == "lexical":
         raise ConfigError(
             "reward=ruler needs an LLM judge, got judge=lexical: use judge=gemini_flash, judge=openai_compatible, "

@@ -151,7 +151,7 @@ async def open_session(config: Config, tracker: Optional[Tracker] = None) -> Ses
         endpoint = embedded_endpoint(config, model.inference_base_url, model.inference_api_key)
         judge = build_judge(config.judge, endpoint if config.judge.kind in EMBEDDED_JUDGES else None)
         reward = build_reward(config.reward, judge, SummaryPrompt.of(config.trainer))
-        val_reward = build_val_reward(config.reward, judge, SummaryPrompt.of(config.trainer))
+        val_reward = build_val_reward(config, judge)
     except BaseException:
         await backend.close()
         raise
@@ -514,6 +514,7 @@ RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "d
                       "dataset.hf_split", "dataset.seed", "dataset.val_size", "dataset.max_document_tokens",
                       "dataset.long_documents", "reward.", "judge.kind", "judge.model", "judge.min_recall",
                       "trainer.prompt", "trainer.max_words", "trainer.val_rollouts_per_doc", "trainer.val_temperature",
+                      "trainer.val_qa_max_chars", "trainer.val_qa_forbid_han",
                       "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.")
 # ART's iterate_dataset finds where a resume goes on from the step and groups_per_step: another group count went on
 # from another document, training some twice in the epoch and skipping others.

@@ -729,7 +729,7 @@ def test_the_local_judge_ranks_with_the_embedded_base_model_and_grades_qa_lexica
     config = compose_config(["experiment=local", "reward=ruler", "judge=local", f"judge.cache_dir={tmp / 'local-judge-cache'}"])
     assert config.judge.kind == "local"
     judge = build_judge(config.judge, (config.model.base_model, model.inference_base_url, model.inference_api_key))
-    reward = build_val_reward(config.reward, judge, SummaryPrompt.of(config.trainer))
+    reward = build_val_reward(config, judge)
     document = docs[0]
     summaries = [" ".join(document.text.split()[:30]), "Nothing happened."]
     calls = len(backend._batcher.batch_sizes)

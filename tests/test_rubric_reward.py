@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from summrl.config import reward_range
-from summrl.data import DataError, Document, group_documents
+from summrl.data import DataError, Document, Question, group_documents
 from summrl.errors import ConfigError
 from summrl.judges import Rubrics, build_judge
 from summrl.judges.client import JudgeClient
@@ -113,7 +113,7 @@ def test_train_and_val_share_a_documents_rubrics_without_a_disk_cache(fake):
     config = compose_config(["experiment=local", "judge=openai_compatible", f"judge.api_base={fake.base_url}",
                              "judge.cache_dir=null", "reward=rubric", "reward.cache_dir=null"])
     judge = build_judge(config.judge)
-    train, val = (build(config.reward, judge, 350) for build in (build_reward, build_val_reward))
+    train, val = build_reward(config.reward, judge, 350), build_val_reward(config, judge)
 
     async def both():  # a step's two groups of one document at once, then the val pass
         await asyncio.gather(train.score_group(DOC, ["a", "b"]), train.score_group(DOC, ["c", "d"]))
@@ -384,12 +384,35 @@ def test_val_keeps_its_qa_accuracy_when_two_qa_terms_log_theirs_apart():
 
     config = compose_config(["experiment=local", "reward=qa_rubric", "reward.terms.rubric.kind=qa",
                              "+reward.terms.rubric.include_unanswerable=false"])
-    val = build_val_reward(config.reward, LexicalJudge(), FACTS)
+    val = build_val_reward(config, LexicalJudge())
     assert isinstance(val, WithQAMetrics)
     (score,) = asyncio.run(val.score_group(DOC, [FAITHFUL]))
     assert score.metrics["qa_accuracy"] == score.metrics["qa_qa_accuracy"] == score.metrics["rubric_qa_accuracy"] == 1.0
-    assert not isinstance(build_val_reward(compose_config(["experiment=local", "reward=qa_rubric"]).reward,
-                                           LexicalJudge(), 350), WithQAMetrics)  # its qa term gives them
+    assert not isinstance(build_val_reward(compose_config(["experiment=local", "reward=qa_rubric"]), LexicalJudge()),
+                          WithQAMetrics)  # its qa term gives them
+
+
+def test_val_qa_of_a_reward_without_a_qa_term_reads_the_trainer_val_qa_settings():
+    """reward=rubric's (or ruler's) val QA was built with fixed defaults: forbid_han=true rejected every Chinese
+    summary, so val/qa_accuracy was 0 whatever was learned, and no setting changed it (found by an audit)."""
+    zh = Document(id="zh", topic="", text="市议会周一批准了三百万元的港口预算。",
+                  questions=(Question("q", "预算多少？", "三百万元", ""),))
+    summary = "市议会批准了三百万元的港口预算。"
+
+    def val_qa(*overrides: str) -> dict:
+        config = compose_config(["experiment=local", "reward=rubric", "reward.cache_dir=null", *overrides])
+        (score,) = asyncio.run(build_val_reward(config, LexicalJudge()).score_group(zh, [summary]))
+        return score.metrics
+
+    assert (val_qa()["qa_accuracy"], val_qa()["rejected_han"]) == (0.0, 1.0)  # Summary-RL's rules, as reward=qa's
+    assert val_qa("trainer.val_qa_forbid_han=false")["qa_accuracy"] == 1.0
+    assert val_qa("trainer.val_qa_forbid_han=false", "trainer.val_qa_max_chars=10")["rejected_too_long"] == 1.0
+    # a reward with one QA term is measured by it: the val_qa settings say so, and another value is refused
+    config = compose_config(["experiment=local", "reward=qa_rubric", "+reward.terms.qa.forbid_han=false"])
+    assert (config.trainer.val_qa_forbid_han, config.trainer.val_qa_max_chars) == (False, 3000)
+    with pytest.raises(ConfigError, match=r"trainer.val_qa_max_chars: is 100, but val QA is the reward's QA term, "
+                                          r"with reward.max_chars=3000: set reward.max_chars"):
+        compose_config(["experiment=local", "reward=qa", "trainer.val_qa_max_chars=100"])
 
 
 @pytest.mark.parametrize("overrides,expected", [

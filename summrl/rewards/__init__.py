@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from summrl.config import QARewardConfig, reward_kinds
+from summrl.config import QARewardConfig, reward_kinds, rewards_of_kind
 from summrl.data import Document
 from summrl.errors import ConfigError
 from summrl.judges import Rubrics, check_dataset_rubrics
@@ -41,14 +41,16 @@ def check_documents(config, documents: Sequence[Document]) -> None:
                     f"{len(given.negative)} negatives) would all weigh 0, so it would have no reward: raise a weight")
 
 
-def build_val_reward(config, judge, prompt: SummaryPrompt) -> Reward:
-    """The reward val runs score with: the training reward, with QA metrics beside it unless one of its terms (just
-    one: two would log theirs apart, as <term>_qa_accuracy) already gives them."""
-    reward = build_reward(config, judge, prompt)
-    terms = [term.reward for term in config.terms.values()] if config.kind == "weighted" else [config]
-    if sum(term.kind == "qa" for term in terms) == 1:
+def build_val_reward(config, judge) -> Reward:
+    """The reward val runs score with (``config``: the run's): the training reward, with QA metrics beside it unless
+    one of its terms (just one: two would log theirs apart, as <term>_qa_accuracy) already gives them, measured with
+    trainer.val_qa_max_chars and val_qa_forbid_han (validation sets those to a single QA term's settings)."""
+    prompt = SummaryPrompt.of(config.trainer)
+    reward = build_reward(config.reward, judge, prompt)
+    if len(rewards_of_kind(config.reward, "qa")) == 1:
         return reward
-    return WithQAMetrics(reward, build_reward(QARewardConfig(), judge, prompt))
+    qa = QARewardConfig(max_chars=config.trainer.val_qa_max_chars, forbid_han=config.trainer.val_qa_forbid_han)
+    return WithQAMetrics(reward, build_reward(qa, judge, prompt))
 
 
 def build_reward(config, judge, prompt: SummaryPrompt) -> Reward:

@@ -1039,6 +1039,12 @@ def reward_kinds(reward: Any) -> set[str]:
     return {reward.kind}
 
 
+# Settings (the last part of a key) that change how a run gets its scores, never the scores: a resume or a comparison
+# of runs may differ in them (a cloud job pins reward.cache_dir to the cluster's path).
+OPERATIONAL = ("cache_dir", "max_concurrency", "timeout_s", "max_retries", "retry_base_s", "retry_max_s", "confirm",
+               "max_cost_usd")
+
+
 def rewards_of_kind(reward: Any, kind: str) -> dict[str, Any]:
     """The rewards of ``kind`` in a reward config, by the path of their settings' keys in an override: ``reward``, or
     ``reward.terms.<name>`` (a term's settings sit beside its weight there)."""

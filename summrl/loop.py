@@ -28,7 +28,7 @@ from art.utils.iterate_dataset import iterate_dataset
 from summrl import algorithm, inbox, sft
 from summrl.backends import art_dir, build_backend, internal_config, takes_burst_tags
 from summrl.backends.art_model import TrainableModel
-from summrl.config import EMBEDDED_JUDGES, Config, reward_kinds
+from summrl.config import EMBEDDED_JUDGES, OPERATIONAL, Config, reward_kinds
 from summrl.data import Document
 from summrl.errors import ConfigError, finish_despite_a_signal, stop_signal
 from summrl.facts import hallucinates
@@ -518,8 +518,6 @@ RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "d
                       "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.")
 # ART's iterate_dataset finds where a resume goes on from the step and groups_per_step: another group count went on
 # from another document, training some twice in the epoch and skipping others.
-OPERATIONAL = ("cache_dir", "max_concurrency", "timeout_s", "max_retries", "retry_base_s", "retry_max_s", "confirm",
-               "max_cost_usd")
 
 
 def check_resumed_as_trained(config: Config, record: RunRecord) -> None:

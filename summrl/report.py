@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import shlex
 import sys
 from dataclasses import fields
@@ -27,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from summrl.compare import Interval, advice, holm, mean_ci, paired, per_doc
-from summrl.config import AlgorithmConfig
+from summrl.config import OPERATIONAL, AlgorithmConfig, QARewardConfig
 from summrl.job import RESULT_FILE, JobInfo, jsonl_rows, override_key, read_result
 from summrl.secrets import redact
 
@@ -207,9 +208,34 @@ def score_metric(table: pd.DataFrame) -> str:
     return "qa_accuracy" if len(done) and done.best_val_qa_accuracy.notna().all() else "reward"
 
 
-# What a val score is a function of besides the policy and the val documents: the judge that grades it, and for the
-# val reward the reward's own settings. Jobs that differ here are not on one scale.
+# What a val score is a function of besides the policy and the val documents: the judge that grades it, for
+# qa_accuracy the QA rules val QA applies, and for the val reward the reward's own settings and the trainer settings
+# it reads. Jobs that differ here are not on one scale; an operational setting (reward.cache_dir) changes no score.
 JUDGE_KEYS = ("kind", "model", "min_recall")
+VAL_QA_KEYS = ("trainer.val_qa_max_chars", "trainer.val_qa_forbid_han")
+REWARD_KIND = re.compile(r"reward\.(?:terms\.[^.]+\.reward\.)?kind")
+
+
+def val_qa_settings(config: dict) -> dict[str, str]:
+    """The QA rules val/qa_accuracy was measured with (summrl.rewards.build_val_reward): trainer.val_qa_*, which
+    validation sets to a single QA term's; a result from before they existed used that term's, else QARewardConfig's."""
+    if all(k in config for k in VAL_QA_KEYS):
+        return {k: str(config[k]) for k in VAL_QA_KEYS}
+    terms = [k[:-len("kind")] for k, v in config.items() if v == "qa" and REWARD_KIND.fullmatch(k)]
+    read = {}
+    for key in VAL_QA_KEYS:
+        setting = key[len("trainer.val_qa_"):]  # max_chars, forbid_han
+        default = getattr(QARewardConfig, setting)
+        read[key] = str(config.get(terms[0] + setting, default) if len(terms) == 1 else default)
+    return read
+
+
+def val_reward_reads(config: dict) -> set[str]:
+    """The trainer settings the val reward reads: the length term trainer.max_words, RULER the summarizer's chat that
+    its judge is shown (trainer.prompt, which may state max_words)."""
+    kinds = {v for k, v in config.items() if REWARD_KIND.fullmatch(k)}
+    return ({"trainer.max_words"} if kinds & {"length", "ruler"} else set()) | (
+        {"trainer.prompt"} if "ruler" in kinds else set())
 
 
 def measured_with(result: dict, metric: str) -> dict[str, str]:
@@ -219,13 +245,17 @@ def measured_with(result: dict, metric: str) -> dict[str, str]:
         return {}
     config = result.get("config")
     if isinstance(config, dict):
-        keys = {f"judge.{k}" for k in JUDGE_KEYS} | ({k for k in config if k.startswith("reward.")}
-                                                      if metric == "reward" else set())
-        return {k: str(config[k]) for k in sorted(keys) if k in config}
+        keys = {f"judge.{k}" for k in JUDGE_KEYS}
+        if metric == "reward":
+            keys |= {k for k in config if k.startswith("reward.") and not k.endswith(OPERATIONAL)}
+            keys |= val_reward_reads(config)
+        settings = {k: str(config[k]) for k in sorted(keys) if k in config}
+        return {**settings, **(val_qa_settings(config) if metric == "qa_accuracy" else {})}
     groups = ("judge", "reward") if metric == "reward" else ("judge",)
     said = {f"{g}": c for g, c in (result.get("choices") or {}).items() if g in groups}
     said.update(o.split("=", 1) for o in result.get("overrides", [])
-                if "=" in o and override_key(o).lstrip("+").split(".")[0] in groups)
+                if "=" in o and override_key(o).lstrip("+").split(".")[0] in groups
+                and not override_key(o).endswith(OPERATIONAL))
     return {k.lstrip("+"): str(v) for k, v in sorted(said.items())}
 
 

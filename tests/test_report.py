@@ -250,6 +250,47 @@ def test_val_rewards_of_different_reward_functions_are_not_compared(tmp_path, ca
     assert "not on one scale" in capsys.readouterr().err
 
 
+def recorded_config(overrides: list[str]) -> dict:
+    """The config a run with these overrides records in result.json."""
+    from summrl.job import JobInfo
+    from summrl.tracking import flat_config
+    from tests.conftest import compose_config
+
+    return flat_config(compose_config(["experiment=local", "judge=lexical", *overrides]), JobInfo(overrides=overrides))
+
+
+def test_scores_under_other_qa_rules_or_word_limits_are_not_compared_and_a_cache_dir_is_no_difference(tmp_path):
+    """reward=qa's val/qa_accuracy depends on reward.max_chars and forbid_han, and a length term's val reward on
+    trainer.max_words: neither was compared, so such arms were paired as one scale; reward.cache_dir (a path a cloud
+    job pins) made rubric runs 'not comparable' (found by an audit)."""
+    from summrl.report import differing, measured_with, paired_table, collect
+
+    sweep = tmp_path / "multirun"
+    arms = [["reward=qa"], ["reward=qa", "reward.max_chars=100"], ["reward=rubric", "reward.cache_dir=/remote/rubrics"],
+            ["reward=rubric", "trainer.val_qa_forbid_han=false"]]
+    for num, overrides in enumerate(arms):
+        write_job(sweep / str(num), overrides, "1", [0.2, 0.4 + 0.1 * num])
+        result = json.loads((sweep / str(num) / "result.json").read_text())
+        write_result(sweep / str(num), {**result, "config": recorded_config(overrides)})
+    table, _, _, results = collect(sweep)
+    rows = paired_table(table, results, "qa_accuracy", "reward=qa").set_index("configuration")
+    assert rows.verdict.eq("not comparable").to_dict() == {"reward.max_chars=100,reward=qa": True,
+                                                          "reward.cache_dir=/remote/rubrics,reward=rubric": False,
+                                                          "reward=rubric,trainer.val_qa_forbid_han=false": True}
+    assert "(trainer.val_qa_max_chars)" in rows.loc["reward.max_chars=100,reward=qa", "note"]
+    # a result.json from before trainer.val_qa_* existed: its QA term's rules
+    old = {k: v for k, v in recorded_config(["reward=qa", "reward.max_chars=100"]).items() if "val_qa" not in k}
+    assert measured_with({"config": old}, "qa_accuracy") == measured_with(results["1"], "qa_accuracy")
+
+    def reward_differs(*arms: list[str]) -> list[str]:
+        return differing([measured_with({"config": recorded_config(a)}, "reward") for a in arms])
+
+    assert reward_differs(["reward=rubric", "reward.cache_dir=/a"], ["reward=rubric", "reward.cache_dir=/b"]) == []
+    assert reward_differs(["reward=length_penalized", "trainer.max_words=100"],
+                          ["reward=length_penalized", "trainer.max_words=350"]) == ["trainer.max_words"]
+    assert reward_differs(["reward=qa", "trainer.max_words=100"], ["reward=qa", "trainer.max_words=350"]) == []
+
+
 def test_qa_accuracy_graded_by_another_judge_is_not_compared(tmp_path):
     from summrl.report import paired_table, collect
 

@@ -505,8 +505,10 @@ def test_ruler_gives_each_score_to_the_summary_its_id_names(fake, secret_env):
         return Reply(json.dumps({"scores": [{"trajectory_id": i, "explanation": "", "score": v} for i, v in scores]}))
 
     fake.script = [reply(("2", 0.9), ("1", 0.1))]  # the best first, named by its id
-    scores = asyncio.run(ruler_reward(fake).score_group(DOC, ["bad summary", "good summary"]))
+    scores = asyncio.run(ruler_reward(fake).score_group(DOC, ["bad summary", "桥梁在三月重新开放"]))
     assert [s.reward for s in scores] == [0.1, 0.9]
+    # words as the length term counts them: a character each in a script written without spaces
+    assert [s.metrics["word_count"] for s in scores] == [2.0, 9.0]
     fake.script = [reply(("1", 0.9), ("1", 0.2), ("7", 0.4)), reply(("3", 0.3), ("1", 0.5), ("2", 0.7))]
     reward = RulerReward(client(fake, max_retries=1), rubric="r", prompt=FACTS)
     assert [s.reward for s in asyncio.run(reward.score_group(DOC, ["a", "b b", "c c c"]))] == [0.5, 0.7, 0.3]

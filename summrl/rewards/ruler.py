@@ -20,7 +20,7 @@ from art.metrics import MetricsBuilder
 from summrl.data import Document
 from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
 from summrl.rewards.base import Missing, Score
-from summrl.prompt import SummaryPrompt
+from summrl.prompt import SummaryPrompt, word_count
 
 
 def ruler_schema(n: int) -> dict:
@@ -114,7 +114,7 @@ class RulerReward:
         rewards = client.cached_reply(asked, params)
         if (isinstance(rewards, list) and len(rewards) == len(summaries)
                 and all(isinstance(r, (int, float)) and 0.0 <= r <= 1.0 for r in rewards)):
-            return [Score(float(r), {"ruler_score": float(r), "word_count": float(len(s.split()))})
+            return [Score(float(r), {"ruler_score": float(r), "word_count": float(word_count(s))})
                     for r, s in zip(rewards, summaries)]
 
         async def attempt() -> list[float]:
@@ -153,4 +153,4 @@ class RulerReward:
             error = client.redact(" ".join(f"RULER could not score the group of document {document.id}: {e}".split()))
             return [Missing(error[:500], e.kind) for _ in summaries]
         client.keep_reply(asked, params, rewards)
-        return [Score(r, {"ruler_score": r, "word_count": float(len(s.split()))}) for r, s in zip(rewards, summaries)]
+        return [Score(r, {"ruler_score": r, "word_count": float(word_count(s))}) for r, s in zip(rewards, summaries)]

@@ -1043,6 +1043,9 @@ def reward_kinds(reward: Any) -> set[str]:
 # of runs may differ in them (a cloud job pins reward.cache_dir to the cluster's path).
 OPERATIONAL = ("cache_dir", "max_concurrency", "timeout_s", "max_retries", "retry_base_s", "retry_max_s", "confirm",
                "max_cost_usd")
+# What a judge's scores depend on besides its replies' content: another of these puts scores on another scale
+# (summrl.report's "not on one scale", an online run's val set).
+JUDGE_KEYS = ("kind", "model", "min_recall")
 
 
 def rewards_of_kind(reward: Any, kind: str) -> dict[str, Any]:

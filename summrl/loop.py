@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import math
 import os
@@ -28,7 +29,7 @@ from art.utils.iterate_dataset import iterate_dataset
 from summrl import algorithm, inbox, sft
 from summrl.backends import art_dir, build_backend, internal_config, takes_burst_tags
 from summrl.backends.art_model import TrainableModel
-from summrl.config import EMBEDDED_JUDGES, OPERATIONAL, Config, reward_kinds
+from summrl.config import EMBEDDED_JUDGES, JUDGE_KEYS, OPERATIONAL, Config, reward_kinds
 from summrl.data import Document
 from summrl.errors import ConfigError, finish_despite_a_signal, stop_signal
 from summrl.facts import hallucinates
@@ -447,15 +448,26 @@ def val_summary(history: list[dict]) -> dict:
 
 def val_set(config: Config, val: Sequence[Document]) -> Optional[str]:
     """What an online run's val scores are measured on: ``inbox:<reward>:<digest>``, the digest of its val documents
-    (ids and texts) and of the judge; None: the run's val split, as every other run measures it. An inbox rotated
-    (its watermark deleted: other val documents) or another judge is another val set: its scores don't compare with
-    the earlier ones (step=best, best_val_score), and the checkpoint the run starts from is scored on it again. (Records
-    from before the digest have ``inbox:<reward>``.)"""
+    (ids and texts) and of every setting the scores depend on (the judge's JUDGE_KEYS, the reward's settings but the
+    operational ones, val QA's rules, the word limit and prompt); None: the run's val split, as every other run
+    measures it. An inbox rotated (its watermark deleted: other val documents) or another judge or reward setting is
+    another val set: its scores don't compare with the earlier ones (step=best, best_val_score), and the checkpoint the
+    run starts from is scored on it again. (Records from before the digest have ``inbox:<reward>``.)"""
     if config.dataset.kind != "inbox":
         return None
-    judge = f"{config.judge.kind}\0{getattr(config.judge, 'model', None)}"
-    digest = hashlib.sha256(f"{val_digest(val)}\0{judge}".encode()).hexdigest()[:16]
+    t = config.trainer
+    scoring = {"judge": {k: getattr(config.judge, k, None) for k in JUDGE_KEYS},
+               "reward": _without_operational(asdict(config.reward)),
+               "trainer": [t.val_qa_max_chars, t.val_qa_forbid_han, t.max_words, t.prompt]}
+    settings = json.dumps(scoring, sort_keys=True, default=str)
+    digest = hashlib.sha256(f"{val_digest(val)}\0{settings}".encode()).hexdigest()[:16]
     return f"inbox:{config.reward.kind}:{digest}"
+
+
+def _without_operational(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_operational(v) for k, v in node.items() if k not in OPERATIONAL}
+    return node
 
 
 def scored_at(history: list[dict], step: int, key: Optional[str] = None) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from summrl.compare import Interval, advice, holm, mean_ci, paired, per_doc
-from summrl.config import OPERATIONAL, AlgorithmConfig, QARewardConfig
+from summrl.config import JUDGE_KEYS, OPERATIONAL, AlgorithmConfig, QARewardConfig
 from summrl.job import RESULT_FILE, JobInfo, jsonl_rows, override_key, read_result
 from summrl.secrets import redact
 
@@ -211,7 +211,6 @@ def score_metric(table: pd.DataFrame) -> str:
 # What a val score is a function of besides the policy and the val documents: the judge that grades it, for
 # qa_accuracy the QA rules val QA applies, and for the val reward the reward's own settings and the trainer settings
 # it reads. Jobs that differ here are not on one scale; an operational setting (reward.cache_dir) changes no score.
-JUDGE_KEYS = ("kind", "model", "min_recall")
 VAL_QA_KEYS = ("trainer.val_qa_max_chars", "trainer.val_qa_forbid_han")
 REWARD_KIND = re.compile(r"reward\.(?:terms\.[^.]+\.reward\.)?kind")
 

@@ -213,6 +213,14 @@ def test_an_online_val_set_of_other_documents_or_another_judge_is_another_val_se
     judged = val_set(compose_config(["experiment=local", "dataset=inbox", "reward=ruler", "judge=embedded"]),
                      docs("d0", "d1"))
     assert len({key, rotated, judged}) == 3
+    # every setting a score depends on is in it (the report's "not on one scale"); an operational one is not
+    other = [val_set(compose_config(["experiment=local", "dataset=inbox", *args]), docs("d0", "d1")) for args in (
+        ["reward=qa"], ["reward=qa", "judge.min_recall=0.3"], ["reward=qa", "reward.max_chars=100"],
+        ["reward=ruler", "trainer.val_qa_forbid_han=false"], ["reward=ruler", "trainer.max_words=100"])]
+    assert len({key, *other}) == 6
+    rubric = val_set(compose_config(["experiment=local", "dataset=inbox", "reward=rubric"]), docs("d0", "d1"))
+    assert rubric == val_set(compose_config(["experiment=local", "dataset=inbox", "reward=rubric",
+                                             "reward.cache_dir=/elsewhere", "judge.max_retries=9"]), docs("d0", "d1"))
     assert val_set(compose_config(["experiment=local"]), docs("d0")) is None  # the run's own val split
     history = [{"step": 9, "val_reward": 0.593, "val_set": "inbox:ruler"},  # recorded before the digest
                {"step": 11, "val_reward": 0.5, "val_set": key}]

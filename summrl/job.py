@@ -210,6 +210,12 @@ class RunRecord:
         if self.attempts:
             self.attempts[-1].update(end_step=step, steps_trained=step - self.attempts[-1]["start_step"])
 
+    def earlier_trained(self) -> bool:
+        """Whether an earlier invocation trained a step: then TRAINED_WITH are its. One that trained nothing (a typo's
+        config error) set nothing the checkpoints were trained with: keeping its settings refused the right resume."""
+        return bool(self.earlier.get("steps")) or any(
+            a.get("end_step", 0) > a.get("start_step", 0) for a in self.earlier.get("attempts", []))
+
     def untrained(self, step: int) -> None:
         """Step ``step`` trained no group: every group's rewards were equal, so GRPO had no advantage."""
         self.untrained_steps.append(step)
@@ -241,7 +247,8 @@ class RunRecord:
         timed = timed and self.timed
         wall_s = round(self.earlier.get("wall_s", 0.0) + (time.time() - self.started if timed else 0.0), 1)
         attempts = {"attempts": self.attempts} if self.attempts else {}
-        kept = {} if self.stepped else {k: self.earlier[k] for k in TRAINED_WITH if k in self.earlier}
+        kept = ({k: self.earlier[k] for k in TRAINED_WITH if k in self.earlier}
+                if not self.stepped and self.earlier_trained() else {})
         write_result(self.run_dir, {**self.carried(), **self.fields, **kept, "val_history": self.val_history,
                                     **attempts, "untrained_steps": self.untrained_steps, "wall_s": wall_s})
         self.saved = True

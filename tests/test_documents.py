@@ -619,6 +619,15 @@ def test_an_inbox_run_that_trains_nothing_keeps_the_runs_best_by_and_config(tmp_
                         RunRecord(tmp_path)))
     saved = read_result(tmp_path)
     assert {k: saved[k] for k in kept} == kept and saved["status"] == "failed"
+    # an earlier invocation that trained nothing (a config error) is no run to keep the settings of: the next
+    # invocation's own are recorded, and the same command resumes it
+    write_result(tmp_path, {"status": "failed", "error_kind": "config", "seed": 7, "best_by": "val_reward",
+                            "config": {"dataset": "documents"}})
+    record = RunRecord(tmp_path)
+    record.update(seed=42, best_by="val_qa_accuracy", config={"dataset": "repliqa_sample"})
+    record.save()
+    assert {k: read_result(tmp_path)[k] for k in ("seed", "best_by", "config")} == {
+        "seed": 42, "best_by": "val_qa_accuracy", "config": {"dataset": "repliqa_sample"}}
 
 
 def test_inbox_ids_stay_apart_when_a_clients_id_looks_like_a_renamed_one(tmp_path):

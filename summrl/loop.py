@@ -541,6 +541,10 @@ def check_resumed_as_trained(config: Config, record: RunRecord) -> None:
     if config.dataset.kind == "inbox":  # online learning goes on from any run, with its own val set and its judge
         return
     now = flat_config(config, record.job)
+    from summrl.report import val_qa_settings
+
+    # a record from before trainer.val_qa_* existed: the rules its val QA was measured with (not a setting removed)
+    earlier = {**val_qa_settings(earlier), **earlier}
 
     def fixed(key: str) -> bool:
         return (any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMED_AS_TRAINED)

@@ -811,6 +811,17 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
     record.earlier["config"] = {k: v for k, v in earlier["config"].items() if k != "trainer.val_temperature"}
     record.earlier["config"]["reward.retired_setting"] = 1
     check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "trainer.val_temperature=0.5"]), record)
+    # but val QA's rules, which a record from before trainer.val_qa_* says through its reward (or the defaults)
+    ruler = JobInfo(choices={"reward": "ruler"})
+    before = {k: v for k, v in flat_config(compose_config(["experiment=local", "run.name=r", "reward=ruler"]),
+                                           ruler).items() if not k.startswith("trainer.val_qa_")}
+    write_result(tmp_path, {**earlier, "config": before})
+    check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "reward=ruler"]),
+                             RunRecord(tmp_path, ruler))
+    with pytest.raises(ConfigError, match=r"trained with trainer.val_qa_forbid_han=True \(now False\): its"):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "reward=ruler",
+                                                 "trainer.val_qa_forbid_han=false"]), RunRecord(tmp_path, ruler))
+    write_result(tmp_path, earlier)
     # online learning (dataset=inbox) goes on from any run, with its own val set (test_serve's online loop)
     check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset=inbox", "seed=3"]),
                              RunRecord(tmp_path, JobInfo(choices={"dataset": "inbox"})))

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Optional
 from urllib.parse import parse_qsl, urlsplit
 
 # Variables whose values are secrets (WANDB_API_KEY, GEMINI_API_KEY, AWS_SECRET_ACCESS_KEY, ...).
+MIN_SECRET = 4  # shorter values are placeholders ("x", "none"), and masking them would garble every message
 SECRET_NAME = re.compile(r"(API_KEY|SECRET|TOKEN|PASSWORD|ACCESS_KEY)", re.IGNORECASE)
 # Config keys whose values would be secrets, as a whole word of the key (hf_token, aws_secret_access_key; not
 # max_summary_tokens); ``*_env`` keys hold a variable's name, which is not a secret.
@@ -42,7 +43,7 @@ def name_secret_variables(names: Iterable[str]) -> None:
 
 def secret_values() -> list[str]:
     """The current secret values, longest first (so that one containing another is masked whole)."""
-    values = {v for k, v in os.environ.items() if (SECRET_NAME.search(k) or k in _named) and len(v) >= 4}
+    values = {v for k, v in os.environ.items() if (SECRET_NAME.search(k) or k in _named) and len(v) >= MIN_SECRET}
     return sorted(values, key=len, reverse=True)
 
 

@@ -291,6 +291,17 @@ def test_a_key_litellm_reads_itself_never_reaches_errors_or_logs(fake, monkeypat
         assert SECRET not in text
 
 
+def test_the_judges_mask_leaves_placeholder_keys_and_endpoints_readable(fake, monkeypatch):
+    """Masking every variable litellm reads for the model garbled errors: with OPENAI_API_KEY=x (a local server behind
+    OPENAI_BASE_URL) "exceeded" became "e***ceeded", and for ollama/llama3 OLLAMA_API_BASE's URL became ***."""
+    monkeypatch.setenv("OPENAI_API_KEY", "x")
+    text = "Connection error: max retries exceeded (context exceeded)"
+    assert client(fake, api_key_env=None, api_base=None).redact(text) == text
+    monkeypatch.setenv("OLLAMA_API_BASE", "http://gpu-box:11434")
+    ollama = client(fake, model="ollama/llama3", api_key_env=None, api_base=None)
+    assert ollama.redact("Cannot connect to host http://gpu-box:11434/api/generate").endswith("gpu-box:11434/api/generate")
+
+
 def test_missing_key_is_reported_by_name(fake, monkeypatch):
     monkeypatch.delenv("FAKE_JUDGE_KEY", raising=False)
     with pytest.raises(JudgeError, match="FAKE_JUDGE_KEY is not set"):

@@ -35,7 +35,7 @@ from summrl.job import RunRecord, task_overrides, write_result
 from summrl.judges import missing_keys
 from summrl.keys import key_names
 from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems
-from summrl.secrets import redact_text, secret_values
+from summrl.secrets import MIN_SECRET, redact_text, secret_values
 from summrl.storage import fetch_result, resolve_bucket
 from summrl.tracking import wandb_mode
 
@@ -405,8 +405,8 @@ def check_no_secret(referenced: dict[str, str], scripts: dict[str, tuple[str, st
     values = set(secret_values())  # variables named as secrets (not BACKUP_BUCKET or AWS_REGION, which are settings)
     named = {name: value for name, value in os.environ.items() if value in values}
     for where, (text, resolved) in scripts.items():
-        found = [name for name, value in named.items() if len(value) >= 4 and value in text]
-        found += [name for name, value in referenced.items() if len(value) >= 4 and name not in named
+        found = [name for name, value in named.items() if len(value) >= MIN_SECRET and value in text]
+        found += [name for name, value in referenced.items() if len(value) >= MIN_SECRET and name not in named
                   and re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])", resolved)]
         if found:
             name = found[0]

@@ -30,7 +30,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from summrl.errors import ExpectedFailure
 from summrl.keys import key_names
-from summrl.secrets import redact_text
+from summrl.secrets import MIN_SECRET, SECRET_NAME, redact_text
 
 
 class JudgeError(ExpectedFailure, RuntimeError):
@@ -92,7 +92,7 @@ class RedactSecrets(logging.Filter):
         self.env_names = env_names
 
     def filter(self, record: logging.LogRecord) -> bool:
-        secrets = [v for v in (os.environ.get(n) for n in self.env_names) if v]
+        secrets = [v for v in (os.environ.get(n) for n in self.env_names) if v and len(v) >= MIN_SECRET]
         if secrets:
             message = record.getMessage()
             if any(secret in message for secret in secrets):
@@ -180,7 +180,8 @@ class JudgeClient:
     def __post_init__(self) -> None:
         # api_key_env, or litellm's own variables for a hosted model that names none (OPENAI_API_KEY): litellm reads
         # those itself, and a server may echo the key back in its error
-        self._key_names = key_names(self)
+        # only names that hold a key (not OLLAMA_API_BASE, a URL that errors must show)
+        self._key_names = [n for n in key_names(self) if n == self.api_key_env or SECRET_NAME.search(n)]
         for name in self._key_names:
             redact_in_logs(name)
         quiet_litellm()
@@ -230,7 +231,7 @@ class JudgeClient:
 
     def redact(self, text: str) -> str:
         for key in (*(os.environ.get(n) for n in self._key_names), self.api_key):
-            if key:
+            if key and len(key) >= MIN_SECRET:  # a placeholder ("x", "none") would be masked inside every word
                 text = text.replace(key, "***")
         return redact_text(text)  # and any other secret variable's value, or a credential in a URL
 

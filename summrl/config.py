@@ -1317,9 +1317,12 @@ def check_val_qa(reward: Any, trainer: TrainerConfig) -> None:
     ((path, term),) = qa.items()
     for key in ("max_chars", "forbid_han"):
         value, default = getattr(trainer, f"val_qa_{key}"), getattr(TrainerConfig, f"val_qa_{key}")
+        # reward=length_penalized keeps its base's defaults: other base settings need reward=weighted
+        fix = (f"compose reward=weighted with its QA term's +{path}.{key}={value}"
+               if getattr(reward, "as_given", None) else f"set {path}.{key}")
         _require(value in (default, getattr(term, key)), f"trainer.val_qa_{key}",
-                 f"is {value}, but val QA is the reward's QA term, with {path}.{key}={getattr(term, key)}: set "
-                 f"{path}.{key} (or leave trainer.val_qa_{key} out)")
+                 f"is {value}, but val QA is the reward's QA term, with {path}.{key}={getattr(term, key)}: {fix} "
+                 f"(or leave trainer.val_qa_{key} out)")
         setattr(trainer, f"val_qa_{key}", getattr(term, key))
 
 

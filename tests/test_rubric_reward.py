@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import threading
 
 import pandas as pd
@@ -413,6 +414,12 @@ def test_val_qa_of_a_reward_without_a_qa_term_reads_the_trainer_val_qa_settings(
     with pytest.raises(ConfigError, match=r"trainer.val_qa_max_chars: is 100, but val QA is the reward's QA term, "
                                           r"with reward.max_chars=3000: set reward.max_chars"):
         compose_config(["experiment=local", "reward=qa", "trainer.val_qa_max_chars=100"])
+    # reward=length_penalized has no key for its base's settings: the fix it names can be set
+    with pytest.raises(ConfigError, match=r"compose reward=weighted with its QA term's "
+                                          r"\+reward.terms.qa.forbid_han=False") as refused:
+        compose_config(["experiment=local", "reward=length_penalized", "trainer.val_qa_forbid_han=false"])
+    fix = re.search(r"(\+reward\S+)", str(refused.value)).group(1)
+    assert compose_config(["experiment=local", "reward=weighted", fix]).trainer.val_qa_forbid_han is False
 
 
 @pytest.mark.parametrize("overrides,expected", [

@@ -22,6 +22,7 @@ import httpx
 import openai
 import pytest
 
+from summrl.prompt import word_count
 from summrl.serve.process import ServeProcess
 from summrl.testing import FakeLLM, Reply
 from tests.conftest import ROOT, run_cli
@@ -512,7 +513,8 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
             reply = summarize(served.url, f"Report {i}. The Harbor Festival in Port {i} drew {100 + i} visitors on "
                                           f"June {i + 1}, 2024, and Mayor Ruth Okafor opened it.", id=f"r{i}")
             assert reply.status_code == 200 and reply.json()["step"] == 3
-            assert reply.json()["words"] == len(reply.json()["summary"].split())
+            # as the training prompt's limit counts them (a character each in Chinese: the tiny model writes some)
+            assert reply.json()["words"] == word_count(reply.json()["summary"])
         recorded = [json.loads(line) for line in (run_copy / "inbox" / "documents.jsonl").read_text().splitlines()]
         assert [r["id"] for r in recorded] == [f"r{i}" for i in range(8)] and {r["step"] for r in recorded} == {3}
         assert set(recorded[0]) == {"id", "text", "time", "step"}  # nothing of the request but the document

@@ -10,12 +10,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from summrl.config import JUDGE_KEYS, OPERATIONAL, QARewardConfig
 from summrl.errors import stop_signal
 from summrl.secrets import redact
 
@@ -151,6 +153,46 @@ def comparable(history: list[dict]) -> list[dict]:
         return []
     key = history[-1].get("val_set")
     return [h for h in history if h.get("val_set") == key]
+
+
+# What a val score is a function of besides the policy and the val documents: the judge that grades it, for
+# qa_accuracy the QA rules val QA applies, and for the val reward the reward's own settings and the trainer settings
+# it reads. Jobs that differ here are not on one scale; an operational setting (reward.cache_dir) changes no score.
+VAL_QA_KEYS = ("trainer.val_qa_max_chars", "trainer.val_qa_forbid_han")
+REWARD_KIND = re.compile(r"reward\.(?:terms\.[^.]+\.reward\.)?kind")
+
+
+def val_qa_settings(config: dict) -> dict[str, str]:
+    """The QA rules val/qa_accuracy was measured with (summrl.rewards.build_val_reward): trainer.val_qa_*, which
+    validation sets to a single QA term's; a result from before they existed used that term's, else QARewardConfig's."""
+    if all(k in config for k in VAL_QA_KEYS):
+        return {k: str(config[k]) for k in VAL_QA_KEYS}
+    terms = [k[:-len("kind")] for k, v in config.items() if v == "qa" and REWARD_KIND.fullmatch(k)]
+    read = {}
+    for key in VAL_QA_KEYS:
+        setting = key[len("trainer.val_qa_"):]  # max_chars, forbid_han
+        default = getattr(QARewardConfig, setting)
+        read[key] = str(config.get(terms[0] + setting, default) if len(terms) == 1 else default)
+    return read
+
+
+def val_reward_reads(config: dict) -> set[str]:
+    """The trainer settings the val reward reads: the length term trainer.max_words, RULER the summarizer's chat that
+    its judge is shown (trainer.prompt, which may state max_words)."""
+    kinds = {v for k, v in config.items() if REWARD_KIND.fullmatch(k)}
+    return ({"trainer.max_words"} if kinds & {"length", "ruler"} else set()) | (
+        {"trainer.prompt"} if "ruler" in kinds else set())
+
+
+def scale_settings(config: dict, metric: str) -> dict[str, str]:
+    """What ``metric`` (qa_accuracy, or the val reward) was measured with, from a flat config (result.json's, as
+    summrl.tracking.flat_config writes it): dotted key -> value. Scores that differ here are not on one scale."""
+    keys = {f"judge.{k}" for k in JUDGE_KEYS}
+    if metric == "reward":
+        keys |= {k for k in config if k.startswith("reward.") and not k.endswith(OPERATIONAL)}
+        keys |= val_reward_reads(config)
+    settings = {k: str(config[k]) for k in sorted(keys) if k in config}
+    return {**settings, **(val_qa_settings(config) if metric == "qa_accuracy" else {})}
 
 
 # What the run's checkpoints were trained with (summrl.loop sets them as it starts): an invocation that trains no step

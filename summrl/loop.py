@@ -29,11 +29,11 @@ from art.utils.iterate_dataset import iterate_dataset
 from summrl import algorithm, inbox, sft
 from summrl.backends import art_dir, build_backend, internal_config, takes_burst_tags
 from summrl.backends.art_model import TrainableModel
-from summrl.config import EMBEDDED_JUDGES, JUDGE_KEYS, OPERATIONAL, Config, reward_kinds
+from summrl.config import EMBEDDED_JUDGES, OPERATIONAL, Config, reward_kinds
 from summrl.data import Document
 from summrl.errors import ConfigError, finish_despite_a_signal, stop_signal
 from summrl.facts import hallucinates
-from summrl.job import RunRecord, comparable, jsonl_rows, peak_rss_gb
+from summrl.job import JobInfo, RunRecord, comparable, jsonl_rows, peak_rss_gb, scale_settings, val_qa_settings
 from summrl.judges import Judge, build_judge, embedded_endpoint
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.prompt import SummaryPrompt
@@ -448,26 +448,17 @@ def val_summary(history: list[dict]) -> dict:
 
 def val_set(config: Config, val: Sequence[Document]) -> Optional[str]:
     """What an online run's val scores are measured on: ``inbox:<reward>:<digest>``, the digest of its val documents
-    (ids and texts) and of every setting the scores depend on (the judge's JUDGE_KEYS, the reward's settings but the
-    operational ones, val QA's rules, the word limit and prompt); None: the run's val split, as every other run
-    measures it. An inbox rotated (its watermark deleted: other val documents) or another judge or reward setting is
+    (ids and texts) and of every setting the scores depend on, as the report counts them (summrl.job.scale_settings:
+    the judge's, the reward's but the operational ones, val QA's rules, the word limit and prompt where the reward
+    reads them); None: the run's val split, as every other run measures it. An inbox rotated (its watermark deleted: other val documents) or another judge or reward setting is
     another val set: its scores don't compare with the earlier ones (step=best, best_val_score), and the checkpoint the
     run starts from is scored on it again. (Records from before the digest have ``inbox:<reward>``.)"""
     if config.dataset.kind != "inbox":
         return None
-    t = config.trainer
-    scoring = {"judge": {k: getattr(config.judge, k, None) for k in JUDGE_KEYS},
-               "reward": _without_operational(asdict(config.reward)),
-               "trainer": [t.val_qa_max_chars, t.val_qa_forbid_han, t.max_words, t.prompt]}
-    settings = json.dumps(scoring, sort_keys=True, default=str)
+    flat = flat_config(config, JobInfo())  # as result.json records it, and the report compares it
+    settings = json.dumps({**scale_settings(flat, "reward"), **scale_settings(flat, "qa_accuracy")}, sort_keys=True)
     digest = hashlib.sha256(f"{val_digest(val)}\0{settings}".encode()).hexdigest()[:16]
     return f"inbox:{config.reward.kind}:{digest}"
-
-
-def _without_operational(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _without_operational(v) for k, v in node.items() if k not in OPERATIONAL}
-    return node
 
 
 def scored_at(history: list[dict], step: int, key: Optional[str] = None) -> bool:
@@ -541,8 +532,6 @@ def check_resumed_as_trained(config: Config, record: RunRecord) -> None:
     if config.dataset.kind == "inbox":  # online learning goes on from any run, with its own val set and its judge
         return
     now = flat_config(config, record.job)
-    from summrl.report import val_qa_settings
-
     # a record from before trainer.val_qa_* existed: the rules its val QA was measured with (not a setting removed)
     earlier = {**val_qa_settings(earlier), **earlier}
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import shlex
 import sys
 from dataclasses import fields
@@ -28,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from summrl.compare import Interval, advice, holm, mean_ci, paired, per_doc
-from summrl.config import JUDGE_KEYS, OPERATIONAL, AlgorithmConfig, QARewardConfig
-from summrl.job import RESULT_FILE, JobInfo, jsonl_rows, override_key, read_result
+from summrl.config import OPERATIONAL, AlgorithmConfig
+from summrl.job import RESULT_FILE, JobInfo, jsonl_rows, override_key, read_result, scale_settings
 from summrl.secrets import redact
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
@@ -208,35 +207,6 @@ def score_metric(table: pd.DataFrame) -> str:
     return "qa_accuracy" if len(done) and done.best_val_qa_accuracy.notna().all() else "reward"
 
 
-# What a val score is a function of besides the policy and the val documents: the judge that grades it, for
-# qa_accuracy the QA rules val QA applies, and for the val reward the reward's own settings and the trainer settings
-# it reads. Jobs that differ here are not on one scale; an operational setting (reward.cache_dir) changes no score.
-VAL_QA_KEYS = ("trainer.val_qa_max_chars", "trainer.val_qa_forbid_han")
-REWARD_KIND = re.compile(r"reward\.(?:terms\.[^.]+\.reward\.)?kind")
-
-
-def val_qa_settings(config: dict) -> dict[str, str]:
-    """The QA rules val/qa_accuracy was measured with (summrl.rewards.build_val_reward): trainer.val_qa_*, which
-    validation sets to a single QA term's; a result from before they existed used that term's, else QARewardConfig's."""
-    if all(k in config for k in VAL_QA_KEYS):
-        return {k: str(config[k]) for k in VAL_QA_KEYS}
-    terms = [k[:-len("kind")] for k, v in config.items() if v == "qa" and REWARD_KIND.fullmatch(k)]
-    read = {}
-    for key in VAL_QA_KEYS:
-        setting = key[len("trainer.val_qa_"):]  # max_chars, forbid_han
-        default = getattr(QARewardConfig, setting)
-        read[key] = str(config.get(terms[0] + setting, default) if len(terms) == 1 else default)
-    return read
-
-
-def val_reward_reads(config: dict) -> set[str]:
-    """The trainer settings the val reward reads: the length term trainer.max_words, RULER the summarizer's chat that
-    its judge is shown (trainer.prompt, which may state max_words)."""
-    kinds = {v for k, v in config.items() if REWARD_KIND.fullmatch(k)}
-    return ({"trainer.max_words"} if kinds & {"length", "ruler"} else set()) | (
-        {"trainer.prompt"} if "ruler" in kinds else set())
-
-
 def measured_with(result: dict, metric: str) -> dict[str, str]:
     """The settings ``metric`` was measured with (dotted key -> value), from the job's saved config; a result.json
     without one: its judge and reward choices and the overrides that touch them."""
@@ -244,12 +214,7 @@ def measured_with(result: dict, metric: str) -> dict[str, str]:
         return {}
     config = result.get("config")
     if isinstance(config, dict):
-        keys = {f"judge.{k}" for k in JUDGE_KEYS}
-        if metric == "reward":
-            keys |= {k for k in config if k.startswith("reward.") and not k.endswith(OPERATIONAL)}
-            keys |= val_reward_reads(config)
-        settings = {k: str(config[k]) for k in sorted(keys) if k in config}
-        return {**settings, **(val_qa_settings(config) if metric == "qa_accuracy" else {})}
+        return scale_settings(config, metric)
     groups = ("judge", "reward") if metric == "reward" else ("judge",)
     said = {f"{g}": c for g, c in (result.get("choices") or {}).items() if g in groups}
     said.update(o.split("=", 1) for o in result.get("overrides", [])

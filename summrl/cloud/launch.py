@@ -405,7 +405,7 @@ def check_no_secret(referenced: dict[str, str], scripts: dict[str, tuple[str, st
     values = set(secret_values())  # variables named as secrets (not BACKUP_BUCKET or AWS_REGION, which are settings)
     named = {name: value for name, value in os.environ.items() if value in values}
     for where, (text, resolved) in scripts.items():
-        found = [name for name, value in named.items() if len(value) >= MIN_SECRET and value in text]
+        found = [name for name, value in named.items() if value in text]  # secret_values: MIN_SECRET or longer
         found += [name for name, value in referenced.items() if len(value) >= MIN_SECRET and name not in named
                   and re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])", resolved)]
         if found:

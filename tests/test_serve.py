@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import os
 import shutil
 import socket
 import subprocess
@@ -360,24 +361,23 @@ def test_a_second_inbox_run_of_one_run_is_refused_while_the_first_trains(tmp_pat
     inbox.hold_training(run_dir).close()  # released with its file
 
 
-def test_serve_record_with_an_inbox_that_cant_be_made_is_refused_with_one_line(tmp_path):
+def test_serve_record_with_an_inbox_that_cant_be_made_is_refused_with_one_line(shared_run, tmp_path):
     """runs/<name>/inbox a file (or the run folder read-only): a 56-line FileExistsError traceback, exit 1, where
     every other startup problem is one line and exit 2. The server makes its recorder before the model loads."""
-    from types import SimpleNamespace
+    import subprocess
 
-    import summrl.serve.app as app
-    from summrl.errors import ConfigError, classify
-    from summrl.serve.config import ServeConfig, ServeSection
-    from tests.conftest import compose_config
+    from summrl.backends.embedded.server import free_port
 
-    (tmp_path / "inbox").write_text("not a folder")
-    config = ServeConfig(run=SimpleNamespace(name="r", run_dir=tmp_path), step=1, follow="fixed",
-                         train=compose_config(["experiment=local", "judge=lexical"]), serve=ServeSection(record=True))
-    with pytest.raises(ConfigError) as refused:
-        app.Service(config)
-    assert str(refused.value).startswith(f"serve.record=true: can't create the run's inbox {tmp_path / 'inbox'} "
-                                         "(File exists): make that path a writable folder")
-    assert classify(refused.value).exit_code == 2
+    run = tmp_path / "run"
+    shutil.copytree(shared_run.run_dir, run)
+    (run / "inbox").write_text("not a folder")
+    done = subprocess.run([sys.executable, "-m", "summrl.serve", f"run_dir={run}", "step=latest", "serve.record=true",
+                           f"serve.port={free_port()}"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 2, said
+    assert said == [f"summrl: config error: serve.record=true: can't create the run's inbox {run / 'inbox'} (File "
+                    "exists): make that path a writable folder, or leave serve.record off"]
 
 
 def test_the_length_selector_returns_the_shortest_summary_within_the_limit_never_an_empty_one():

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Awaitable, Callable, ClassVar, Iterator, NoReturn, Optional, TypeVar
+from typing import Any, Awaitable, Callable, ClassVar, Coroutine, Iterator, NoReturn, Optional, TypeVar
 
 from summrl.secrets import redact_text
 
@@ -91,6 +91,16 @@ async def finish_despite_a_signal(update: Callable[[], Awaitable[T]], what: str,
         except asyncio.CancelledError:
             log.warning(f"summrl: stopping once {what} are done (kill -9 stops now, dropping {dropped})")
             return await task, True
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run``, kept whatever ART imported. ``import art.local`` (backend=local_gpu) applies nest_asyncio
+    to the whole process, which swaps ``asyncio.run`` for one that installs no Ctrl-C handler: a
+    signal then raised KeyboardInterrupt wherever the main thread was, and one that came while a ``__del__`` ran
+    was printed and dropped (the run went on). ``asyncio.Runner`` is not swapped: its handler cancels the run's
+    task. Its loop is still re-entrant for ART: nest_asyncio patches the loop's class."""
+    with asyncio.Runner() as runner:
+        return runner.run(main)
 
 
 def first_line(error: object) -> str:

@@ -41,6 +41,7 @@ from collections import Counter
 from pathlib import Path
 
 from summrl import mkl_isa
+from summrl.errors import run_async
 from summrl.job import peak_rss_gb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -412,7 +413,7 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
                         streamed = [await stream(client, model, texts[i]) for i in range(3)]
                     return alone, list(latencies), wall, streamed
 
-            alone, latencies, wall, streamed = asyncio.run(measure())
+            alone, latencies, wall, streamed = run_async(measure())
         finally:
             server.stop()
         ordered = sorted(latencies)
@@ -545,22 +546,22 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.benchmark == "first-sample":
         if args.child:
-            print(json.dumps(asyncio.run(first_sample(args.unsettled))))
+            print(json.dumps(run_async(first_sample(args.unsettled))))
             return
         result = bench_first_sample(args.processes, args.unsettled)
         result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
         print(json.dumps(result, indent=2))
         return
     if args.benchmark == "judge":
-        print(json.dumps(asyncio.run(bench_judge(args.documents, args.group_size, args.delay)), indent=2))
+        print(json.dumps(run_async(bench_judge(args.documents, args.group_size, args.delay)), indent=2))
         return
     if args.benchmark == "sft":
-        result = asyncio.run(bench_sft(args.samples, args.max_tokens, args.repeats))
+        result = run_async(bench_sft(args.samples, args.max_tokens, args.repeats))
         result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
         print(json.dumps(result, indent=2))
         return
     startup = startup_seconds()
-    result = asyncio.run(bench_step(args.steps, args.repeats))
+    result = run_async(bench_step(args.steps, args.repeats))
     result["startup_s"] = round(statistics.median(startup), 2)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     print(json.dumps(result, indent=2))

@@ -12,7 +12,6 @@ saying ``interrupted``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from pathlib import Path
@@ -27,7 +26,8 @@ from omegaconf import DictConfig
 from summrl import cli
 from summrl.cloud.launch import run_from_hydra
 from summrl.config import Config, validate
-from summrl.errors import KINDS, ConfigError, Failure, classify, end, exit_on, full_errors, stop_signal
+from summrl.errors import (KINDS, ConfigError, Failure, classify, end, exit_on, full_errors, run_async,
+                           stop_signal)
 from summrl.job import JobInfo, RunRecord, read_result
 from summrl.preflight import check
 
@@ -105,7 +105,7 @@ def main(cfg: DictConfig) -> float | None:
         os.environ.setdefault("TQDM_DISABLE", "1")
         from summrl.loop import train  # heavy (torch, ART, litellm): loaded only once the config is known to be good
 
-        return asyncio.run(train(config, record))
+        return run_async(train(config, record))
     except KeyboardInterrupt:  # Ctrl-C: the loop has saved its record and closed the backend; a sweep stops too
         if record.fields.get("status") == "completed":  # a signal while the finished run closed its backend
             log.warning(f"summrl: {stop_signal()} while closing the backend: the run had completed, and its record "

@@ -686,6 +686,7 @@ def test_a_resumed_runs_w_and_b_mirror_sends_only_the_rows_the_w_and_b_run_lacks
 
 CLOSING_SLOWLY = """
 import asyncio, runpy, sys
+import art.local  # as backend=local_gpu has it: nest_asyncio applied before the run starts
 from summrl.backends.embedded.backend import EmbeddedBackend
 
 close = EmbeddedBackend.close
@@ -719,6 +720,45 @@ def test_a_signal_while_a_completed_run_closes_its_backend_leaves_it_completed(t
     assert "summrl: interrupted" not in out + err
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and "error_kind" not in result and "exit_code" not in result
+
+
+SIGNAL_IN_A_FINALIZER = """
+import asyncio, os, signal, time
+import nest_asyncio
+nest_asyncio.apply()  # as importing art.local (backend=local_gpu) does, in its mp_actors
+from summrl import cli
+from summrl.errors import run_async
+
+class Teardown:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # the signal arrives while a finalizer runs
+        time.sleep(0.5)
+
+async def run():
+    print(asyncio.get_event_loop().run_until_complete(asyncio.sleep(0, "nested")), flush=True)  # as ART's calls do
+    Teardown()
+    await asyncio.sleep(20)
+    print("went on")
+
+signal.signal(signal.SIGTERM, cli._terminate)
+try:
+    run_async(run())
+except KeyboardInterrupt:
+    print("stopped")
+"""
+
+
+def test_a_signal_during_a_finalizer_stops_the_run_after_art_applied_nest_asyncio():
+    """``import art.local`` applies nest_asyncio, whose ``asyncio.run`` installs no Ctrl-C handler: a SIGTERM that
+    came while a ``__del__`` ran was printed as a KeyboardInterrupt traceback and dropped, and the run went on (CI:
+    a completed run's close went on for its full 60 s, exit 0). The run's task is cancelled instead, and a loop
+    ART re-enters still runs."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", SIGNAL_IN_A_FINALIZER], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.split() == ["nested", "stopped"], done.stdout + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
 def test_a_resumed_invocation_that_stops_early_keeps_the_runs_spend_and_figures(tmp_path):

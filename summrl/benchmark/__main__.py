@@ -6,7 +6,6 @@ traceback unless HYDRA_FULL_ERROR=1; Ctrl-C is one line and exit code 130, the r
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -19,7 +18,7 @@ from dotenv import load_dotenv
 
 from summrl import cli
 from summrl.benchmark.config import check_keys, check_trainer_overrides, validate_benchmark
-from summrl.errors import Failure, end, exit_on, stop_signal
+from summrl.errors import Failure, end, exit_on, run_async, stop_signal
 from summrl.job import task_overrides
 
 
@@ -35,7 +34,7 @@ def main(cfg: DictConfig) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
         from summrl.benchmark.runner import run  # heavy (torch, ART, litellm): only once the config is good
 
-        status = asyncio.run(run(config))
+        status = run_async(run(config))
     except KeyboardInterrupt:  # Ctrl-C: every row scored so far is in rows.csv, and a rerun skips it
         end(Failure("interrupted", f"benchmark {cfg.benchmark.name} stopped ({stop_signal()}); the rows scored so far "
                                    "are kept: run the same command to resume"))

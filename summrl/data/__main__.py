@@ -17,7 +17,6 @@ A bad config or dataset ends with one line and exit code 2, as in training (summ
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 import time
@@ -28,7 +27,7 @@ from summrl import logs
 from summrl.config import compose, validate
 from summrl.data import load_splits
 from summrl.data.documents import policy_token_counter
-from summrl.errors import ConfigError, Failure, end, exit_on, stop_signal
+from summrl.errors import ConfigError, Failure, end, exit_on, run_async, stop_signal
 
 log = logging.getLogger("summrl.data")
 
@@ -49,7 +48,7 @@ def main(argv: list[str]) -> None:
                               "and its questions written, by `python -m summrl.train run.name=<name> dataset=inbox` "
                               "(see the README's \"Keep it learning\")")
         load_dotenv()  # keys may live in .env, as for training
-        asyncio.run(inspect(config) if command == "inspect" else prepare(config))
+        run_async(inspect(config) if command == "inspect" else prepare(config))
     except KeyboardInterrupt:  # Ctrl-C while writing: what was written (and paid for) is in the caches
         end(Failure("interrupted", f"stopped ({stop_signal()}); the questions and rubrics written so far are cached: "
                                    "the same command writes only the rest"))

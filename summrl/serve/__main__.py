@@ -21,7 +21,7 @@ from dotenv import load_dotenv
 from omegaconf import DictConfig
 
 from summrl import cli
-from summrl.errors import ConfigError, exit_on, stop_signal
+from summrl.errors import ConfigError, exit_on, run_async, stop_signal
 from summrl.serve.config import validate_serve
 
 log = logging.getLogger("summrl.serve")
@@ -103,7 +103,7 @@ def main(cfg: DictConfig) -> None:
                               "must send>, or leave serve.api_key_env unset to serve without a key")
         sock = listening_socket(config.serve.host, config.serve.port)
         os.environ.setdefault("TQDM_DISABLE", "1")
-        asyncio.run(serve(config, sock))
+        run_async(serve(config, sock))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM before uvicorn took the signals (while the libraries import): the
         log.info(f"summrl: the server stopped ({stop_signal()})")  # same graceful stop, exit 0, as once it has
     except Exception as e:

@@ -20,7 +20,6 @@ from typing import Any, AsyncIterator, Iterable, Optional
 from art import dev
 from art._backend_training import aggregate_rl_training_metrics, build_rl_train_configs
 from art.backend import Backend
-from art.local.checkpoints import delete_checkpoints
 from art.model import Model, TrainableModel
 from art.preprocessing.pack import packed_tensors_from_tokenized_results
 from art.preprocessing.tokenize import tokenize_trajectory_groups
@@ -126,6 +125,10 @@ class EmbeddedBackend(Backend):
         return get_step_from_dir(self.model_dir(model))
 
     async def _delete_checkpoint_files(self, model: TrainableModel, steps_to_keep: list[int]) -> None:
+        # imported here: importing art.local loads LocalBackend, whose mp_actors applies nest_asyncio to the whole
+        # process and sets multiprocessing's start method to spawn; an embedded run needs neither
+        from art.local.checkpoints import delete_checkpoints
+
         delete_checkpoints(self.model_dir(model), steps_to_keep)
 
     async def _prepare_backend_for_training(

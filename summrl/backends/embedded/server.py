@@ -30,6 +30,7 @@ from summrl.backends.embedded.compute import on_compute_thread
 from summrl.backends.embedded.engine import Completion, Engine, Rows, SamplingParams
 from summrl.backends.seed import Seed
 from summrl.backends.stops import Stop, stop_sequences
+from summrl.errors import run_async
 from summrl.rollout import Burst
 
 log = logging.getLogger(__name__)
@@ -514,9 +515,9 @@ class InferenceServer:
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.app = app
-        # serve() under our own asyncio.run: Server.run() expects the thread to have a current event loop
+        # serve() under our own event loop: Server.run() expects the thread to have a current event loop
         # in some uvicorn releases, and a background thread has none.
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()), name="summrl-inference",
+        self.thread = threading.Thread(target=lambda: run_async(self.server.serve()), name="summrl-inference",
                                        daemon=True)
 
     @property

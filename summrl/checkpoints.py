@@ -14,7 +14,7 @@ from typing import Optional, Union
 
 from summrl.errors import ConfigError
 from summrl.job import comparable
-from summrl.storage import SFT_DIR, SFT_RECORD
+from summrl.storage import SFT_DIR, SFT_RECORD, trained_config
 
 
 @dataclass
@@ -107,7 +107,8 @@ def resolve_step(run: TrainedRun, spec: Union[str, int], key: str = "step") -> i
 
 
 def run_config(run: TrainedRun, key: str = "run_dir"):
-    """The training config the run was made with (Hydra's ``.hydra/config.yaml`` in its folder), typed and
+    """The training config the run was made with (``storage.trained_config``: Hydra's, as its last training invocation
+    saved it), typed and
     validated: the model (base, weights, LoRA), the prompt settings (trainer.prompt, max_words, max_summary_tokens), the judge
     and the backend a server or an export needs."""
     from omegaconf import OmegaConf
@@ -115,7 +116,7 @@ def run_config(run: TrainedRun, key: str = "run_dir"):
     from summrl.config import KIND_SCHEMAS, Config, typed_config
     from summrl.prompt import PROMPT_BEFORE_THE_OPTION
 
-    path = run.run_dir / ".hydra" / "config.yaml"
+    path = trained_config(run.run_dir)
     if not path.is_file():
         raise ConfigError(f"{key}: {path} is missing (python -m summrl.train writes it): point {key} at a training run "
                           "folder")

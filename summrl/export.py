@@ -440,7 +440,7 @@ With the adapter instead: `PeftModel.from_pretrained(AutoModelForCausalLM.from_p
 
 ## Training config
 
-The run's config (`.hydra/config.yaml` in its folder; choices: {', '.join(f'{k}={v}' for k, v in
+The run's training config (from `.hydra/` in its folder; choices: {', '.join(f'{k}={v}' for k, v in
 (record.get('choices') or {}).items()) or 'unknown'}):
 
 ```yaml

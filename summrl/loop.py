@@ -42,7 +42,7 @@ from summrl.rollout import Burst, check_context, in_request_order, rollout, samp
 from summrl.secrets import redact_text
 from summrl.splits import Splits, val_digest
 from summrl.splits import load as load_documents
-from summrl.storage import CheckpointBackup, local_steps, model_dir
+from summrl.storage import CheckpointBackup, keep_trained_config, local_steps, model_dir
 from summrl.tracking import Tracker, flat_config, open_tracker
 
 log = logging.getLogger(__name__)
@@ -618,6 +618,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         record.resume_at(step)
         # A managed job's id (SkyPilot sets it in the job's environment): its recoveries are counted per job id.
         record.begin_attempt(step, os.environ.get("SKYPILOT_MANAGED_JOB_ID"))
+        keep_trained_config(config.run.dir)  # past every check: what serve, export and benchmark read
         history = record.val_history
         planned = (f"{len(online.new)} new inbox documents, {math.ceil(len(online.new) / t.groups_per_step)} step(s) "
                    f"from step {step}" if online is not None else

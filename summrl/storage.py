@@ -39,6 +39,24 @@ COMPLETE = ".complete"
 SFT_DIR = "sft"  # <run dir>/sft: the SFT stage's files (summrl.sft)
 SFT_RECORD = "record.json"  # sft/record.json: the SFT stage has trained, and its checkpoint's step
 SFT_BACKUP_S = 60.0  # during collection, sft/ goes up at most this often (and once collection ends)
+# Hydra writes .hydra/config.yaml before every invocation starts, a refused one too (other weights, a typo in a
+# resume): the config of the last invocation that went on to train is kept apart, for serve, export and benchmark
+TRAINED_CONFIG = Path(".hydra") / "trained.yaml"
+HYDRA_CONFIG = Path(".hydra") / "config.yaml"
+
+
+def keep_trained_config(run_dir: Path) -> None:
+    """This invocation passed every check and trains: its config (Hydra's, unresolved, so no secret) is the run's."""
+    hydra = Path(run_dir) / HYDRA_CONFIG
+    if hydra.is_file():
+        write_atomic(Path(run_dir) / TRAINED_CONFIG, hydra.read_bytes())
+
+
+def trained_config(run_dir: Path) -> Path:
+    """The config a run folder's checkpoints were trained with: Hydra's for a run from before TRAINED_CONFIG, or one
+    trained elsewhere (backend=skypilot)."""
+    kept = Path(run_dir) / TRAINED_CONFIG
+    return kept if kept.is_file() else Path(run_dir) / HYDRA_CONFIG
 
 
 class StorageError(ExpectedFailure, RuntimeError):

@@ -416,6 +416,7 @@ def test_a_run_trained_on_a_gguf_file_is_exported_de_quantized_in_the_saved_dtyp
 
     from summrl.backends.embedded.engine import load_causal_lm
     from summrl.export import export, validate_export
+    from summrl.storage import TRAINED_CONFIG
     from tests.conftest import compose_config
 
     gguf = compose_config(["experiment=local"]).model.weights
@@ -423,8 +424,8 @@ def test_a_run_trained_on_a_gguf_file_is_exported_de_quantized_in_the_saved_dtyp
     run = tmp_path / "run"
     shutil.copytree(shared_run.run_dir / ".hydra", run / ".hydra")
     shutil.copy(shared_run.run_dir / "result.json", run / "result.json")
-    saved = (run / ".hydra" / "config.yaml").read_text()
-    (run / ".hydra" / "config.yaml").write_text(re.sub(r"(?m)^  weights: .*$", f"  weights: {gguf}", saved))
+    saved = (run / TRAINED_CONFIG).read_text()  # what export reads
+    (run / TRAINED_CONFIG).write_text(re.sub(r"(?m)^  weights: .*$", f"  weights: {gguf}", saved))
 
     _, base = load_causal_lm(BASE_MODEL, gguf, torch.float32, torch.device("cpu"))  # the de-quantized weights
     lora = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
@@ -481,3 +482,25 @@ def test_every_shipped_base_model_has_a_license_for_the_model_card():
 
     shipped = {yaml.safe_load(path.read_text())["base_model"] for path in (ROOT / "conf" / "model").glob("*.yaml")}
     assert len(shipped) >= 5 and shipped <= set(LICENSES), sorted(shipped - set(LICENSES))
+
+
+def test_a_refused_resume_leaves_serve_and_export_the_config_the_run_trained_with(shared_run, tiny_weights, tmp_path):
+    """Hydra writes .hydra/config.yaml before summrl checks anything: a resume refused for other weights left its own
+    config there, and serve and export then loaded those weights under the run's adapter (found by a review)."""
+    from omegaconf import OmegaConf
+
+    from summrl.checkpoints import run_config, trained_run
+    from tests.conftest import SHARED_ARGS
+
+    run = copy_run(shared_run.run_dir, tmp_path / "run")
+    trained_with = tiny_weights.split("=", 1)[1]
+    other = shutil.copytree(trained_with, tmp_path / "other-weights")  # loadable, and of the same shape
+    args = [a for a in SHARED_ARGS if not a.startswith("storage.")]
+    refused = subprocess.run([sys.executable, "-m", "summrl.train", *args, f"model.weights={other}",
+                              "judge.api_base=http://127.0.0.1:9/v1", f"hydra.run.dir={run}"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "FAKE_JUDGE_KEY": SHARED_SECRET})
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "resumes a run trained with model.weights=" in refused.stderr
+    assert OmegaConf.load(run / ".hydra" / "config.yaml").model.weights == str(other)  # Hydra's, of the refused one
+    assert run_config(trained_run(run)).model.weights == trained_with

@@ -41,6 +41,8 @@ def test_a_run_trains_checkpoints_logs_val_and_records_its_result(shared_run):
     # Hydra kept the resolved config and the overrides in the run folder
     assert "run.name=shared" in after["files"][".hydra/overrides.yaml"].decode()
     assert ".hydra/config.yaml" in after["files"]
+    # and the config of the invocation that trained, which serve, export and benchmark read
+    assert after["files"][".hydra/trained.yaml"] == after["files"][".hydra/config.yaml"]
 
 
 def test_the_run_folders_log_file_holds_every_line_the_run_printed_with_timestamps(shared_run):

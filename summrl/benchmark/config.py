@@ -26,6 +26,7 @@ from summrl.keys import missing_model_keys
 from summrl.preflight import unknown_provider
 from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, sft_step
 from summrl.job import override_key, read_result
+from summrl.storage import trained_config
 from summrl.prompt import PROMPT_BEFORE_THE_OPTION
 
 log = logging.getLogger(__name__)
@@ -316,7 +317,7 @@ def _check_cross(config: BenchmarkConfig) -> None:
 
 def _check_run_matches(config: BenchmarkConfig, run: TrainedRun) -> None:
     """The checkpoints are LoRA adapters of the run's base model: the configured model must be the same one."""
-    saved = run.run_dir / ".hydra" / "config.yaml"
+    saved = trained_config(run.run_dir)
     if not saved.exists():
         return  # a run folder without Hydra's record (copied checkpoints): the adapter load checks shapes
     trained = OmegaConf.load(saved)

@@ -107,11 +107,12 @@ class Service:
     async def start(self) -> None:
         """Load the model, then the selector's judge (it may use the same endpoint); ``ready`` when done."""
         from summrl.backends.serving import start_server
+        from summrl.storage import trained_config
 
         try:
             train = self.config.train
             # the run's model is the run's: its config says where, and only that can be changed
-            fix = (f"the run's model.weights or model.base_model ({self.config.run.run_dir / '.hydra' / 'config.yaml'}) "
+            fix = (f"the run's model.weights or model.base_model ({trained_config(self.config.run.run_dir)}) "
                    "must be readable on this machine")
             self.tokenizer = await asyncio.to_thread(load_tokenizer, train.model, fix)
             self.server = await start_server(train, self.config.run, early=True)  # each request as its rows end

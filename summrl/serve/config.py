@@ -1,7 +1,7 @@
 """``python -m summrl.serve``'s typed config: which run and step to serve, and how (``conf/serve.yaml``).
 
 The model, its prompt (``trainer.prompt``, ``max_words``, ``max_summary_tokens``, ``temperature``), the backend and the
-judge are the run's own (its ``.hydra/config.yaml``): a server answers as the run was trained.
+judge are the run's own (``storage.trained_config``): a server answers as the run was trained.
 ``+backend.<key>=<value>`` and ``+judge.<key>=<value>`` change one setting of the run's own (``+``: Hydra adds a key
 the composed config lacks); ``judge=<option>`` or ``backend=<option>`` replaces the run's with that option (its
 defaults, then ``judge.<key>=...``).

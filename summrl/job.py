@@ -225,6 +225,7 @@ class RunRecord:
         self.timed = True  # this invocation's time counts in the run's wall_s (not when it trained nothing)
         self.stepped = False  # this invocation has trained a step: TRAINED_WITH are then its own
         self.resume_with: list[str] = []  # what the same command needs added to resume (train.resume_overrides)
+        self.stopped_waiting = False  # dataset=inbox: a signal came while it waited for documents, before training
 
     def adopt(self, earlier: Optional[dict]) -> None:
         """A fresh machine: what the run's earlier invocations backed up (their result.json, restored from S3)."""
@@ -295,10 +296,19 @@ class RunRecord:
                                     **attempts, "untrained_steps": self.untrained_steps, "wall_s": wall_s})
         self.saved = True
 
+    def stop_waiting(self) -> None:
+        """An online run stopped while it waited for inbox documents: it trained nothing, and the run is as its last
+        invocation left it (it said "interrupted", and to resume)."""
+        self.nothing_to_train(status=self.earlier.get("status", "interrupted"))
+        self.stopped_waiting = True
+
     def interruption(self) -> str:
         """What a run stopped by Ctrl-C says: the last step whose checkpoint it wrote, and how to go on."""
         step = self.attempts[-1]["end_step"] if self.attempts else 0
         command = f"the same command with {shlex.join(self.resume_with)}" if self.resume_with else "the same command"
+        if self.stopped_waiting:
+            return (f"stopped while waiting for inbox documents ({stop_signal()}): nothing was trained, and result.json "
+                    f"is as the run's last invocation left it; run {command} to wait again")
         if step:
             return f"stopped after step {step} ({stop_signal()}); its checkpoint is kept: run {command} to resume from it"
         return f"stopped before the first checkpoint ({stop_signal()}); run {command} to start again"

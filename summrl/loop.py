@@ -399,6 +399,7 @@ async def online_documents(config: Config, splits: Splits) -> tuple[Splits, Opti
                           f"({inbox.inbox_dir(config.run.dir)}): name the run that python -m summrl.serve records "
                           "for (serve.record=true), e.g. run.name=local1 for runs/local1")
     deadline = time.monotonic() + t.wait_for_documents_s
+    said = False
     while True:
         step = get_step_from_dir(str(model_dir(config)))  # the checkpoint the backend will resume from
         online = inbox.online(config.run.dir, step, splits.train, splits.lines or {}, {d.id for d in splits.val},
@@ -406,6 +407,11 @@ async def online_documents(config: Config, splits: Splits) -> tuple[Splits, Opti
         remaining = deadline - time.monotonic()
         if (len(online.new) >= t.min_new_documents and splits.val) or remaining <= 0:
             return splits, online
+        if not said:
+            log.info(f"summrl: inbox: {len(online.new)} new document(s), fewer than trainer.min_new_documents="
+                     f"{t.min_new_documents}: waiting up to {remaining:.0f} s for more (Ctrl-C stops it, training "
+                     "nothing)")
+            said = True
         await asyncio.sleep(min(5.0, remaining))
         splits = await load_documents(config)
 
@@ -597,7 +603,12 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         check_groups_fit(config, len(train_docs), record.earlier)
         warn_short_run(config, len(train_docs))
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
-        splits, online = await online_documents(config, splits)  # dataset=inbox: the new documents, before loading
+        try:
+            splits, online = await online_documents(config, splits)  # dataset=inbox: the new documents, before loading
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            if config.dataset.kind == "inbox":
+                record.stop_waiting()
+            raise
         if online is not None:
             val, train_docs = splits.val, splits.train
             record.update(dataset=splits.record, online={"new_documents": len(online.new), "consumed_before": online.start})
@@ -679,7 +690,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         record.update(status="completed", steps=step, **val_summary(history))
         return history[-1]["val_reward"]
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C: asyncio.run cancels this task, then raises
-        record.update(status="interrupted", error=f"interrupted ({stop_signal()})")
+        if not record.stopped_waiting:
+            record.update(status="interrupted", error=f"interrupted ({stop_signal()})")
         if backup is not None and last_trained is not None:  # backup_every > 1: the step it stopped after goes up too
             await backup.after_step(last_trained, final=True)
         raise

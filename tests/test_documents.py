@@ -630,6 +630,58 @@ def test_an_inbox_run_that_trains_nothing_keeps_the_runs_best_by_and_config(tmp_
         "seed": 42, "best_by": "val_qa_accuracy", "config": {"dataset": "repliqa_sample"}}
 
 
+def test_an_online_run_waits_for_documents_and_a_signal_while_it_waits_leaves_the_run_as_it_was(tmp_path):
+    """trainer.wait_for_documents_s: with fewer new documents than trainer.min_new_documents, the run reads the inbox
+    again until they come. A SIGTERM while it waited marked the run interrupted and said to resume, though that
+    invocation trained nothing (known since stop 65)."""
+    import os
+    import signal
+    import time
+
+    from summrl import inbox
+    from summrl.job import read_result, write_result
+    from summrl.loop import online_documents
+
+    run = tmp_path / "run"
+    earlier = {"status": "completed", "run_name": "online", "steps": 3, "best_by": "val_reward", "wall_s": 9.0,
+               "val_history": [{"step": 3, "val_reward": 0.5}]}
+    write_result(run, earlier)
+    recorder = inbox.Recorder(run)
+    for i in range(4):  # the online val set: nothing new to train
+        recorder.record(f"d{i}", f"The council met on day {i + 10} and approved item {i + 20}.", 1)
+    args = ["experiment=local", "dataset=inbox", "reward=ruler", "run.name=online", "trainer.wait_for_documents_s=120",
+            f"dataset.questions.cache_dir={tmp_path / 'q'}"]
+
+    async def wait_then_record():
+        config = compose_config([*args, f"run.dir={run}"])
+        waiting = asyncio.ensure_future(online_documents(config, await load(config)))
+        await asyncio.sleep(1)
+        recorder.record("d4", "The council met on day 14 and approved item 24.", 1)  # served while it waits
+        return await waiting
+
+    started = time.monotonic()
+    _, online = asyncio.run(wait_then_record())
+    assert [d.id for d, _ in online.new] == ["d4"] and time.monotonic() - started < 30
+
+    process = subprocess.Popen([sys.executable, "-m", "summrl.train", *args, "trainer.min_new_documents=2",
+                                f"hydra.run.dir={run}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in process.stdout:
+        if "waiting up to" in line:
+            assert "1 new document(s), fewer than trainer.min_new_documents=2" in line
+            process.send_signal(signal.SIGTERM)
+            break
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "summrl: interrupted: stopped while waiting for inbox documents (SIGTERM): nothing was trained, and "
+        "result.json is as the run's last invocation left it; run the same command to wait again")
+    saved = read_result(run)
+    assert {k: saved[k] for k in earlier if k != "val_history"} == {k: v for k, v in earlier.items()
+                                                                    if k != "val_history"}
+    assert "error_kind" not in saved and "exit_code" not in saved and saved["val_history"] == earlier["val_history"]
+
+
 def test_inbox_ids_stay_apart_when_a_clients_id_looks_like_a_renamed_one(tmp_path):
     """A second text under a used id is renamed <id>~<line>; a client had already sent that name as its own id, so
     two documents shared it, and the trained one came back as new past the watermark."""

@@ -686,7 +686,7 @@ def test_a_resumed_runs_w_and_b_mirror_sends_only_the_rows_the_w_and_b_run_lacks
 
 CLOSING_SLOWLY = """
 import asyncio, runpy, sys
-import art.local  # as backend=local_gpu has it: nest_asyncio applied before the run starts
+import art.local  # nest_asyncio applied before the run starts, as a sweep's later jobs of backend=local_gpu have it
 from summrl.backends.embedded.backend import EmbeddedBackend
 
 close = EmbeddedBackend.close
@@ -725,7 +725,7 @@ def test_a_signal_while_a_completed_run_closes_its_backend_leaves_it_completed(t
 SIGNAL_IN_A_FINALIZER = """
 import asyncio, os, signal, time
 import nest_asyncio
-nest_asyncio.apply()  # as importing art.local (backend=local_gpu) does, in its mp_actors
+nest_asyncio.apply()  # as importing art.local (backend=local_gpu) does, in its mp_actors, for the whole process
 from summrl import cli
 from summrl.errors import run_async
 

@@ -1057,9 +1057,6 @@ def rewards_of_kind(reward: Any, kind: str) -> dict[str, Any]:
     return {"reward": reward} if reward.kind == kind else {}
 
 
-def rubric_rewards(reward: Any) -> dict[str, Any]:
-    return rewards_of_kind(reward, "rubric")
-
 
 REWARD_BOUNDS = {"qa": (0.0, 1.0), "ruler": (0.0, 1.0), "rubric": (0.0, 1.0)}
 

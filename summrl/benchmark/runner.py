@@ -24,7 +24,7 @@ from summrl.backends.serving import start_server
 from summrl.benchmark.sources import BestOfN, LiteLLMSource, Summary, SummaryError
 from summrl.benchmark.summary import markdown, summarize
 from summrl.config import (EMBEDDED_JUDGES, FREE_JUDGES, LexicalJudgeConfig, RulerRewardConfig, reward_kinds,
-                           rubric_rewards)
+                           rewards_of_kind)
 from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render, token_price
 from summrl.data import Document, Question
 from summrl.errors import ConfigError, first_line
@@ -117,7 +117,8 @@ def cost_plan(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[
     llm_judge = config.judge.kind not in ("lexical", "local")
     return estimate(work, documents, judge, prompt=SummaryPrompt.of(config.trainer),
                     max_summary_tokens=config.trainer.max_summary_tokens, reward_uses_ruler=_uses_ruler(config),
-                    qa_calls=llm_judge, rubric_rewards=list(rubric_rewards(config.reward).values()) if llm_judge else [])
+                    qa_calls=llm_judge,
+                    rubric_rewards=list(rewards_of_kind(config.reward, "rubric").values()) if llm_judge else [])
 
 
 # ------------------------------------------------------------------ scoring

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from summrl import splits
-from summrl.config import FREE_JUDGES, rubric_rewards
+from summrl.config import FREE_JUDGES, rewards_of_kind
 from summrl.data import DataError
 from summrl.errors import (KINDS, NETWORK_FIX, ConfigError, ExpectedFailure, NetworkError, classify, full_errors,
                            is_network, network_message)
@@ -331,7 +331,8 @@ def remote_command(config: Any, overrides: list[str]) -> str:
         relative = Path(config.dataset.path).expanduser().resolve().relative_to(ROOT).as_posix()
         pinned.append(f"dataset.path={_quoted(relative)}")
         pinned.append(f"dataset.questions.cache_dir={_quoted(REMOTE_QUESTIONS)}")
-    for key, reward in rubric_rewards(config.reward).items():  # where the task puts what rubric_mounts carries
+    # where the task puts what rubric_mounts carries
+    for key, reward in rewards_of_kind(config.reward, "rubric").items():
         if reward.cache_dir is not None:
             kept = [o for o in kept if _override_key(o) != f"{key}.cache_dir"]
             pinned.append(f"++{key}.cache_dir={_quoted(REMOTE_RUBRICS)}")  # ++: a term's preset may not list it

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO, Union
 
-from summrl.config import rubric_rewards
+from summrl.config import rewards_of_kind
 from summrl.data import Document
 from summrl.errors import ExpectedFailure
 from summrl.judges.base import Judge, Rubrics
@@ -126,7 +126,7 @@ def cached_files(config: Any) -> list[Path]:
     if writer is None:
         return []
     files = []
-    for reward in rubric_rewards(config.reward).values():
+    for reward in rewards_of_kind(config.reward, "rubric").values():
         if reward.cache_dir is None:
             continue
         cache = JsonCache(reward.cache_dir)
@@ -173,7 +173,7 @@ def plans(config: Any, documents: Sequence[Document]) -> tuple[list[Plan], list[
     from summrl.prompt import SummaryPrompt
     from summrl.judges import build_judge
 
-    terms = rubric_rewards(config.reward)
+    terms = rewards_of_kind(config.reward, "rubric")
     if not terms:
         return [], []
     if config.judge.kind != "litellm":

@@ -13,13 +13,14 @@ printed and returned as the run's ``dataset`` record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from summrl.config import FREE_JUDGES, reward_kinds
 from summrl.cost import Calls, confirmed
@@ -31,7 +32,7 @@ from summrl.data.split import DataError
 from summrl.errors import ConfigError, ExpectedFailure
 from summrl.judges import build_judge, missing_keys
 from summrl.judges.cache import JsonCache
-from summrl.judges.client import REQUEST_COST
+from summrl.judges.client import REQUEST_COST, SPEND_GUARD, SpendStopped
 from summrl.judges.questions import (Checked, QuestionBank, QuestionSettings, estimated_tokens, question_writer,
                                      totals)
 
@@ -318,24 +319,53 @@ async def fill(bank: QuestionBank, documents: Sequence[Document], settings: Any,
     # they all started at once: an estimate $5 short of the real cost spent it twice over. Each document's own spend
     # (REQUEST_COST) is what is counted: the mean of the total over the documents done counted the calls of those in
     # flight too, and stopped writing well within the budget.)
+    # Each call, a retry too, is held to the budget: within its document's reservation it is covered; past it (its
+    # replies were retried), calls go one at a time, each made only if what is spent, the others' reservations and
+    # the call fit. A call's price is the largest seen, at least the estimate's mean. (Checked only as each document
+    # started, 8 documents in flight whose every reply had the wrong shape spent 1.67 times the budget.)
     estimate = (calls.usd or 0.0) / len(pending) if pending else 0.0
+    largest = [(calls.usd or 0.0) / calls.calls if calls.calls else 0.0]
+    unreserved = asyncio.Lock()
     slots = asyncio.Semaphore(getattr(client, "max_concurrency", None) or 8)
     writing: dict[int, list[float]] = {}  # the documents in flight: what each has spent so far
     done_usd, done = 0.0, 0
 
+    def each() -> float:
+        return max(estimate, done_usd / done if done else 0.0)
+
+    def reserved_by_others(index: int) -> float:
+        return sum(max(0.0, each() - spent[0]) for i, spent in writing.items() if i != index)
+
+    @contextlib.asynccontextmanager
+    async def paid_call(index: int, spent: list[float]) -> AsyncIterator[None]:
+        before = spent[0]
+        try:
+            if each() - spent[0] >= largest[0]:  # within the document's own reservation
+                yield
+            else:
+                async with unreserved:
+                    if client.usage.cost_usd + reserved_by_others(index) + largest[0] > budget:
+                        raise SpendStopped(f"dataset.questions.max_cost_usd={budget:g}: no room for another call")
+                    yield
+        finally:  # a reply of the wrong shape was paid for too
+            largest[0] = max(largest[0], spent[0] - before)
+
     async def one(index: int, document: Document) -> None:
         nonlocal done_usd, done
         async with slots:
-            if budget is not None and client is not None:
-                each = max(estimate, done_usd / done if done else 0.0)
-                ahead = sum(max(0.0, each - spent[0]) for spent in writing.values())
-                if client.usage.cost_usd + ahead + each > budget:
-                    over_budget.append(document.id)
-                    return
+            guarded = budget is not None and client is not None
+            if guarded and client.usage.cost_usd + reserved_by_others(index) + each() > budget:
+                over_budget.append(document.id)
+                return
             spent = writing[index] = [0.0]
             REQUEST_COST.set(spent)  # this task's own context: the writer's calls add their price to it
+            if guarded:
+                SPEND_GUARD.set(lambda: paid_call(index, spent))
             try:
                 result = await bank.get(document)
+            except SpendStopped:
+                over_budget.append(document.id)
+                return
             finally:
                 del writing[index]
                 done_usd, done = done_usd + spent[0], done + 1

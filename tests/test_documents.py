@@ -807,7 +807,8 @@ def paid_bank(monkeypatch, client, write, estimate_usd: float):
                            failures={}, written=0)
     documents = [Document(id=f"d{i}", topic="", text="t", questions=()) for i in range(10)]
     price = f"${estimate_usd:.2f}"
-    estimate = SimpleNamespace(usd=estimate_usd, local=False, line=lambda: price, price=lambda: price)
+    estimate = SimpleNamespace(usd=estimate_usd, calls=2 * len(documents), local=False, line=lambda: price,
+                               price=lambda: price)
     monkeypatch.setattr(splits, "plan", lambda bank, documents, model: (list(documents), estimate))
     return bank, documents
 
@@ -851,6 +852,25 @@ def test_a_budget_the_writing_fits_in_writes_every_document(monkeypatch):
     bank, documents = paid_bank(monkeypatch, client, write, estimate_usd=10.0)
     checked = asyncio.run(splits.fill(bank, documents, SimpleNamespace(max_cost_usd=10.0, confirm=False)))
     assert len(checked) == 10 and client.usage.cost_usd == 10.0
+
+
+def test_retried_question_calls_stay_within_the_question_budget(tmp_path):
+    """A document's calls were held to dataset.questions.max_cost_usd only as it started, not as it retried: with
+    every reply of the wrong shape (one question of 5, and as many words as 5), the documents in flight retried each
+    call 5 times and spent 1.67 times the budget. Each call, a retry too, now needs the room for it."""
+    from summrl.splits import plan, question_bank
+
+    wrong = json.dumps({"questions": [{"question": "What? " * 120, "answer": "This. " * 120}]})
+    with FakeLLM() as server:
+        server.script.extend(Reply(wrong) for _ in range(200))
+        paid = ["judge=openai_compatible", "judge.model=gpt-4o-mini", f"judge.api_base={server.base_url}",
+                "judge.retry_base_s=0", "dataset.questions.confirm=false"]
+        config = config_for(FIXTURE, tmp_path, *paid)
+        budget = plan(question_bank(config), read(config.dataset).documents, "gpt-4o-mini")[1].usd  # the estimate
+        with pytest.raises(QuestionsNotConfirmed, match=rf"max_cost_usd={budget:g} reached") as stopped:
+            asyncio.run(load(config_for(FIXTURE, tmp_path, *paid, f"dataset.questions.max_cost_usd={budget}")))
+        assert len(server.requests) > 8  # retried: past the first call of each document in flight
+    assert 0 < stopped.value.questions_cost_usd <= budget
 
 
 def test_a_table_that_is_not_utf8_or_holds_half_a_character_is_one_line_naming_it(tmp_path):

@@ -24,7 +24,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any, AsyncContextManager, Awaitable, Callable, Optional, Union
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
@@ -50,6 +50,20 @@ class JudgeError(ExpectedFailure, RuntimeError):
 # every caller, so concurrent requests read each other's spending from it.
 REQUEST_COST: contextvars.ContextVar[Optional[list[float]]] = contextvars.ContextVar("summrl_request_cost",
                                                                                        default=None)
+
+
+class SpendStopped(JudgeError):
+    """A call not made because the caller's budget (``SPEND_GUARD``) had no room left for it. Not retried."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind="SpendStopped")
+
+
+# A caller's guard around each call of this asyncio context, retries included: entered before the call (raising
+# SpendStopped when its budget has no room for it), left once the call is paid for. Question writing holds each
+# document's calls to dataset.questions.max_cost_usd with it.
+SPEND_GUARD: contextvars.ContextVar[Optional[Callable[[], AsyncContextManager[None]]]] = contextvars.ContextVar(
+    "summrl_spend_guard", default=None)
 
 
 class ReplyShapeError(ValueError):
@@ -319,11 +333,18 @@ class JudgeClient:
         def counted(state: RetryCallState) -> None:
             self.usage.retries += 1
 
+        async def guarded() -> Any:  # each attempt, the first too: a retry spends as a first call does
+            guard = SPEND_GUARD.get()
+            if guard is None:
+                return await attempt()
+            async with guard():
+                return await attempt()
+
         retryer = AsyncRetrying(stop=stop_after_attempt(self.max_retries + 1), retry=retry_if_exception(retryable),
                                 wait=lambda state: self.wait_s(state.attempt_number - 1, state.outcome.exception()),
                                 before_sleep=counted, reraise=True)
         try:
-            return await retryer(attempt)
+            return await retryer(guarded)
         except JudgeError:  # already a judge's verdict (e.g. its key is not set): no retry can fix it
             raise
         except Exception as last:  # litellm maps every provider error to an exception with status_code

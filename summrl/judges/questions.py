@@ -30,7 +30,7 @@ from summrl.config import FREE_JUDGES
 from summrl.data import UNANSWERABLE, Document, Question
 from summrl.facts import MONTHS, WEEKDAYS, facts
 from summrl.judges.cache import JsonCache, document_hash
-from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError, list_schema
+from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError, SpendStopped, list_schema
 from summrl.judges.lexical import LexicalJudge, content_words
 from summrl.judges.llm import LLMJudge, listing
 
@@ -267,6 +267,8 @@ class QuestionBank:
             return checked
         try:
             checked = await write_checked(self.writer, document, self.settings)
+        except SpendStopped:  # not a failure: the caller's budget stopped it (its caller says so)
+            raise
         except JudgeError as e:
             self.failures[document.id] = str(e)
             return None

@@ -587,6 +587,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         backup = CheckpointBackup.open(config)  # S3: checks the bucket before any model loads
         if not record.earlier:  # a fresh machine: the record the run's earlier invocations backed up
             record.adopt(backup.restore_result(config.run.dir))
+            check_resumed_as_trained(config, record)  # as the machine that trained it checked (it loaded theirs)
         history = record.val_history
         seed_everything(config.seed)
         t = config.trainer

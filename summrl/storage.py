@@ -138,6 +138,9 @@ class CheckpointBackup:
     uploaded: set[int] = field(default_factory=set)
     sft_uploaded: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (size, mtime) last uploaded
     sft_backed_up_at: float = 0.0
+    # The backed-up result.json could not be read (a timeout, a refused GetObject, a signal during the call): this
+    # invocation's record knows nothing of the earlier invocations, so it must not replace the backed-up one.
+    result_unread: bool = False
 
     @classmethod
     def open(cls, config: Any) -> "CheckpointBackup | NoBackup":
@@ -208,12 +211,22 @@ class CheckpointBackup:
         if local_steps(self.local / "checkpoints"):
             return
         steps = self.complete_steps()
-        if not steps:
-            return
         for step in steps:
             self.client.delete_object(Bucket=self.bucket, Key=f"{self.root}/checkpoints/{step:04d}{COMPLETE}")
-        log.info(f"summrl: storage.restore=false: starting afresh; the earlier run's backups under {self.url} (steps "
-                 f"{', '.join(map(str, steps))}) are no longer marked complete, so no resume loads them")
+        # its record, history and SFT samples too, markers or not: a resume of this run killed before its first
+        # backup adopted the earlier run's record (its val scores counted as this run's) and restored its samples
+        prefix = f"{self.root}/sft/"
+        records = [obj["Key"] for page in self.client.get_paginator("list_objects_v2").paginate(
+                       Bucket=self.bucket, Prefix=prefix) for obj in page.get("Contents", [])]
+        for name in ("result.json", "history.jsonl"):
+            if self._get(name, missing_ok=True) is not None:
+                records.append(f"{self.root}/{name}")
+        for key in records:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        if steps or records:
+            log.info(f"summrl: storage.restore=false: starting afresh; the earlier run's backups under {self.url} "
+                     f"(steps {', '.join(map(str, steps)) or 'none'}) are no longer marked complete, and its "
+                     "result.json, history and SFT samples are deleted, so no resume loads them")
 
     def _restore_reference(self, latest: int, backed_up: Optional[list[int]] = None) -> None:
         """The KL reference checkpoint, when the run has passed it and it is not on disk."""
@@ -253,7 +266,11 @@ class CheckpointBackup:
         earlier invocations recorded, as a local rerun does. Returns the record, or None."""
         if not self.restore_enabled or read_result(run_dir) is not None:
             return None
-        data = self._get("result.json", missing_ok=True)
+        try:
+            data = self._get("result.json", missing_ok=True)
+        except BaseException:
+            self.result_unread = True
+            raise
         if data is None:
             return None
         write_atomic(Path(run_dir) / "result.json", data)
@@ -344,6 +361,10 @@ class CheckpointBackup:
     def save_result(self, run_dir: str) -> None:
         """Upload result.json (status, val scores), so that the launcher of a remote run can read it."""
         path = Path(run_dir) / "result.json"
+        if self.result_unread:  # it went up over the run's backed-up record with its val scores and spend
+            log.warning(f"summrl: warning: result.json not uploaded to {self.url}: the one backed up there could not be "
+                        "read first, and this invocation's record lacks what it holds")
+            return
         try:
             if path.exists():
                 self._upload(path, f"{self.root}/result.json")

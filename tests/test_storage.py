@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from summrl.storage import COMPLETE, CheckpointBackup, StorageError, sft_files
+from summrl.storage import COMPLETE, CheckpointBackup, StorageError, fetch_file, fetch_result, sft_files
 from tests.conftest import compose_config, keys, s3, said
 
 def storage_config(tmp_path, endpoint, bucket, *extra):
@@ -113,6 +113,7 @@ def test_a_backup_that_does_not_match_its_manifest_is_refused_and_restore_false_
     asyncio.run(backup.after_step(1))
     (tmp_path / "run" / "result.json").write_text(json.dumps({"status": "running", "steps": 1, "val_history": []}))
     backup.save_result(str(tmp_path / "run"))
+    s3(s3_endpoint).put_object(Bucket="mismatch", Key="summrl/summrl/r1/sft/samples.jsonl", Body=b'{"doc": "earlier"}')
     shutil.rmtree(tmp_path / "run")
     manifest = json.loads(s3(s3_endpoint).get_object(Bucket="mismatch",
                                                      Key="summrl/summrl/r1/checkpoints/0001.complete")["Body"].read())
@@ -125,6 +126,9 @@ def test_a_backup_that_does_not_match_its_manifest_is_refused_and_restore_false_
     # ... and its backups with it: the earlier run's markers are gone, so that a later resume (restore=true, an empty
     # machine) can't load the earlier run's step 1 with this run's history (found by an audit)
     assert afresh.complete_steps() == []
+    # its record and SFT samples too: a resume of this run killed before its first backup adopted the earlier run's
+    # val scores as its own and restored its samples (found by an audit)
+    assert fetch_result(config) is None and fetch_file(config, "sft/samples.jsonl") is None
     s3(s3_endpoint).put_object(Bucket="mismatch", Key="summrl/summrl/r1/checkpoints/0001.complete",
                                Body=json.dumps(manifest))  # put back for the manifest check below
 
@@ -192,6 +196,66 @@ def test_restore_brings_back_the_run_record_only_into_an_empty_run_folder(tmp_pa
     (run_dir / "result.json").write_text('{"status": "runn')
     assert backup.restore_result(str(run_dir))["steps"] == 2
     assert [p.name for p in run_dir.iterdir()] == ["result.json"]  # written whole, through a renamed temporary file
+
+
+def backed_up_run(config, run_dir, **fields) -> dict:
+    """A run's record backed up as its earlier invocations left it (2 steps trained, one val pass), with no local
+    copy: a fresh machine's view."""
+    from summrl.job import JobInfo, write_result
+    from summrl.tracking import flat_config
+
+    record = {"status": "interrupted", "config": flat_config(config, JobInfo()), "seed": config.seed, "steps": 2,
+              "judge_cost_usd": 41.5, "attempts": [{"attempt": 1, "start_step": 0, "end_step": 2}],
+              "val_history": [{"step": 0, "val_reward": 0.3}], **fields}
+    write_result(run_dir, record)
+    CheckpointBackup.open(config).save_result(str(run_dir))
+    shutil.rmtree(run_dir)
+    return fetch_result(config)
+
+
+def test_a_fresh_machine_that_cannot_read_the_backed_up_record_leaves_it_as_it_was(tmp_path, s3_endpoint, aws_env,
+                                                                                   monkeypatch):
+    """A fresh machine whose download of result.json failed (a timeout, a signal during the call) uploaded its own
+    record, which knew nothing of the earlier invocations, over the backed-up one: the run's val scores, attempts and
+    judge spend were gone for good, and the next recovery adopted the empty record."""
+    from botocore.exceptions import ReadTimeoutError
+
+    from summrl.job import RunRecord
+    from summrl.loop import train
+
+    config = storage_config(tmp_path, s3_endpoint, "unread")
+    earlier = backed_up_run(config, tmp_path / "run")
+    read = CheckpointBackup._get
+
+    def timing_out(self, rel, missing_ok=False):  # S3 answers every call but the record's download
+        if rel == "result.json":
+            raise ReadTimeoutError(endpoint_url=s3_endpoint)
+        return read(self, rel, missing_ok)
+
+    monkeypatch.setattr(CheckpointBackup, "_get", timing_out)
+    with pytest.raises(ReadTimeoutError):
+        asyncio.run(train(config, RunRecord(config.run.dir)))
+    monkeypatch.undo()
+    assert fetch_result(config) == earlier
+
+
+def test_a_fresh_machine_refuses_a_resume_with_other_settings_as_the_machine_that_trained_it_does(
+        tmp_path, s3_endpoint, aws_env):
+    """The settings check ran before the backed-up record was adopted, so on a fresh machine it had nothing to
+    compare with: a resume with another seed and reward loaded the run's checkpoints and mixed the two runs' scores."""
+    from summrl.errors import ConfigError
+    from summrl.job import RunRecord
+    from summrl.loop import train
+
+    config = storage_config(tmp_path, s3_endpoint, "settings")
+    earlier = backed_up_run(config, tmp_path / "run")
+    other = storage_config(tmp_path, s3_endpoint, "settings", f"seed={config.seed + 1}")
+    with pytest.raises(ConfigError, match=rf"run.name=r1 resumes a run trained with seed={config.seed} \(now "
+                                          rf"{config.seed + 1}\)"):
+        asyncio.run(train(other, RunRecord(other.run.dir)))
+    backed_up = fetch_result(config)
+    assert backed_up["config"] == earlier["config"] and backed_up["val_history"] == earlier["val_history"]
+    assert not (CheckpointBackup.open(config).local / "checkpoints").exists()  # nothing restored, no model loaded
 
 
 def test_sft_files_are_restored_whole_or_not_at_all(tmp_path, s3_endpoint, aws_env, monkeypatch):

@@ -175,8 +175,11 @@ def _refuse_secrets(config: DictConfig) -> None:
     Checked on a copy: resolving ${now:...} caches its value in the config, and a multirun's jobs are copies of
     this one, so each job's default run.name would be this moment's rather than its own."""
     try:
-        task = OmegaConf.select(config, "hydra.overrides.task", default=None)
-        refuse_secrets(copy.deepcopy(config), [] if task is None else OmegaConf.to_container(task, resolve=False))
+        # Hydra's own overrides too: +hydra.job.env_set.WANDB_API_KEY=<key> was saved in the run's .hydra/hydra.yaml
+        overrides = [item for key in ("hydra.overrides.task", "hydra.overrides.hydra")
+                     for item in OmegaConf.to_container(OmegaConf.select(config, key, default=None) or [],
+                                                        resolve=False)]
+        refuse_secrets(copy.deepcopy(config), overrides)
     except ConfigError as e:
         _config_failure(e)
 

@@ -1239,6 +1239,10 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
     def refuse_typed_secret(path: str, raw: Any) -> None:
         # a key named for a secret (model.init_args.token=hf_...) with the secret itself: saved as typed
         if secret_key_name(path) and isinstance(raw, str) and raw and not raw.startswith("${"):
+            if path.startswith("hydra.job.env_set."):  # the job's environment, set from the command line
+                raise ConfigError(f"{path}: a secret typed here is saved with the run (.hydra/hydra.yaml): export "
+                                  f"{path.rsplit('.', 1)[-1]} in your shell (or put it in .env) instead; the job "
+                                  "inherits the environment")
             raise ConfigError(f"{path}: a secret typed into the config is saved with the run, logged and sent to W&B: "
                               "put it in an environment variable (or .env) and refer to it as ${oc.env:THE_VARIABLE}")
 

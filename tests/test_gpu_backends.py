@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import typing
 
 import pytest
@@ -200,6 +201,33 @@ def test_art_opens_no_wandb_run_beside_summrls_tracker(tmp_path, monkeypatch):
     model = trainable_model(config)
     asyncio.run(LocalBackend(path=art_dir(str(tmp_path))).register(model))
     assert opened == [] and model._get_wandb_run() is None
+
+
+def test_a_token_read_from_the_environment_is_not_saved_in_arts_model_json(tmp_path, monkeypatch):
+    """LocalBackend.register writes the model with its _internal_config resolved to model.json in the run folder: a
+    token given as +model.init_args.token=${oc.env:HF_TOKEN}, which the config's own refusal suggests, was there in
+    clear (found by an audit). ART's own register on this CPU; only vLLM's start is left out."""
+    import asyncio
+
+    from art.local import LocalBackend
+
+    from summrl.backends import art_dir
+    from summrl.loop import trainable_model
+
+    monkeypatch.setenv("HF_TOKEN", "hf_PLANTEDtoken0123456789abcdef")
+
+    async def no_vllm(self, model, config=None):
+        return "http://127.0.0.1:1/v1", "local"
+
+    monkeypatch.setattr(LocalBackend, "_prepare_backend_for_training", no_vllm)
+    config = compose_config(["backend=local_gpu", "storage.enabled=false", f"run.dir={tmp_path}", "run.name=r",
+                             "+model.init_args.token=${oc.env:HF_TOKEN}"])
+    model = trainable_model(config)
+    assert model._internal_config["init_args"]["token"] == "hf_PLANTEDtoken0123456789abcdef"  # what Unsloth gets
+    asyncio.run(model.register(LocalBackend(path=art_dir(str(tmp_path)))))
+    (saved,) = tmp_path.rglob("model.json")
+    assert "hf_PLANTED" not in saved.read_text()
+    assert json.loads(saved.read_text())["_internal_config"]["init_args"]["load_in_4bit"] is True  # the rest kept
 
 
 def test_engine_args_cannot_shadow_their_own_settings():

@@ -206,8 +206,8 @@ class CheckpointBackup:
         """storage.restore=false on a run with no local checkpoint starts afresh, and so does its backup: the earlier
         run's completion markers under this name go. Kept, they mixed the two runs: a later resume on an empty
         machine loaded the earlier run's latest step (past this run's) with this run's history, and the earlier
-        run's kept steps (SFT, the KL reference) counted as this run's, never uploaded. Their files stay until this
-        run's backups replace them."""
+        run's kept steps (SFT, the KL reference) counted as this run's, never uploaded. Their checkpoint files stay
+        until this run's backups replace them."""
         if local_steps(self.local / "checkpoints"):
             return
         steps = self.complete_steps()

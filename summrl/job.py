@@ -184,6 +184,15 @@ def val_reward_reads(config: dict) -> set[str]:
         {"trainer.prompt"} if "ruler" in kinds else set())
 
 
+def val_sampling(config: dict) -> dict[str, str]:
+    """The temperature the val summaries were drawn at (trainer.val_temperature; null: trainer.temperature), from a
+    flat config: every val metric is of those draws, so a sweep over trainer.temperature compares other decodings
+    too (its arms were paired and given verdicts as though only training differed)."""
+    value = config.get("trainer.val_temperature")
+    value = config.get("trainer.temperature") if value is None else value
+    return {} if value is None else {"trainer.val_temperature": str(float(value))}
+
+
 def scale_settings(config: dict, metric: str) -> dict[str, str]:
     """What ``metric`` (qa_accuracy, or the val reward) was measured with, from a flat config (result.json's, as
     summrl.tracking.flat_config writes it): dotted key -> value. Scores that differ here are not on one scale."""
@@ -192,7 +201,7 @@ def scale_settings(config: dict, metric: str) -> dict[str, str]:
         keys |= {k for k in config if k.startswith("reward.") and not k.endswith(OPERATIONAL)}
         keys |= val_reward_reads(config)
     settings = {k: str(config[k]) for k in sorted(keys) if k in config}
-    return {**settings, **(val_qa_settings(config) if metric == "qa_accuracy" else {})}
+    return {**settings, **(val_qa_settings(config) if metric == "qa_accuracy" else {}), **val_sampling(config)}
 
 
 # What the run's checkpoints were trained with (summrl.loop sets them as it starts): an invocation that trains no step

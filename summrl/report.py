@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from summrl.compare import Interval, advice, holm, mean_ci, paired, per_doc
+from summrl.compare import MIN_PAIRS, Interval, advice, holm, mean_ci, paired, per_doc
 from summrl.config import OPERATIONAL, AlgorithmConfig
-from summrl.job import RESULT_FILE, JobInfo, jsonl_rows, override_key, read_result, scale_settings
+from summrl.job import (RESULT_FILE, JobInfo, jsonl_rows, override_key, read_result, scale_settings,
+                        val_sampling)
 from summrl.secrets import redact
 
 COLUMNS = ["job", "configuration", "seed", "status", "best_val_score", "final_val_score", "best_val_qa_accuracy",
@@ -39,6 +40,7 @@ SFT_COLUMNS = ["sft", "val_qa_before_sft", "val_qa_after_sft", "sft_samples_kept
 METRICS = {"qa_accuracy": "val QA accuracy (share of questions answered)", "reward": "val reward"}
 # Compared in the paired table beside the score when every job measured it (lower is better).
 SIDE_METRICS = {"hallucination_rate": "val hallucination rate (share of summaries inventing a fact; lower is better)"}
+LABELS = {**METRICS, **SIDE_METRICS}
 
 
 def job_folders(folder: Path) -> list[Path]:
@@ -210,9 +212,9 @@ def score_metric(table: pd.DataFrame) -> str:
 def measured_with(result: dict, metric: str) -> dict[str, str]:
     """The settings ``metric`` was measured with (dotted key -> value), from the job's saved config; a result.json
     without one: its judge and reward choices and the overrides that touch them."""
-    if metric not in METRICS:  # the hallucination rate: counted in the text itself, by no judge
-        return {}
     config = result.get("config")
+    if metric not in METRICS:  # the hallucination rate: counted in the text itself, by no judge, of the val draws
+        return val_sampling(config) if isinstance(config, dict) else {}
     if isinstance(config, dict):
         return scale_settings(config, metric)
     groups = ("judge", "reward") if metric == "reward" else ("judge",)
@@ -395,8 +397,9 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
         unlike = differing(base_settings + [settings[job] for job in done[done.configuration == configuration].job])
         if unlike:
             note.insert(0, f"measured with other settings than the baseline ({', '.join(unlike)}): its "
-                           f"{METRICS[metric].split(' (')[0]} is on another scale")
-        tests.append(math.nan if unlike else result.p)
+                           f"{LABELS[metric].split(' (')[0]} is on another scale")
+        # Holm's family: the arms that can get a verdict (one with too few pairs raised the others' p-values)
+        tests.append(math.nan if unlike or result.pairs < MIN_PAIRS else result.p)
         rows.append({"configuration": configuration, "baseline": baseline, "seeds": result.seeds,
                      "documents": result.documents, "difference": result.difference, "ci_low": result.low,
                      "ci_high": result.high, "verdict": "not comparable" if unlike else None,

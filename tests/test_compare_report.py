@@ -320,3 +320,48 @@ def test_holm_adjusts_the_arms_p_values_and_the_report_verdicts_follow_it(tmp_pa
     assert rows.loc["strong", "verdict"] == "better" and rows.loc["null", "verdict"] == "no detectable difference"
     alone = paired_table(table[table.configuration.isin(["base", "lucky"])], results, "qa_accuracy", "base")
     assert alone.verdict.tolist() == ["better"] and alone.p_holm[0] == pytest.approx(one.p)
+
+
+def test_an_arm_too_small_for_a_verdict_is_not_counted_in_holms_family():
+    """An arm with fewer than 3 pairs can only say "too few pairs to tell", yet it counted as a test: it doubled the
+    other arm's p-value and took its verdict away (found by an audit)."""
+    from summrl.report import paired_table
+
+    def job(scores):
+        return {"val_history": [{"step": 4, "per_doc": {d: {"qa_accuracy": v} for d, v in scores.items()}}]}
+
+    base = {"a": 0.2, "b": 0.4, "c": 0.6, "d": 0.4, "e": 0.2}
+    results = {"0": job(base), "1": job({d: v + x for (d, v), x in zip(base.items(), [0.2, 0.2, 0.4, 0.2, 0.0])}),
+               "2": job({"a": 0.5, "b": 0.6})}
+    table = pd.DataFrame({"job": list(results), "seed": [1] * 3, "status": ["completed"] * 3,
+                          "configuration": ["base", "lucky", "tiny"]})
+    rows = paired_table(table, results, "qa_accuracy", "base").set_index("configuration")
+    assert rows.loc["tiny", "verdict"] == "too few pairs to tell"
+    assert rows.loc["lucky", "p_holm"] == pytest.approx(0.03411, abs=1e-4)  # its own p: the one test
+    assert rows.loc["lucky", "verdict"] == "better"
+
+
+def test_arms_whose_val_summaries_were_drawn_at_other_temperatures_are_not_compared(tmp_path):
+    """trainer.val_temperature=null draws the val summaries at trainer.temperature, so a sweep over it compared
+    other decodings as though only training differed: paired, with verdicts (found by an audit)."""
+    from summrl.report import paired_table
+
+    def job(scores, temperature, val_temperature=None):
+        per_doc = {d: {"qa_accuracy": v, "hallucination_rate": 1 - v} for d, v in scores.items()}
+        return {"config": {"judge.kind": "lexical", "trainer.val_qa_max_chars": 3000, "trainer.val_qa_forbid_han": True,
+                           "trainer.temperature": temperature, "trainer.val_temperature": val_temperature},
+                "val_history": [{"step": 4, "per_doc": per_doc}]}
+
+    base = {"a": 0.2, "b": 0.4, "c": 0.6, "d": 0.4, "e": 0.2}
+    better = {d: v + x for (d, v), x in zip(base.items(), [0.2, 0.2, 0.4, 0.2, 0.0])}
+    table = pd.DataFrame({"job": ["0", "1"], "seed": [1, 1], "status": ["completed"] * 2,
+                          "configuration": ["trainer.temperature=1.0", "trainer.temperature=0.7"]})
+    for metric, lower in (("qa_accuracy", False), ("hallucination_rate", True)):
+        results = {"0": job(base, 1.0), "1": job(better, 0.7)}
+        (row,) = paired_table(table, results, metric, "trainer.temperature=1.0", lower).itertuples()
+        assert row.verdict == "not comparable"
+        assert "other settings than the baseline (trainer.val_temperature)" in row.note
+        # the same val temperature set for both: one decoding, compared
+        results = {"0": job(base, 1.0, 1.0), "1": job(better, 0.7, 1.0)}
+        (row,) = paired_table(table, results, metric, "trainer.temperature=1.0", lower).itertuples()
+        assert row.verdict == "better"

@@ -909,7 +909,7 @@ class TeacherConfig:
     api_key_env: Optional[str] = None  # the variable holding the key; the key itself is never in config
     max_concurrency: int = 8
     timeout_s: float = 120.0  # per call
-    max_retries: int = 5  # on 429, 5xx, timeouts and empty replies; backoff with jitter, Retry-After honoured
+    max_retries: int = 5  # on 429, 5xx and timeouts (an empty reply: once); backoff with jitter, Retry-After honoured
     retry_base_s: float = 1.0
     retry_max_s: float = 30.0
 

@@ -25,12 +25,12 @@ import random
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import art
 
 from summrl.backends import takes_burst_tags
-from summrl.config import FREE_JUDGES, Config, reward_kinds
+from summrl.config import FREE_JUDGES, Config, reward_kinds, rewards_of_kind
 from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, render
 from summrl.data import Document
 from summrl.errors import ExpectedFailure, finish_despite_a_signal
@@ -120,11 +120,25 @@ def teacher_usage(folder: Path) -> dict[str, float]:
 # --------------------------------------------------------------------------- writers of summaries
 
 
-def non_empty(text: str) -> str:
-    """A teacher's reply must hold a summary: a thinking model can spend its tokens and return nothing."""
-    if not text.strip():
-        raise ReplyShapeError("the teacher's reply is empty (raise trainer.max_summary_tokens for a thinking model)")
-    return text
+EMPTY_HINT = "raise trainer.max_summary_tokens for a thinking model"
+
+
+def non_empty() -> Callable[[str], str]:
+    """A teacher's reply must hold a summary: a thinking model can spend its tokens and return nothing. An empty reply
+    is asked again once; a second is the teacher's failure, not retried (each retry a paid call that spends the same
+    tokens: 6 calls for one summary, at the default sft.teacher.max_retries)."""
+    empty = 0
+
+    def check(text: str) -> str:
+        nonlocal empty
+        if text.strip():
+            return text
+        empty += 1
+        if empty > 1:
+            raise JudgeError(f"the teacher's reply was empty twice ({EMPTY_HINT})", kind="EmptyReply")
+        raise ReplyShapeError(f"the teacher's reply is empty ({EMPTY_HINT})")
+
+    return check
 
 
 class Teacher:
@@ -153,7 +167,7 @@ class Teacher:
         try:
             return await self.client.complete_text(SummaryPrompt.of(t).messages(document),
                                                    max_tokens=t.max_summary_tokens, temperature=t.temperature,
-                                                   check=non_empty)
+                                                   check=non_empty())
         finally:
             write_json(self.folder / USAGE, self.usage())
 
@@ -196,9 +210,14 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
     llm_judge = config.judge.kind not in FREE_JUDGES
     judge = Calls(f"judge {getattr(config.judge, 'model', config.judge.kind)}",
                   getattr(config.judge, "model", None) if llm_judge else None)
+    # the judge calls scoring the summaries makes: the reward's terms (its QA answering and grading where it has a QA
+    # term, RULER, each rubric's writing and scoring), as the benchmark prices them. Rubric calls were left out of an
+    # "upper bound" the user confirmed (qa_rubric: 9 calls priced, 15 made), and QA calls priced for a reward with none
+    kinds = reward_kinds(config.reward)
     lines = estimate([Work(teacher, 1, pending)], docs, judge, prompt=SummaryPrompt.of(t),
-                     max_summary_tokens=t.max_summary_tokens, reward_uses_ruler="ruler" in reward_kinds(config.reward),
-                     qa_calls=llm_judge)
+                     max_summary_tokens=t.max_summary_tokens, reward_uses_ruler="ruler" in kinds,
+                     qa_calls=llm_judge and "qa" in kinds,
+                     rubric_rewards=list(rewards_of_kind(config.reward, "rubric").values()) if llm_judge else [])
     calls = sum(pending.values())
     plan = render(lines, calls, 0).split("\n", 1)[1]
     log.info(f"summrl: sft plan: {calls} teacher summaries for {len(pending)} documents "

@@ -201,18 +201,28 @@ def test_best_of_n_sends_each_wave_of_documents_as_one_burst_to_the_embedded_ser
         assert len(server.requests) == 4 and not any("summrl_burst" in r for r in server.requests)
 
 
-def test_an_empty_teacher_reply_is_refused_and_retried_never_trained_on(tmp_path):
-    """A thinking model can spend its tokens and return nothing: such a reply is asked again, and counted."""
+def test_an_empty_teacher_reply_is_refused_and_asked_again_once_never_trained_on(tmp_path):
+    """A thinking model can spend its tokens and return nothing: such a reply is asked again once, and counted. It
+    was asked again up to sft.teacher.max_retries times, each a paid call spending the same tokens (6 calls for one
+    summary; found by an audit): a second empty reply is the teacher's failure, with the fix."""
     from summrl.testing import FakeLLM, Reply
-    from summrl.sft import SUMMARIES, collect, teacher_usage
+    from summrl.sft import SUMMARIES, SFTError, collect, teacher_usage
 
     with FakeLLM() as server:
-        server.script = [Reply(""), Reply("   \n")]
-        config = distill_config(tmp_path, server, "sft.max_docs=1", "sft.samples_per_doc=1")
+        server.script = [Reply("   \n")]
+        config = distill_config(tmp_path / "once", server, "sft.max_docs=1", "sft.samples_per_doc=1")
         record = asyncio.run(collect(config, None, lexical_reward(config), train_split(config)))
-    assert [row["summary"] for row in lines(tmp_path / "sft" / SUMMARIES)] == ["A summary written by the fake policy."]
-    assert (record["teacher_calls"], record["teacher_retries"]) == (3, 2)
-    assert teacher_usage(tmp_path / "sft")["calls"] == 3  # on disk with the samples
+    assert [row["summary"] for row in lines(tmp_path / "once" / "sft" / SUMMARIES)] == [
+        "A summary written by the fake policy."]
+    assert (record["teacher_calls"], record["teacher_retries"]) == (2, 1)
+    assert teacher_usage(tmp_path / "once" / "sft")["calls"] == 2  # on disk with the samples
+
+    with FakeLLM() as server:
+        server.script = [Reply("") for _ in range(6)]
+        config = distill_config(tmp_path / "twice", server, "sft.max_docs=1", "sft.samples_per_doc=1")
+        with pytest.raises(SFTError, match=r"the teacher's reply was empty twice \(raise trainer.max_summary_tokens"):
+            asyncio.run(collect(config, None, lexical_reward(config), train_split(config)))
+        assert len(server.requests) == 2
 
 
 def test_teacher_faults_are_retried_and_a_document_that_still_fails_stays_pending(tmp_path):
@@ -289,6 +299,30 @@ def test_declining_the_teachers_cost_calls_nothing_and_loads_nothing(tmp_path):
     assert "teacher openai/teacher: 3 calls" in result.stdout and "Proceed? [y/N]" in result.stdout
     assert "the teacher's cost was not confirmed; nothing was called" in result.stderr
     assert not (tmp_path / "run" / "art").exists()  # no model was loaded
+
+
+def test_the_teachers_plan_prices_the_judge_calls_the_reward_makes(tmp_path, caplog):
+    """The plan the user confirms left rubric calls out (reward=qa_rubric: 9 judge calls priced, 15 made, 34% over
+    the "upper bound") and priced QA calls for a reward with no QA term (found by an audit). Each reward's judge
+    calls, counted by the loopback judge, are the plan's."""
+    import logging
+    import re
+
+    from summrl.sft import collect, confirm_cost
+    from summrl.testing import FakeLLM
+
+    for reward in ("qa", "rubric", "qa_rubric", "ruler"):
+        with FakeLLM() as teacher, FakeLLM() as judge:
+            config = distill_config(tmp_path / reward, teacher, "sft.max_docs=2", f"reward={reward}",
+                                    "judge=openai_compatible", "judge.model=gpt-4o-mini", "judge.cache_dir=null",
+                                    f"judge.api_base={judge.base_url}")
+            train = train_split(config)
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="summrl"):
+                confirm_cost(config, train)
+            (planned,) = re.findall(r"judge gpt-4o-mini: (\d+) calls", caplog.text)
+            asyncio.run(collect(config, None, lexical_reward(config), train))
+            assert (reward, int(planned)) == (reward, len(judge.requests))
 
 
 # --------------------------------------------------------------------------- S3: a fresh machine never pays again

@@ -362,8 +362,8 @@ class CheckpointBackup:
         """Upload result.json (status, val scores), so that the launcher of a remote run can read it."""
         path = Path(run_dir) / "result.json"
         if self.result_unread:  # it went up over the run's backed-up record with its val scores and spend
-            log.warning(f"summrl: warning: result.json not uploaded to {self.url}: the one backed up there could not be "
-                        "read first, and this invocation's record lacks what it holds")
+            log.warning(f"summrl: warning: result.json not uploaded to {self.url}: the one backed up there could not "
+                        "be read first, and this invocation's record lacks what it holds")
             return
         try:
             if path.exists():

@@ -176,9 +176,11 @@ def _refuse_secrets(config: DictConfig) -> None:
     this one, so each job's default run.name would be this moment's rather than its own."""
     try:
         # Hydra's own overrides too: +hydra.job.env_set.WANDB_API_KEY=<key> was saved in the run's .hydra/hydra.yaml
-        overrides = [item for key in ("hydra.overrides.task", "hydra.overrides.hydra")
-                     for item in OmegaConf.to_container(OmegaConf.select(config, key, default=None) or [],
-                                                        resolve=False)]
+        overrides: list = []
+        for key in ("hydra.overrides.task", "hydra.overrides.hydra"):
+            node = OmegaConf.select(config, key, default=None)
+            if node is not None:  # (an empty list is falsy, and to_container takes no plain list)
+                overrides += OmegaConf.to_container(node, resolve=False)
         refuse_secrets(copy.deepcopy(config), overrides)
     except ConfigError as e:
         _config_failure(e)

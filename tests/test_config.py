@@ -640,9 +640,9 @@ def test_the_cli_refuses_a_secret_before_hydra_writes_the_run_or_sweep_folder(tm
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("summrl: config error: judge.api_base: the URL carries")
         assert PLANTED not in result.stdout + result.stderr
-    # Hydra's own overrides: a job's environment set on the command line was saved in .hydra/hydra.yaml (an audit)
-    env_set = run_cli([*LOCAL, f"+hydra.job.env_set.WANDB_API_KEY={PLANTED}", f"hydra.run.dir={run}"], cwd=ROOT,
-                      timeout=120)
+    # Hydra's own overrides: a job's environment set on the command line was saved in .hydra/hydra.yaml (an audit);
+    # here with no override of the task's (an empty list, which Hydra's callback once turned into a warning)
+    env_set = run_cli([f"+hydra.job.env_set.WANDB_API_KEY={PLANTED}", f"hydra.run.dir={run}"], cwd=ROOT, timeout=120)
     assert env_set.returncode == 2 and env_set.stderr.strip().splitlines() == [
         "summrl: config error: hydra.job.env_set.WANDB_API_KEY: a secret typed here is saved with the run "
         "(.hydra/hydra.yaml): export WANDB_API_KEY in your shell (or put it in .env) instead; the job inherits the "

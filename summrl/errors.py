@@ -104,8 +104,8 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
 
 
 def first_line(error: object) -> str:
-    """An error's first line (at most 200 characters), for a one-line message that quotes it."""
-    return (str(error).strip().splitlines() or [""])[0][:200]
+    """An error's first line (at most 200 characters, secrets masked before it is cut), for a one-line message."""
+    return (redact_text(str(error)).strip().splitlines() or [""])[0][:200]
 
 
 NETWORK_FIX = "check the network connection (or HTTPS_PROXY)"

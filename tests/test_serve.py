@@ -399,6 +399,35 @@ def test_the_length_selector_returns_the_shortest_summary_within_the_limit_never
     assert asyncio.run(service.select(document, ["", " "]))[0] == 0  # nothing said at all: the first
 
 
+def test_a_judge_failure_told_to_the_client_never_carries_part_of_a_secret(monkeypatch):
+    """The failure was cut at 200 characters before its secrets were masked: a key that straddled the cut was no
+    longer found whole, and its first characters reached the client."""
+    from types import SimpleNamespace
+
+    import summrl.serve.app as app
+    from summrl.data import Document
+    from summrl.errors import first_line
+    from summrl.serve.config import ServeConfig, ServeSection
+    from tests.conftest import compose_config
+
+    secret = "sk-live-" + "7q2W" * 10
+    monkeypatch.setenv("JUDGE_API_KEY", secret)
+    failure = RuntimeError("x" * 180 + f" {secret} was refused")  # the old cut fell 19 characters into the key
+
+    class Failing:
+        async def score_group(self, document, samples):
+            raise failure
+
+    service = app.Service(ServeConfig(run=SimpleNamespace(name="r", run_dir=Path("runs/r")), step=1, follow="fixed",
+                                      train=compose_config(["experiment=local"]), serve=ServeSection(best_of_n=2)))
+    service.selector = Failing()
+    document = Document(id="d", topic="", text="The ferry runs twice a day.", questions=())
+    chosen, score, fallback, _ = asyncio.run(service.select(document, ["Twice a day.", "The ferry runs."]))
+    assert (chosen, score) == (0, None) and fallback.startswith("the judge failed")
+    assert "sk-li" not in fallback and "xx ***" in fallback
+    assert "sk-li" not in first_line(failure)  # every one-line quote of an error, the same way
+
+
 def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(monkeypatch):
     """The first of concurrent requests reaches the engine's server well before the rest (it rides the one warm
     connection while this app and that server tokenize the others: 153 ms on a 2-core Zen 3, past the batcher's

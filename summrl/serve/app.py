@@ -201,7 +201,7 @@ class Service:
                 try:
                     await self.maybe_reload()
                 except Exception as e:  # the next look tries again; requests keep being served
-                    log.error(redact_text(f"summrl: looking for a newer checkpoint failed: {type(e).__name__}: {str(e)[:200]}"))
+                    log.error(redact_text(f"summrl: looking for a newer checkpoint failed: {type(e).__name__}: {e}")[:300])
 
     async def maybe_reload(self) -> None:
         """Serve the step the config follows if training has written a newer one, between requests. A failed load
@@ -222,7 +222,7 @@ class Service:
             except Exception as e:
                 self.failed_reloads.add(target)
                 log.error(redact_text(f"summrl: reload of step {target} failed, still serving step {self.step}: "
-                                      f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
+                                      f"{type(e).__name__}: {' '.join(str(e).split())}")[:400])
                 return
             log.info(f"summrl: reloaded: serving step {target} (was {self.step})")
             self.step = target
@@ -318,7 +318,8 @@ class Service:
         try:
             scores: list[Union[Any, Missing]] = await self.selector.score_group(document, samples)
         except Exception as e:  # a judge failure is never a 500: the first sample, and why
-            scores, reason = [], redact_text(f"{type(e).__name__}: {str(e)[:200]}")  # told to the client
+            # redacted before it is cut: a secret cut in two is no longer found
+            scores, reason = [], redact_text(f"{type(e).__name__}: {e}")[:200]  # told to the client
         else:
             reason = redact_text(next((m.error for m in scores if isinstance(m, Missing)), ""))
         finally:

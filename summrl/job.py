@@ -193,13 +193,23 @@ def val_sampling(config: dict) -> dict[str, str]:
     return {} if value is None else {"trainer.val_temperature": str(float(value))}
 
 
+# The settings a written question set depends on besides its writer (the judge) and the documents
+# (dataset.questions, for documents without questions of their own): another count, share of unanswerable questions
+# or check writes other questions, so QA scores against them are on another scale.
+QUESTION_KEYS = tuple(f"dataset.questions.{k}" for k in ("per_document", "unanswerable_share", "check"))
+
+
 def scale_settings(config: dict, metric: str) -> dict[str, str]:
     """What ``metric`` (qa_accuracy, or the val reward) was measured with, from a flat config (result.json's, as
     summrl.tracking.flat_config writes it): dotted key -> value. Scores that differ here are not on one scale."""
     keys = {f"judge.{k}" for k in JUDGE_KEYS}
+    if metric == "qa_accuracy":
+        keys |= set(QUESTION_KEYS)
     if metric == "reward":
         keys |= {k for k in config if k.startswith("reward.") and not k.endswith(OPERATIONAL)}
         keys |= val_reward_reads(config)
+        if "qa" in {v for k, v in config.items() if REWARD_KIND.fullmatch(k)}:
+            keys |= set(QUESTION_KEYS)
     settings = {k: str(config[k]) for k in sorted(keys) if k in config}
     return {**settings, **(val_qa_settings(config) if metric == "qa_accuracy" else {}), **val_sampling(config)}
 

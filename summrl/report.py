@@ -388,9 +388,12 @@ def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,
                         "dataset.seed, dataset.val_size)")
         counts = samples.get(configuration, {}), samples.get(baseline, {})
         uneven = sum(counts[0].get(s, {}).get(d) != counts[1].get(s, {}).get(d) for s in seeds for d in docs)
-        if uneven:  # a reward missing on one side: that pair's means are over other draws
-            note.append(f"{uneven} pair(s) scored from different numbers of summaries on the two sides (missing "
-                        "rewards)")
+        if uneven:  # a reward missing on one side, or other val sizes: that pair's means are over other draws
+            drawn = [sorted({str((results[job].get("config") or {}).get("trainer.val_rollouts_per_doc"))
+                             for job in done[done.configuration == c].job}) for c in (configuration, baseline)]
+            why = ("missing rewards" if drawn[0] == drawn[1] else
+                   f"trainer.val_rollouts_per_doc={', '.join(drawn[0])} here, {', '.join(drawn[1])} in the baseline")
+            note.append(f"{uneven} pair(s) scored from different numbers of summaries on the two sides ({why})")
         result = paired(np.array([[arm[s][d] - base[s][d] for d in docs] for s in seeds]).reshape(len(seeds), len(docs)))
         if len(seeds) == 1:
             note.append("one seed: a comparison of these two trained checkpoints, not of the arms' training")

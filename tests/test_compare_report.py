@@ -365,3 +365,36 @@ def test_arms_whose_val_summaries_were_drawn_at_other_temperatures_are_not_compa
         results = {"0": job(base, 1.0, 1.0), "1": job(better, 0.7, 1.0)}
         (row,) = paired_table(table, results, metric, "trainer.temperature=1.0", lower).itertuples()
         assert row.verdict == "better"
+
+
+def test_arms_scored_against_other_written_questions_are_not_compared_and_other_val_sizes_are_named():
+    """dataset=documents: the judge writes each document's questions, and dataset.questions.per_document (or the
+    unanswerable share, or the check) writes other ones, so QA accuracy against them is on another scale; those arms
+    were paired and given verdicts. And arms that drew other numbers of val summaries (trainer.val_rollouts_per_doc)
+    were told their pairs were uneven from "missing rewards" (both found by an audit)."""
+    from summrl.report import paired_table
+
+    def job(scores, per_document=5, reward="qa", val_rollouts=2):
+        per_doc = {d: {"qa_accuracy": v, "reward": v, "n": val_rollouts} for d, v in scores.items()}
+        return {"config": {"judge.kind": "lexical", "trainer.val_qa_max_chars": 3000, "trainer.val_qa_forbid_han": True,
+                           "trainer.temperature": 1.0, "reward.kind": reward, "dataset.questions.per_document": per_document,
+                           "dataset.questions.unanswerable_share": 0.2, "dataset.questions.check": True,
+                           "trainer.val_rollouts_per_doc": val_rollouts},
+                "val_history": [{"step": 4, "per_doc": per_doc}]}
+
+    base = {"a": 0.2, "b": 0.4, "c": 0.6, "d": 0.4, "e": 0.2}
+    better = {d: v + x for (d, v), x in zip(base.items(), [0.2, 0.2, 0.4, 0.2, 0.0])}
+    table = pd.DataFrame({"job": ["0", "1"], "seed": [1, 1], "status": ["completed"] * 2,
+                          "configuration": ["base", "arm"]})
+    for metric, reward, comparable in (("qa_accuracy", "qa", False), ("reward", "qa", False), ("reward", "length", True)):
+        results = {"0": job(base, 5, reward), "1": job(better, 3, reward)}
+        (row,) = paired_table(table, results, metric, "base").itertuples()
+        assert (row.verdict == "better") is comparable, (metric, reward, row.verdict)
+        assert ("other settings than the baseline (dataset.questions.per_document)" in row.note) is not comparable
+    results = {"0": job(base), "1": job(better)}  # the same questions: compared
+    assert paired_table(table, results, "qa_accuracy", "base").verdict.tolist() == ["better"]
+    results = {"0": job(base), "1": job(better, val_rollouts=4)}
+    (row,) = paired_table(table, results, "qa_accuracy", "base").itertuples()
+    assert row.verdict == "better"  # more draws of the same score: paired, and the reason named
+    assert ("5 pair(s) scored from different numbers of summaries on the two sides (trainer.val_rollouts_per_doc=4 "
+            "here, 2 in the baseline)") in row.note and "missing rewards" not in row.note

@@ -216,8 +216,9 @@ def test_an_online_val_set_of_other_documents_or_another_judge_is_another_val_se
     # every setting a score depends on is in it (the report's "not on one scale"); an operational one is not
     other = [val_set(compose_config(["experiment=local", "dataset=inbox", *args]), docs("d0", "d1")) for args in (
         ["reward=qa"], ["reward=qa", "judge.min_recall=0.3"], ["reward=qa", "reward.max_chars=100"],
-        ["reward=ruler", "trainer.val_qa_forbid_han=false"], ["reward=ruler", "trainer.max_words=100"])]
-    assert len({key, *other}) == 6
+        ["reward=ruler", "trainer.val_qa_forbid_han=false"], ["reward=ruler", "trainer.max_words=100"],
+        ["reward=ruler", "dataset.questions.per_document=3"])]  # other written questions: val QA on another scale
+    assert len({key, *other}) == 7
     rubric = val_set(compose_config(["experiment=local", "dataset=inbox", "reward=rubric"]), docs("d0", "d1"))
     assert rubric == val_set(compose_config(["experiment=local", "dataset=inbox", "reward=rubric",
                                              "reward.cache_dir=/elsewhere", "judge.max_retries=9"]), docs("d0", "d1"))

@@ -1110,6 +1110,16 @@ def test_table_and_folder_input_a_user_saves_is_read_whole(tmp_path):
     table.write_text('id,text\na,"Alpha Corp earned 12 million in 2023, and its CEO is Ada Park."\n')
     assert [d.text for d in read(dataset(table)).documents] == [
         "Alpha Corp earned 12 million in 2023, and its CEO is Ada Park."]
+    # a quote left open: the rows after it were read as its cell's text, 5 rows as 3 documents without a word
+    table.write_text('id,text\n1,Ann runs the depot.\n2,"Carol opened it.\n3,Bob moved.\n4,"Dana in Austin."\n'
+                     '5,Eve left.\n')
+    with pytest.raises(DataError, match=r"notes.csv: the row from line 3 is not valid CSV \(',' expected after '\"'\): "
+                                        r"a quoted cell ends with a quote"):
+        read(dataset(table))
+    # a cell over the csv module's 128 KB default (a long document, what long_documents=split is for): a traceback
+    long = " ".join(f"Sentence {i} of the long report." for i in range(6000))
+    table.write_text(f'id,text\nlong,"{long}"\nb,Fine text.\n')
+    assert [len(d.text) for d in read(dataset(table)).documents] == [len(long), len("Fine text.")]
     # JSON writers leave U+2028, U+2029 and U+0085 unescaped in strings: splitlines cut the line there
     lines = tmp_path / "notes.jsonl"
     lines.write_text(json.dumps({"id": "a", "text": "One\u2028two\u2029three\x85four."}, ensure_ascii=False) + "\n",

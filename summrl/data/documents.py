@@ -19,6 +19,7 @@ import io
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -332,14 +333,28 @@ def _table_rows(path: Path) -> tuple[list[Row], list[str]]:
 
 
 def _csv_fields(text: str, path: Path) -> None:
-    """A CSV row with more fields than the header is refused, naming its line: a text with an unquoted comma."""
-    reader = csv.reader(io.StringIO(text))
-    header = next(reader, [])
-    for record in reader:
-        if len(record) > len(header):
-            raise DataError(f"{path}, line {reader.line_num}: {len(record)} fields, the header has {len(header)} "
-                            f"({', '.join(header)}): a cell holding a comma must be quoted (\"...\"); save the table "
-                            "from a spreadsheet or pandas, which quote such cells")
+    """A CSV row with more fields than the header is refused, naming its line: a text with an unquoted comma. So is a
+    quote left open (strict parsing): the rows after it were read as that cell's text, several documents as one."""
+    reader = csv.reader(io.StringIO(text), strict=True)
+    limit = csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a long document is one cell (the default: 128 KB)
+    try:
+        start = 1
+        header = next(reader, [])
+        while True:
+            start = reader.line_num + 1
+            record = next(reader, None)
+            if record is None:
+                break
+            if len(record) > len(header):
+                raise DataError(f"{path}, line {reader.line_num}: {len(record)} fields, the header has {len(header)} "
+                                f"({', '.join(header)}): a cell holding a comma must be quoted (\"...\"); save the "
+                                "table from a spreadsheet or pandas, which quote such cells")
+    except csv.Error as e:
+        raise DataError(f"{path}: the row from line {start} is not valid CSV ({e}): a quoted cell ends with a quote "
+                        "followed by a comma or the line's end, and a quote inside it is written twice (\"\"); save "
+                        "the table from a spreadsheet or pandas, which quote cells so") from None
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _read_table(path: Path, dataset: "DocumentsDatasetConfig") -> Loaded:

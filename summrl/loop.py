@@ -591,8 +591,12 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         history = record.val_history
         seed_everything(config.seed)
         t = config.trainer
-        try:
-            splits = await load_documents(config)  # dataset=documents: questions written (and paid for) here, if need be
+        def before_questions(val: list[Document], train: list[Document]) -> None:  # what the split alone refuses
+            check_same_val(config, record.earlier, val_digest(val))
+            check_groups_fit(config, len(train), record.earlier)
+
+        try:  # dataset=documents: questions written (and paid for) here, if need be
+            splits = await load_documents(config, before_questions=before_questions)
         except BaseException as e:
             if spent := getattr(e, "questions_cost_usd", None):
                 record.update(dataset=with_failed_question_cost(record.earlier, spent))

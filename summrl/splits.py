@@ -96,9 +96,12 @@ def val_digest(val: Sequence[Document]) -> str:
     return digest.hexdigest()[:16]
 
 
-async def load(config: Any, *, every_document: bool = False, val_only: bool = False) -> Splits:
+async def load(config: Any, *, every_document: bool = False, val_only: bool = False,
+               before_questions: Optional[Callable[[list[Document], list[Document]], None]] = None) -> Splits:
     """(val, train) for ``config.dataset``, questions included. ``every_document``: every document as val, none as
-    train (the benchmark's split=all); ``val_only``: only val needs questions (the benchmark). Raises DataError,
+    train (the benchmark's split=all); ``val_only``: only val needs questions (the benchmark). ``before_questions``
+    checks dataset=documents' split before any question is written (the check only removes documents): a refusal
+    known from the split came after the user had confirmed and paid for the questions. Raises DataError,
     ConfigError, QuestionsNotConfirmed, QuestionsFailed."""
     dataset = config.dataset
     if dataset.kind == "inbox":
@@ -111,6 +114,8 @@ async def load(config: Any, *, every_document: bool = False, val_only: bool = Fa
                                    "val_sha256": val_digest(val)})
     loaded = read_documents(config)
     val, train = (list(loaded.documents), []) if every_document else split_whole(loaded, dataset)
+    if before_questions is not None:
+        before_questions(val, train)
     return await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True) and not val_only,
                                 train_required=not every_document)
 

@@ -1245,3 +1245,17 @@ def test_question_settings_that_leave_no_answerable_question_are_refused_naming_
         compose_config([*docs, "dataset.questions.per_document=1", "dataset.questions.unanswerable_share=0.6"])
     assert compose_config([*docs, "dataset.questions.per_document=2",
                            "dataset.questions.unanswerable_share=0.4"]).dataset.questions.per_document == 2
+
+
+def test_a_split_too_small_for_groups_per_step_is_refused_before_any_question_is_written(tmp_path):
+    """The refusal came after the question check, which only removes documents: with an LLM judge the user had
+    confirmed and paid for every document's questions first (found by an audit: 48 written, then refused)."""
+    from tests.conftest import run_cli
+
+    cache = tmp_path / "questions"
+    result = run_cli(["experiment=local", "dataset=documents", f"dataset.path={ROOT / 'tests/fixtures/documents'}",
+                      "judge=lexical", f"dataset.questions.cache_dir={cache}", "trainer.groups_per_step=20",
+                      f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert re.search(r"trainer\.groups_per_step=20: the train split has \d+ document\(s\)", result.stderr)
+    assert "written" not in result.stderr and not (cache.exists() and any(cache.iterdir()))

@@ -867,3 +867,54 @@ def test_a_stream_opened_as_its_client_went_is_closed():
 
     asyncio.run(main())
     assert closed == [True]
+
+
+def test_an_unexpected_failure_is_one_masked_line_in_the_log_not_uvicorns_unmasked_traceback(monkeypatch, tmp_path,
+                                                                                              capfd, caplog):
+    """Starlette's handler for Exception answered the client (masked) and logged one line, then raised the exception
+    again: uvicorn logged "Exception in ASGI application" with the whole traceback and the backend URL's key in clear,
+    at every 500 (found by an audit)."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    import openai
+    import uvicorn
+
+    import summrl.serve.app as app
+    from summrl.backends.embedded.server import free_port
+    from summrl.serve.config import ServeConfig, ServeSection
+    from tests.conftest import compose_config
+
+    secret = "sk-planted-" + "a1b2" * 6
+    monkeypatch.setenv("PLANTED_API_KEY", secret)
+    with FakeLLM() as fake:
+        in_front_of(fake, monkeypatch)
+        service = app.Service(ServeConfig(run=SimpleNamespace(name="r", run_dir=tmp_path), step=1, follow="fixed",
+                                          train=compose_config(["experiment=local", "judge=lexical"]),
+                                          serve=ServeSection()))
+
+        async def generate(*args, **kwargs):  # the model's server gone, its URL carrying a key
+            raise openai.APIConnectionError(message=f"Connection error to http://u:{secret}@127.0.0.1:1/v1",
+                                            request=httpx.Request("POST", "http://127.0.0.1:1"))
+
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app.build_app(service), host="127.0.0.1", port=port,
+                                               log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not server.started and time.monotonic() < deadline:
+                time.sleep(0.05)
+            service.ready, service.generate = True, generate  # (no model: what a request does first fails)
+            reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+                               json={"model": "r@1", "messages": [{"role": "user", "content": "hi"}]})
+        finally:
+            server.should_exit = True
+            thread.join(10)
+    assert reply.status_code == 500 and reply.json()["error"]["type"] == "server_error"
+    assert reply.json()["error"]["message"] == "internal error: APIConnectionError: Connection error to http://***@127.0.0.1:1/v1"
+    logged = capfd.readouterr().err + caplog.text  # uvicorn's own handlers, and what pytest's capture took
+    assert "summrl: POST /v1/chat/completions failed: APIConnectionError: Connection error to http://***@" in logged
+    assert secret not in logged and "Traceback" not in logged and "Exception in ASGI application" not in logged

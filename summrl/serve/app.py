@@ -404,6 +404,33 @@ def error_response(status: int, message: str, headers: Optional[dict] = None) ->
                         headers=headers)
 
 
+class Unexpected:
+    """Any other exception of a request: the client gets it in OpenAI's shape, the log one masked line, and the server
+    goes on. Not an ``exception_handler(Exception)``: Starlette runs that one in its outermost middleware, which raises
+    the exception again after the reply, and uvicorn logged its whole traceback, unmasked (a key in a backend URL)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as error:
+            line = redact_text(" ".join(f"{type(error).__name__}: {error}".split()))[:300]
+            log.error(f"summrl: {scope.get('method')} {scope.get('path')} failed: {line}")
+            if not started:  # (a reply already begun, a stream, ends where it is)
+                await error_response(500, f"internal error: {line}")(scope, receive, send)
+
+
 def build_app(service: Service) -> FastAPI:
     # no /docs, /redoc or /openapi.json: they answered without the bearer key
     app = FastAPI(title="summrl serve", docs_url=None, redoc_url=None, openapi_url=None)
@@ -418,12 +445,7 @@ def build_app(service: Service) -> FastAPI:
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         return error_response(error.status_code, str(error.detail), error.headers)
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, error: Exception) -> JSONResponse:
-        # the server goes on; the client gets the error in OpenAI's shape, the log one line
-        line = redact_text(" ".join(f"{type(error).__name__}: {error}".split()))[:300]
-        log.error(f"summrl: {request.method} {request.url.path} failed: {line}")
-        return error_response(500, f"internal error: {line}")
+    app.add_middleware(Unexpected)
 
     def authorize(authorization: Optional[str]) -> None:
         scheme, _, key = (authorization or "").strip().partition(" ")

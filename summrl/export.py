@@ -16,6 +16,7 @@ before any model loads.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -155,12 +156,7 @@ class PushFailed(ExpectedFailure):
 
 def export(config: ExportConfig, command: str) -> Path:
     """Write the adapter, the merged model, the card and export.json into ``config.dir``; push them if asked."""
-    import torch
-    from peft import PeftConfig, PeftModel
-
-    from summrl.backends.embedded.engine import load_causal_lm, sorted_sets
-
-    run, model = config.run, config.train.model
+    run = config.run
     checkpoint = run.checkpoint(config.step)
     log.info(f"summrl: export: {run.name} step {config.step} ({why(config)}) from {checkpoint}")
     # Written beside its place and moved in at the end: an interrupted export leaves no half folder at export.dir.
@@ -168,11 +164,28 @@ def export(config: ExportConfig, command: str) -> Path:
     aside = config.dir.parent / f".{config.dir.name}.old-{os.getpid()}"  # the earlier export, until the new one is in
     try:  # before the model loads
         config.dir.parent.mkdir(parents=True, exist_ok=True)
-        clean_leftovers(config.dir)
-        work.mkdir()
+        held = hold_export(config.dir)
     except OSError as e:
         raise ConfigError(f"export.dir={config.dir}: can't write there ({e.strerror or e}: {e.filename or work}); "
                           "choose a folder you can write") from None
+    with held:
+        try:
+            clean_leftovers(config.dir)
+            work.mkdir()
+        except OSError as e:
+            raise ConfigError(f"export.dir={config.dir}: can't write there ({e.strerror or e}: {e.filename or work}); "
+                              "choose a folder you can write") from None
+        _export(config, command, checkpoint, work, aside)
+    return config.dir
+
+
+def _export(config: ExportConfig, command: str, checkpoint: Path, work: Path, aside: Path) -> None:
+    import torch
+    from peft import PeftConfig, PeftModel
+
+    from summrl.backends.embedded.engine import load_causal_lm, sorted_sets
+
+    run, model = config.run, config.train.model
     try:
         # float32 for the merge (an exact sum of the base and the LoRA delta), cast to the saved dtype afterwards.
         tokenizer, base = load_causal_lm(model.base_model, model.weights, torch.float32, torch.device("cpu"))
@@ -233,7 +246,27 @@ def export(config: ExportConfig, command: str) -> Path:
     log.info(f"summrl: export: model card -> {config.dir / 'README.md'}; record -> {config.dir / 'export.json'}")
     if config.push_to_hub:
         push(config)
-    return config.dir
+
+
+def hold_export(target: Path) -> Any:
+    """The lock of one export into ``target`` at a time (``.<dir>.lock`` beside it), held until the returned file
+    closes: a second export cleaned up the first's unfinished folder as a killed export's leftovers while the first
+    was writing it, and the first ended in a traceback. Raises ConfigError naming the other export's pid."""
+    path = target.parent / f".{target.name}.lock"
+    held = path.open("a+")
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held.seek(0)
+        other = held.read().strip() or "?"
+        held.close()
+        raise ConfigError(f"export.dir={target}: another export into it is running (pid {other}): wait for it to "
+                          "end, or set export.dir to another folder") from None
+    held.seek(0)
+    held.truncate()
+    held.write(f"{os.getpid()}\n")
+    held.flush()
+    return held
 
 
 def clean_leftovers(target: Path) -> None:

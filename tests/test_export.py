@@ -133,7 +133,7 @@ def test_an_export_replaces_the_earlier_one_and_clears_what_a_killed_export_left
 
     overrides = [f"run_dir={trained}", "step=2", f"export.dir={out}"]
     assert run_export(compose("export", overrides), overrides) == out
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.partial-999993", ".out.partial-mine", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.partial-999993", ".out.lock", ".out.partial-mine", "out"]
     record = json.loads((out / "export.json").read_text())
     assert record["step"] == 2 and not (out / "earlier.txt").exists()
     assert record["files"] == {p.relative_to(out).as_posix(): p.stat().st_size for p in out.rglob("*")
@@ -147,6 +147,19 @@ def test_an_export_replaces_the_earlier_one_and_clears_what_a_killed_export_left
     clean_leftovers(out)
     assert json.loads((out / "export.json").read_text()) == record
     assert not list(tmp_path.glob(".out.*-99999*"))
+
+    # Another export into the same folder still running: a second one removed its unfinished folder as a killed
+    # export's leftovers, and the first ended in a traceback. Now the second is refused, naming the first.
+    from summrl.errors import ConfigError
+    from summrl.export import hold_export
+
+    with hold_export(out):  # (flock: a second open file of this process is refused as another process's would be)
+        (tmp_path / ".out.partial-999996").mkdir()  # what the running export is writing
+        with pytest.raises(ConfigError, match=rf"^export.dir={re.escape(str(out))}: another export into it is running "
+                                              rf"\(pid {os.getpid()}\): wait for it to end"):
+            run_export(compose("export", overrides), overrides)
+        assert (tmp_path / ".out.partial-999996").is_dir()
+    assert json.loads((out / "export.json").read_text()) == record
 
 
 def test_merged_model_generates_what_the_adapter_and_the_served_checkpoint_generate(trained, exported, tiny_weights):

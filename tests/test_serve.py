@@ -715,6 +715,17 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "stream": "false"}),
                          400) == "bad request: stream: must be true or false, got 'false'"
             assert client.post("/v1/chat/completions", headers=key, json={**chat, "stream": False}).status_code == 200
+            # the embedded server's lenient parsing took true as 1 token and "1.5" as a temperature (found by an audit)
+            for field, value, kind in (("max_tokens", True, "an integer of at least 1"), ("max_completion_tokens", 0,
+                                       "an integer of at least 1"), ("temperature", "1.5", "a number"),
+                                       ("top_p", False, "a number"), ("seed", 1.5, "an integer")):
+                assert error(client.post("/v1/chat/completions", headers=key, json={**chat, field: value}),
+                             400) == f"bad request: {field}: must be {kind}, got {value!r}"
+            assert client.post("/v1/chat/completions", headers=key,
+                               json={**chat, "max_tokens": 4, "temperature": 1, "seed": 3}).status_code == 200
+            untyped = {**chat, "messages": [{"role": "user", "content": [{"text": "hi"}]}]}  # read as text, sampled
+            assert error(client.post("/v1/chat/completions", headers=key, json=untyped), 400).endswith(
+                "only text parts ({\"type\": \"text\", \"text\": ...}) are read by a summarizer, got a part of type None")
             lone = b'{"model": "r@1", "messages": [{"role": "user", "content": "hi \\ud83d there"}]}'
             assert error(client.post("/v1/chat/completions", headers=key, content=lone), 400) == (
                 "bad request: the body escapes a lone UTF-16 surrogate (e.g. \\ud83d), which is no character: send "

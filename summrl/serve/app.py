@@ -381,9 +381,9 @@ def chat_messages(messages: list) -> list[dict]:
                                             f"no tools), got {role!r}")
         if isinstance(content, list):
             kinds = [p.get("type") if isinstance(p, dict) else type(p).__name__ for p in content]
-            other = next((k for k in kinds if k != "text"), None)
-            if other is not None or not all(isinstance(p.get("text"), str) for p in content):
-                got = f"a part of type {other!r}" if other is not None else "a text part with no text string"
+            other = [k for k in kinds if k != "text"]  # a part with no type is none of text (it was read as text)
+            if other or not all(isinstance(p.get("text"), str) for p in content):
+                got = f"a part of type {other[0]!r}" if other else "a text part with no text string"
                 raise HTTPException(400, detail=f"{where}.content: only text parts ({{\"type\": \"text\", \"text\": "
                                                 f"...}}) are read by a summarizer, got {got}")
             content = "\n".join(p["text"] for p in content)  # as vLLM joins them for a chat template that reads text
@@ -547,6 +547,13 @@ def build_app(service: Service) -> FastAPI:
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_n:
             raise HTTPException(400, detail=f"bad request: n: must be an integer in 1..{max_n} (serve.max_n), "
                                             f"got {n!r}")
+        for key in ("max_tokens", "max_completion_tokens", "seed", "temperature", "top_p"):
+            # typed here: the embedded server's lenient parsing read true as 1 token and "1.5" as 1.5
+            value, integer = body.get(key), key in ("max_tokens", "max_completion_tokens", "seed")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+                                      or (key != "seed" and integer and value < 1)):
+                kind = "an integer" if key == "seed" else "an integer of at least 1" if integer else "a number"
+                raise HTTPException(400, detail=f"bad request: {key}: must be {kind}, got {value!r}")
         messages = chat_messages(body["messages"])
         model = body.get("model")
         if not service.serves(model):  # before the queue: an unknown model is a 404 now, not a 429 or a wait

@@ -518,6 +518,29 @@ def assert_training_forward_reproduces_sampling(loop, backend, model, doc) -> No
     assert torch.allclose(new[mask], old[mask], atol=2e-3)
 
 
+def test_a_packed_sequence_length_a_group_does_not_fit_is_refused_not_an_update_of_nothing(loop, session):
+    """ART leaves out a group longer than backend.packed_sequence_length (truncate_long_results=False): the step
+    trained nothing (lora_B stayed 0, grad_norm 0) and was recorded as trained (found by an audit)."""
+    from summrl.errors import ConfigError
+
+    backend, model, docs, _ = session
+    groups = loop.run_until_complete(art.gather_trajectory_groups(
+        [art.TrajectoryGroup(rollout(model, docs[3], prompt=FACTS, max_tokens=4, temperature=1.0) for _ in range(2))],
+        pbar_desc=None))
+    for i, t in enumerate(groups[0].trajectories):
+        t.reward = float(i)
+    setting = backend.config.packed_sequence_length
+    try:
+        backend.config.packed_sequence_length = 16
+        with pytest.raises(ConfigError, match=r"^backend.packed_sequence_length=16: a group of this step packs into "
+                                              r"\d+ tokens .* set it to \d+ or more, or null"):
+            backend._pack(groups)
+        backend.config.packed_sequence_length = 4096
+        assert backend._pack(groups)["tokens"].shape == (1, 4096)  # one that fits: as set
+    finally:
+        backend.config.packed_sequence_length = setting
+
+
 def test_a_checkpoint_write_that_a_killed_process_left_is_removed_when_its_step_is_saved(tmp_path):
     """A process killed while it saved step 1 left .0001.tmp-<its pid> (an adapter and AdamW state: hundreds of MB
     at 3B); the resumed run, another pid, saved step 1 again beside it and nothing ever removed it."""

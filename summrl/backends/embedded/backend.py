@@ -31,6 +31,7 @@ from art.utils.output_dirs import get_model_dir, get_step_checkpoint_dir
 from summrl.backends.embedded.compute import compute, on_compute_thread
 from summrl.backends.embedded.engine import Engine, round_up
 from summrl.backends.embedded.server import Batcher, InferenceServer, build_app
+from summrl.errors import ConfigError
 
 
 def _return_freed_memory() -> None:
@@ -236,7 +237,13 @@ class EmbeddedBackend(Backend):
         by_prompt: dict[int, int] = {}
         for r in results:
             by_prompt[r.prompt_id] = by_prompt.get(r.prompt_id, r.prompt_length) + len(r.token_ids) - r.prompt_length
-        seq_len = self.config.packed_sequence_length or round_up(max(by_prompt.values()), 128)
+        longest = max(by_prompt.values())
+        seq_len = self.config.packed_sequence_length or round_up(longest, 128)
+        if longest > seq_len:  # ART leaves such a group out (truncate_long_results=False): an update of nothing
+            raise ConfigError(f"backend.packed_sequence_length={seq_len}: a group of this step packs into {longest} "
+                              "tokens (its prompt once, then each completion), so it would not be trained and the "
+                              f"step's update would be of nothing: set it to {round_up(longest, 128)} or more, or null "
+                              "(each step's longest group, rounded up to 128)")
         return dict(
             packed_tensors_from_tokenized_results(
                 results, seq_len, pad_token_id=tokenizer.pad_token_id, truncate_long_results=False,

@@ -33,7 +33,8 @@ from summrl.config import EMBEDDED_JUDGES, OPERATIONAL, Config, reward_kinds
 from summrl.data import Document
 from summrl.errors import ConfigError, finish_despite_a_signal, stop_signal
 from summrl.facts import hallucinates
-from summrl.job import JobInfo, RunRecord, comparable, jsonl_rows, peak_rss_gb, scale_settings, val_qa_settings
+from summrl.job import (JobInfo, RunRecord, comparable, jsonl_rows, peak_rss_gb, scale_settings, val_qa_settings,
+                        val_sampling)
 from summrl.judges import Judge, build_judge, embedded_endpoint
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.prompt import SummaryPrompt
@@ -550,6 +551,11 @@ def check_resumed_as_trained(config: Config, record: RunRecord) -> None:
     # another option of a group (reward=qa, now length_penalized) is named as such, not by each of its settings
     groups = [g for g in ("dataset", "model", "reward", "judge") if g in earlier and g in now and now[g] != earlier[g]]
     changed = groups + [k for k in changed if k.split(".")[0] not in groups]
+    # trainer.val_temperature=null draws the val summaries at trainer.temperature: another one is other val draws
+    # (where both records have the setting, as above)
+    key = "trainer.val_temperature"
+    if key in now and key in earlier and key not in changed and val_sampling(now) != val_sampling(earlier):
+        changed.append("trainer.temperature")
     size = "dataset.train_size"
     if size in now and size in earlier and str(now[size]) != str(earlier[size]) and not changed:
         log.warning(f"summrl: warning: {size}={now[size]}, trained with {earlier[size]}: the train documents are "

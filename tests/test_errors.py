@@ -834,6 +834,10 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
     check_groups_fit(compose_config(["experiment=local", "trainer.groups_per_step=5"]), 2,
                      {"attempts": [{"end_step": 1}], "config": {"trainer.groups_per_step": 5}})
     assert "trainer.groups_per_step=5 is more than the 2 train document(s)" in caplog.text
+    # trainer.val_temperature=null draws val at trainer.temperature: another one ranked other draws with the earlier
+    with pytest.raises(ConfigError, match=r"trained with trainer.temperature=1.0 \(now 0.5\): its checkpoints"):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "trainer.temperature=0.5"]),
+                                 RunRecord(tmp_path))
     # another groups_per_step went on from another document: some trained twice in the epoch, others skipped
     with pytest.raises(ConfigError, match=r"trained with trainer.groups_per_step=2 \(now 3\): its checkpoints"):
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "trainer.groups_per_step=3"]),

@@ -33,8 +33,8 @@ from summrl.config import EMBEDDED_JUDGES, OPERATIONAL, Config, reward_kinds
 from summrl.data import Document
 from summrl.errors import ConfigError, finish_despite_a_signal, stop_signal
 from summrl.facts import hallucinates
-from summrl.job import (JobInfo, RunRecord, comparable, jsonl_rows, peak_rss_gb, scale_settings, val_qa_settings,
-                        val_sampling)
+from summrl.job import (JobInfo, RunRecord, append_jsonl, comparable, jsonl_rows, peak_rss_gb, scale_settings,
+                        val_qa_settings, val_sampling)
 from summrl.judges import Judge, build_judge, embedded_endpoint
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.prompt import SummaryPrompt
@@ -128,6 +128,13 @@ class Scored:
 def history_path(config: Config) -> Path:
     """ART's metrics log for this run (``model.log`` appends one line per call)."""
     return model_dir(config) / "history.jsonl"
+
+
+def end_cut_line(history: Path) -> None:
+    """ART appends to history.jsonl without looking at its end: after a write a crash cut short, its next row joined
+    the cut one on a line no reader parses, and was lost to history.jsonl and W&B. A fresh line starts after it."""
+    if history.is_file():
+        append_jsonl(history, [])
 
 
 def trainable_model(config: Config) -> TrainableModel:
@@ -586,6 +593,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             record.update(**run_totals(session, record))
         record.save()
 
+    end_cut_line(history_path(config))
     tracker = open_tracker(config, record.job, history_path(config))  # first: any failure shows on the W&B run
     backup: Optional[CheckpointBackup] = None
     last_trained: Optional[int] = None  # the step this invocation trained last

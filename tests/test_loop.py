@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 from summrl.config import TrainerConfig
@@ -229,3 +230,23 @@ def test_an_online_val_set_of_other_documents_or_another_judge_is_another_val_se
     history.append({"step": 11, "val_reward": 0.4, "val_set": rotated})
     history.append({"step": 12, "val_reward": 0.588, "val_set": rotated})
     assert [h["val_reward"] for h in comparable(history)] == [0.4, 0.588]
+
+
+def test_a_history_row_a_crash_cut_short_does_not_swallow_the_resumed_runs_next_row(tmp_path):
+    """ART appends to history.jsonl without looking at its end: the resumed run's first row joined the cut one on a
+    line no reader parses, and step 2's val scores were missing from history.jsonl and W&B (found by an audit)."""
+    from summrl.job import jsonl_rows
+    from summrl.loop import end_cut_line, history_path, trainable_model
+    from tests.conftest import compose_config
+
+    config = compose_config(["experiment=local", "run.name=cut", f"run.dir={tmp_path}"])
+    model = trainable_model(config)
+    history = history_path(config)
+    history.parent.mkdir(parents=True)
+    whole = json.dumps({"training_step": 1, "val/reward": 0.4, "step": 1}) + "\n"
+    history.write_text(whole + whole[:20])  # step 1's row, then one a power cut left half-written
+    end_cut_line(history)
+    model._log_metrics({"reward": 0.5}, "val", 2)  # what the resumed run's model.log writes
+    assert [(r["step"], r["val/reward"]) for r in jsonl_rows(history.read_text())] == [(1, 0.4), (2, 0.5)]
+    end_cut_line(history)  # a whole file: nothing added
+    assert history.read_text().count("\n") == 3

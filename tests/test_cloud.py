@@ -225,6 +225,26 @@ def test_the_preflight_follows_the_candidates_and_refuses_a_judge_on_loopback(tm
                for p in launch.preflight(launcher_config(*judge)))
     judge[-1] = "judge.api_base=http://judge.example.org:8000/v1"
     assert not any("loopback" in p for p in launch.preflight(launcher_config(*judge)))
+    # each passed here and failed on the cluster after its paid setup (found by an audit): a judge model litellm
+    # can't place (the remote job's own preflight refuses it), and documents in a folder .skyignore leaves out
+    assert any(p.startswith("judge.model=gemini-2.5-flashh: litellm can't tell which provider serves it")
+               for p in launch.preflight(launcher_config("judge.model=gemini-2.5-flashh")))
+    assert not any("litellm can't tell" in p for p in launch.preflight(launcher_config()))
+    docs = ROOT / "outputs" / f"audit-docs-{os.getpid()}"
+    docs.mkdir(parents=True)
+    try:
+        (docs / "a.txt").write_text("The depot opened in 2021 with 40 staff members.")
+        found = [p for p in launch.preflight(launcher_config("dataset=documents", f"dataset.path={docs}",
+                                                             "dataset.questions.confirm=false"))
+                 if p.startswith("dataset.path=")]
+        assert found == [f"dataset.path={docs} is in outputs/, which .skyignore leaves out of what SkyPilot copies to "
+                         "the cluster (run outputs, environments, caches): move (or copy) the documents into another "
+                         "folder of the project"]
+        assert not [p for p in launch.preflight(launcher_config("dataset=documents", "dataset.path=tests/fixtures/documents",
+                                                                "dataset.questions.confirm=false"))
+                    if p.startswith("dataset.path=")]
+    finally:
+        shutil.rmtree(docs)
 
 
 def test_a_cloud_run_without_backups_is_warned_that_it_stays_on_the_cluster(cloud_env, monkeypatch, caplog):

@@ -34,7 +34,7 @@ from summrl.cloud import managed, plan, pricing
 from summrl.job import RunRecord, task_overrides, write_result
 from summrl.judges import missing_keys
 from summrl.keys import key_names
-from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems
+from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems, unknown_provider
 from summrl.secrets import MIN_SECRET, redact_text, secret_values
 from summrl.storage import fetch_result, resolve_bucket
 from summrl.tracking import wandb_mode
@@ -104,10 +104,20 @@ def preflight(config: Any, questions: Optional[QuestionCache] = None) -> list[st
     for name in missing_keys(config.judge):
         problems.append(f"{name} (the judge's key) is not set: export it or put it in .env")
     problems += teacher_key_problems(config)
+    # a model id litellm can't place fails the remote job's own preflight, after the GPU is provisioned and billed
+    if config.judge.kind == "litellm":
+        problems += unknown_provider(config.judge, "judge")
+    if config.sft.kind == "distill":
+        problems += unknown_provider(config.sft.teacher, "sft.teacher")
     if config.dataset.kind == "documents":
-        if not Path(config.dataset.path).expanduser().resolve().is_relative_to(ROOT):
+        path = Path(config.dataset.path).expanduser().resolve()
+        if not path.is_relative_to(ROOT):
             problems.append(f"dataset.path={config.dataset.path} is outside the project folder {ROOT}, the only folder "
                             "SkyPilot copies to the cluster: move (or copy) the documents into it")
+        elif left_out := skyignored(path):
+            problems.append(f"dataset.path={config.dataset.path} is in {left_out}, which .skyignore leaves out of "
+                            "what SkyPilot copies to the cluster (run outputs, environments, caches): move (or copy) the "
+                            "documents into another folder of the project")
         problems += questions_problems(config, questions or QuestionCache(config))
     online = getattr(config.logger, "kind", "none") == "wandb" and wandb_mode(config.logger) == "online"
     if online and not os.environ.get("WANDB_API_KEY"):
@@ -121,6 +131,21 @@ def preflight(config: Any, questions: Optional[QuestionCache] = None) -> list[st
             if not os.environ.get(name):
                 problems.append(f"{name} (S3 backups from the cluster) is not set: export it or put it in .env")
     return problems
+
+
+def skyignored(path: Path) -> Optional[str]:
+    """The project's folder or file, as SkyPilot's own reading of .skyignore excludes it from the uploaded workdir,
+    that holds ``path`` (a path inside the project); None: it is uploaded, or SkyPilot is not installed."""
+    try:
+        from sky.data.storage_utils import get_excluded_files
+    except ImportError:
+        return None
+    relative = path.relative_to(ROOT)
+    for excluded in get_excluded_files(str(ROOT)):
+        left_out = Path(excluded.rstrip("/"))
+        if relative == left_out or left_out in relative.parents:
+            return f"{left_out}/" if (ROOT / left_out).is_dir() else str(left_out)
+    return None
 
 
 def no_backup_warning(config: Any) -> Optional[str]:

@@ -822,6 +822,12 @@ class SkyPilotBackendConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.infra), "backend.infra", "must name a SkyPilot infra, e.g. runpod")
+        # the remote job runs backend=local_gpu, which needs ART's backend (vLLM, Unsloth): without it the job failed
+        # its own preflight on the cluster, after the paid setup
+        extras = [e.strip() for e in self.extras.split(",") if e.strip()]
+        with_gpu = shlex.quote("backend.extras=" + "\\,".join(["gpu", *extras]))  # Hydra reads \, as a comma
+        _require("gpu" in extras, "backend.extras",
+                 f"must include gpu (ART's GPU backend, which the remote job runs), got {self.extras!r}: e.g. {with_gpu}")
         parse_accelerators(self.accelerators, "backend.accelerators")
         for i, c in enumerate(self.candidates):
             parse_accelerators(c.accelerators, f"backend.candidates.{i}.accelerators")

@@ -302,6 +302,8 @@ def test_a_key_a_map_lacks_is_named_with_what_the_map_holds_and_how_to_add_it(ov
      ["+reward.terms={qa: {kind: qa, weight: 1.0}, rubric: {kind: rubric, weight: 0.2}}"], True),
     # spot needs a managed job as well: the fix names both (it named use_spot alone, which failed next on managed)
     (["backend.spot_fallback=true"], ["backend.use_spot=true", "backend.managed=true"], True),
+    # the remote job runs ART's GPU backend: without the gpu extra it failed on the cluster, after the paid setup
+    (["backend.extras=dev"], ["backend.extras=gpu\\,dev"], False),
 ])
 def test_the_fix_an_error_names_is_written_as_a_shell_takes_it_and_composes(overrides, fix, keep):
     """The message holds the fix as it is to be typed (``shlex.join``); typed, the config composes."""

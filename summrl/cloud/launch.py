@@ -378,9 +378,9 @@ def setup_script(config: Any) -> str:
         'export PATH="$HOME/.local/bin:$PATH"',
         "[ -x .venv/bin/python ] || uv venv --python 3.11 .venv",
         f"uv pip install --python .venv/bin/python -e {shlex.quote(target)}",
+        # ART installs its vLLM runtime (its own uv venv) on first use: here, once per cluster (extras has gpu)
+        ".venv/bin/python -c 'from art.vllm_runtime import ensure_vllm_runtime; ensure_vllm_runtime()'",
     ]
-    if "gpu" in extras:  # ART installs its vLLM runtime (its own uv venv) on first use: do it here, once per cluster
-        lines.append(".venv/bin/python -c 'from art.vllm_runtime import ensure_vllm_runtime; ensure_vllm_runtime()'")
     if config.backend.setup:
         lines.append(config.backend.setup)
     return "\n".join(lines)

@@ -453,7 +453,9 @@ def test_the_dry_run_of_a_managed_spot_sweep_prints_both_tasks_and_their_cost_of
 
     env = {**os.environ, "SKY_RUNTIME_DIR": str(SKY_RUNTIME), "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(
-        [sys.executable, "-c", TICKING_TRAIN, "-m", "backend.managed=true", "backend.use_spot=true", "reward=qa,ruler",
+        # -cn train: a flag's value was parsed as an override, and the sweep's total fell back to each job's own
+        [sys.executable, "-c", TICKING_TRAIN, "-m", "-cn", "train", "backend.managed=true", "backend.use_spot=true",
+         "reward=qa,ruler",
          "backend.dry_run=true", f"hydra.sweep.dir={tmp_path / 'multirun'}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -29,9 +29,18 @@ def not_run(name: str) -> pricing.Estimate:
 def sweep_overrides(argv: list[str], params: dict) -> list[list[str]]:
     """Each job's overrides, as Hydra's basic sweeper expands ``params`` and the command line's task overrides."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    task = [a for a in argv if not a.startswith("-") and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    # Hydra's own reading of its command line: a flag's value (-cn train, --config-dir DIR) is no override (it was
+    # parsed as one, failed, and the whole sweep's budget check fell back to job 0 alone)
+    parser = get_args_parser()
+    parser.exit_on_error = False  # a command line Hydra would not take: the caller's fallback, not an exit
+    try:
+        given = parser.parse_known_args(argv)[0].overrides
+    except SystemExit:
+        raise ValueError(f"not a Hydra command line: {argv}") from None
+    task = [a for a in given if not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
     parser = OverridesParser.create()
     overrides = parser.parse_overrides([f"{k}={v}" for k, v in params.items()]) + parser.parse_overrides(task)
     (jobs,) = BasicSweeper.split_arguments(overrides, None) or [[[]]]

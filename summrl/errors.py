@@ -45,14 +45,11 @@ KINDS = {
 # What stopped the process: cli.run sends SIGTERM (`kill`, a scheduler, a cancelled job) down Ctrl-C's path, which
 # saves the record and closes the backend, and notes it here so the line and the exit code name the signal.
 _stopped_by = signal.SIGINT
-_signalled = False  # a stopping signal has been named: the first one stopped the process, those after it are ignored
 
 
 def stopped_by(signum: int) -> None:
-    """Names the signal that stops the process: the first one (Ctrl-C then SIGTERM is a Ctrl-C, exit 130)."""
-    global _stopped_by, _signalled
-    if not _signalled:
-        _stopped_by, _signalled = signal.Signals(signum), True
+    global _stopped_by
+    _stopped_by = signal.Signals(signum)
 
 
 def stop_signal() -> str:
@@ -71,10 +68,8 @@ def first_signal_only() -> Iterator[None]:
     first = [previous]
 
     def first_only(signum, frame):
-        if first:
-            stopped_by(signum)  # a Ctrl-C (cli.run's SIGTERM has named itself already)
-            if callable(handler := first.pop()):
-                handler(signum, frame)
+        if first and callable(handler := first.pop()):
+            handler(signum, frame)
 
     signal.signal(signal.SIGINT, first_only)
     try:

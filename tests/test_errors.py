@@ -869,29 +869,3 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
     # online learning (dataset=inbox) goes on from any run, with its own val set (test_serve's online loop)
     check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset=inbox", "seed=3"]),
                              RunRecord(tmp_path, JobInfo(choices={"dataset": "inbox"})))
-
-
-def test_a_sigterm_after_ctrl_c_is_ignored_and_the_run_says_ctrl_c(monkeypatch):
-    """The SIGTERM after a Ctrl-C was ignored, as the second of two signals is, but it renamed what had stopped the
-    run: "stopped after step 1 (SIGTERM)", exit 143, where the Ctrl-C had (found by an audit)."""
-    import signal
-
-    from summrl import cli, errors
-
-    for first, second, named, code in ((signal.SIGINT, signal.SIGTERM, "Ctrl-C or SIGINT", 130),
-                                       (signal.SIGTERM, signal.SIGINT, "SIGTERM", 143)):
-        monkeypatch.setattr(errors, "_signalled", False, raising=False)
-        monkeypatch.setattr(errors, "_stopped_by", signal.SIGINT)
-        handled: list[int] = []
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: handled.append(signum))  # asyncio's runner's
-        try:
-            with errors.first_signal_only():
-                for stop in (first, second):
-                    if stop == signal.SIGTERM:
-                        cli._terminate(signal.SIGTERM, None)  # cli.run's SIGTERM handler
-                    else:
-                        signal.raise_signal(signal.SIGINT)  # Ctrl-C
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        assert handled == [signal.SIGINT]  # one stop, down Ctrl-C's path; the second signal ignored
-        assert errors.stop_signal() == named and errors.Failure("interrupted", "").exit_code == code

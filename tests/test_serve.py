@@ -910,8 +910,10 @@ def test_an_unexpected_failure_is_one_masked_line_in_the_log_not_uvicorns_unmask
                                             request=httpx.Request("POST", "http://127.0.0.1:1"))
 
         port = free_port()
+        # loop="asyncio": uvicorn's default installs uvloop's policy for the whole process, and every later test of
+        # this worker that applies nest_asyncio (ART) failed with "Can't patch loop of type uvloop.Loop"
         server = uvicorn.Server(uvicorn.Config(app.build_app(service), host="127.0.0.1", port=port,
-                                               log_level="warning", lifespan="off"))
+                                               log_level="warning", lifespan="off", loop="asyncio"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         try:

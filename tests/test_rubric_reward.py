@@ -463,3 +463,17 @@ def test_bad_weighted_config_fails_naming_the_key(override, key):
 def test_bad_rubric_weights_name_their_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose_config(["experiment=local", "reward=rubric", *override.split()])
+
+
+def test_no_negative_rubric_is_an_answer_and_a_large_group_gets_room_for_its_scores(fake, tmp_path):
+    """Found by an audit: the prompt asks for "up to n" negatives, but none was refused as the wrong shape (asked
+    again, paid each time, the document's reward missing for the run); and a group's scores were asked for in at most
+    1024 tokens, which 16 summaries x 16 rubrics overran (1286 tokens): every reply cut off, every group missing."""
+    fake.script = [Reply(json.dumps({"positive_rubrics": ["Keeps the cost."], "negative_rubrics": []})),
+                   Reply(json.dumps({"rubric_scores": [[1], [0]]}))]
+    judge = llm_judge(fake)
+    scores = asyncio.run(judge_reward(fake, tmp_path, judge=judge).score_group(DOC, ["a", "b"]))
+    assert [s.reward for s in scores] == [1.0, 0.0] and writing_calls(fake) == 1 and judge.client.usage.retries == 0
+    assert fake.requests[-1]["max_tokens"] == 1024  # a small group: as before (its cached replies stay keyed so)
+    asyncio.run(judge_reward(fake, tmp_path / "other").score_group(DOC, [f"summary {i}" for i in range(16)]))
+    assert "\nR16. " in prompts(fake)[-1] and fake.requests[-1]["max_tokens"] >= 8 * 16 * 16

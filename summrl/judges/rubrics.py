@@ -42,12 +42,16 @@ def write_schema(max_rubrics: int) -> dict:
 
 
 def check_written(reply: Any, max_rubrics: int) -> Rubrics:
-    """Both lists present, non-empty, strings only; a judge that writes more than asked is cut to ``max_rubrics``."""
+    """Both lists present, strings only, the positives non-empty; a judge that writes more than asked is cut to
+    ``max_rubrics``. No negative rubric is an answer the prompt allows ("up to n"): refused, it was asked for again
+    and again, paid each time, and the document had no reward for the whole run."""
     lists = []
     for key in ("positive_rubrics", "negative_rubrics"):
         items = reply.get(key) if isinstance(reply, dict) else None
-        if not isinstance(items, list) or not items or not all(isinstance(i, str) and i.strip() for i in items):
-            raise ReplyShapeError(f"expected {key} as a non-empty list of strings, got {json.dumps(reply)[:200]}")
+        if (not isinstance(items, list) or (key == "positive_rubrics" and not items)
+                or not all(isinstance(i, str) and i.strip() for i in items)):
+            kind = "a non-empty list" if key == "positive_rubrics" else "a list"
+            raise ReplyShapeError(f"expected {key} as {kind} of strings, got {json.dumps(reply)[:200]}")
         lists.append(tuple(i.strip() for i in items[:max_rubrics]))
     return Rubrics(*lists)
 
@@ -77,6 +81,8 @@ async def score_rubrics(client: JudgeClient, rubrics: Rubrics, summaries: Sequen
     row_schema = {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}, "minItems": m,
                   "maxItems": m}
     prompt = SCORE_PROMPT.format(rubrics=rubric_lines, summaries=summary_blocks, m=m)
+    # room for n x m scores (about 5 tokens each, pretty-printed): 16 summaries x 16 rubrics took 1286 tokens, and at
+    # the default 1024 every reply was cut off, every group missing, each retry paid (the default below 200 scores)
     return await client.complete_json([{"role": "user", "content": prompt}],
                                       schema=list_schema("rubric_scores", row_schema, n),
-                                      check=lambda reply: check_scores(reply, n, m))
+                                      max_tokens=max(1024, 8 * n * m + 64), check=lambda reply: check_scores(reply, n, m))

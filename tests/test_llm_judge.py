@@ -173,6 +173,28 @@ def test_replies_of_the_wrong_shape_are_retried_then_fail_clearly(fake, secret_e
         grade(LLMJudge(client(fake)))
 
 
+def test_a_json_reply_cut_off_at_max_tokens_fails_once_as_cut_not_as_bad_json(fake, secret_env):
+    """A reply the server stopped at max_tokens was retried as malformed JSON (the same cut each time at temperature
+    0, each paid), and the missing-reward advice blamed the judge model's reply format (found by an audit)."""
+    from collections import Counter
+
+    from summrl.missing_rewards import fixes
+
+    cut = '{"answers": ["Ruth Okafor", "March 14'
+    fake.script = [Reply(cut, finish_reason="length")] * 4
+    judge = LLMJudge(client(fake))
+    with pytest.raises(JudgeError, match=r"failed after 1 attempt\(s\): ReplyCutOff: the reply was cut off at "
+                                         r"max_tokens=\d+ before its JSON ended") as raised:
+        grade(judge)
+    assert raised.value.kind == "ReplyCutOff" and len(fake.requests) == 1 and judge.client.usage.calls == 1
+    (fix,) = fixes(Counter({"ReplyCutOff": 2}), judge.client)
+    assert fix.startswith("the judge's replies are cut off at their max_tokens") and "reply format" not in fix
+    # a whole JSON reply that ended exactly at the limit is read
+    fake.script = [Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]}),
+                         finish_reason="length")]
+    assert grade(LLMJudge(client(fake))) == [True, True, True]
+
+
 def test_free_text_calls_retry_like_json_ones_and_are_never_cached(fake, secret_env, tmp_path):
     """complete_text (an SFT teacher's summary): a 429 and a reply its check refuses are retried and counted;
     the same prompt asked twice is two calls, since each is a new sample."""

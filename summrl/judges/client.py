@@ -70,6 +70,11 @@ class ReplyShapeError(ValueError):
     """A reply that parses as JSON but has the wrong shape (item count, types, keys): retried like malformed JSON."""
 
 
+class ReplyCutOff(ValueError):
+    """A JSON reply the server stopped at its max_tokens (finish_reason "length") before the JSON ended: not retried
+    (at temperature 0 the same reply is cut at the same place), and not blamed on the reply format."""
+
+
 @dataclass
 class JudgeUsage:
     calls: int = 0
@@ -327,6 +332,8 @@ class JudgeClient:
         Raises JudgeError, naming the attempts made and the last error's kind, after that (at once for an error no
         retry can fix, e.g. a refused key)."""
         def retryable(e: BaseException) -> bool:  # a bad reply is worth one more try, like a 5xx
+            if isinstance(e, ReplyCutOff):
+                return False
             return isinstance(e, shape_errors) or (isinstance(e, Exception) and not isinstance(e, JudgeError)
                                                    and _is_retryable(e))
 
@@ -369,7 +376,14 @@ class JudgeClient:
         )
         self.usage.calls += 1
         self.account(response)
-        return response.choices[0].message.content or ""
+        text = response.choices[0].message.content or ""
+        if params.get("response_format") and response.choices[0].finish_reason == "length":
+            try:  # (one that ended exactly at the limit is whole)
+                json.loads(_strip_fences(text), strict=False)
+            except ValueError:
+                raise ReplyCutOff(f"the reply was cut off at max_tokens={params.get('max_tokens')} before its JSON "
+                                  f"ended ({len(text)} characters)") from None
+        return text
 
     def account(self, response: Any) -> float:
         """A response's tokens and litellm's price, into this client's usage and the caller's own (REQUEST_COST)."""

@@ -827,7 +827,8 @@ class SkyPilotBackendConfig:
         extras = [e.strip() for e in self.extras.split(",") if e.strip()]
         with_gpu = shlex.quote("backend.extras=" + "\\,".join(["gpu", *extras]))  # Hydra reads \, as a comma
         _require("gpu" in extras, "backend.extras",
-                 f"must include gpu (ART's GPU backend, which the remote job runs), got {self.extras!r}: e.g. {with_gpu}")
+                 f"must include gpu (ART's GPU backend, which the remote job runs), got {self.extras!r}: e.g. "
+                 f"{with_gpu}")
         parse_accelerators(self.accelerators, "backend.accelerators")
         for i, c in enumerate(self.candidates):
             parse_accelerators(c.accelerators, f"backend.candidates.{i}.accelerators")

@@ -48,8 +48,8 @@ def fixes(kinds: Counter, judge: Any) -> list[str]:
             fix = f"calls time out: raise {setting('timeout_s')}"
         elif kind == "ReplyCutOff":  # before SHAPE_ERRORS: not the reply's format
             fix = ("the judge's replies are cut off at their max_tokens before their JSON ends (a reasoning model's "
-                   "thinking counts against it): try another judge.model, or a smaller group (trainer.rollouts_per_group"
-                   ", reward.max_rubrics)")
+                   "thinking counts against it): try another judge.model, or a smaller group "
+                   "(trainer.rollouts_per_group, reward.max_rubrics)")
         elif kind in SHAPE_ERRORS:
             fix = "the judge model ignores the reply format (not JSON, or the wrong items): try another judge.model"
         elif kind in REQUEST_ERRORS:

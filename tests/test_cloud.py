@@ -240,9 +240,9 @@ def test_the_preflight_follows_the_candidates_and_refuses_a_judge_on_loopback(tm
         assert found == [f"dataset.path={docs} is in outputs/, which .skyignore leaves out of what SkyPilot copies to "
                          "the cluster (run outputs, environments, caches): move (or copy) the documents into another "
                          "folder of the project"]
-        assert not [p for p in launch.preflight(launcher_config("dataset=documents", "dataset.path=tests/fixtures/documents",
-                                                                "dataset.questions.confirm=false"))
-                    if p.startswith("dataset.path=")]
+        uploaded = launcher_config("dataset=documents", "dataset.path=tests/fixtures/documents",
+                                   "dataset.questions.confirm=false")
+        assert not [p for p in launch.preflight(uploaded) if p.startswith("dataset.path=")]
     finally:
         shutil.rmtree(docs)
 

@@ -377,7 +377,8 @@ def test_arms_scored_against_other_written_questions_are_not_compared_and_other_
     def job(scores, per_document=5, reward="qa", val_rollouts=2):
         per_doc = {d: {"qa_accuracy": v, "reward": v, "n": val_rollouts} for d, v in scores.items()}
         return {"config": {"judge.kind": "lexical", "trainer.val_qa_max_chars": 3000, "trainer.val_qa_forbid_han": True,
-                           "trainer.temperature": 1.0, "reward.kind": reward, "dataset.questions.per_document": per_document,
+                           "trainer.temperature": 1.0, "reward.kind": reward,
+                           "dataset.questions.per_document": per_document,
                            "dataset.questions.unanswerable_share": 0.2, "dataset.questions.check": True,
                            "trainer.val_rollouts_per_doc": val_rollouts},
                 "val_history": [{"step": 4, "per_doc": per_doc}]}
@@ -386,7 +387,8 @@ def test_arms_scored_against_other_written_questions_are_not_compared_and_other_
     better = {d: v + x for (d, v), x in zip(base.items(), [0.2, 0.2, 0.4, 0.2, 0.0])}
     table = pd.DataFrame({"job": ["0", "1"], "seed": [1, 1], "status": ["completed"] * 2,
                           "configuration": ["base", "arm"]})
-    for metric, reward, comparable in (("qa_accuracy", "qa", False), ("reward", "qa", False), ("reward", "length", True)):
+    for metric, reward, comparable in (("qa_accuracy", "qa", False), ("reward", "qa", False),
+                                       ("reward", "length", True)):
         results = {"0": job(base, 5, reward), "1": job(better, 3, reward)}
         (row,) = paired_table(table, results, metric, "base").itertuples()
         assert (row.verdict == "better") is comparable, (metric, reward, row.verdict)

@@ -134,7 +134,8 @@ def test_an_export_replaces_the_earlier_one_and_clears_what_a_killed_export_left
 
     overrides = [f"run_dir={trained}", "step=2", f"export.dir={out}"]
     assert run_export(compose("export", overrides), overrides) == out
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.partial-999993", ".out.lock", ".out.partial-mine", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.partial-999993", ".out.lock", ".out.partial-mine",
+                                                           "out"]
     record = json.loads((out / "export.json").read_text())
     assert record["step"] == 2 and not (out / "earlier.txt").exists()
     assert record["files"] == {p.relative_to(out).as_posix(): p.stat().st_size for p in out.rglob("*")

@@ -725,7 +725,8 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
                                json={**chat, "max_tokens": 4, "temperature": 1, "seed": 3}).status_code == 200
             untyped = {**chat, "messages": [{"role": "user", "content": [{"text": "hi"}]}]}  # read as text, sampled
             assert error(client.post("/v1/chat/completions", headers=key, json=untyped), 400).endswith(
-                "only text parts ({\"type\": \"text\", \"text\": ...}) are read by a summarizer, got a part of type None")
+                "only text parts ({\"type\": \"text\", \"text\": ...}) are read by a summarizer, got a part of type "
+                "None")
             lone = b'{"model": "r@1", "messages": [{"role": "user", "content": "hi \\ud83d there"}]}'
             assert error(client.post("/v1/chat/completions", headers=key, content=lone), 400) == (
                 "bad request: the body escapes a lone UTF-16 surrogate (e.g. \\ud83d), which is no character: send "
@@ -927,7 +928,8 @@ def test_an_unexpected_failure_is_one_masked_line_in_the_log_not_uvicorns_unmask
             server.should_exit = True
             thread.join(10)
     assert reply.status_code == 500 and reply.json()["error"]["type"] == "server_error"
-    assert reply.json()["error"]["message"] == "internal error: APIConnectionError: Connection error to http://***@127.0.0.1:1/v1"
+    assert reply.json()["error"]["message"] == ("internal error: APIConnectionError: Connection error to "
+                                                "http://***@127.0.0.1:1/v1")
     logged = capfd.readouterr().err + caplog.text  # uvicorn's own handlers, and what pytest's capture took
     assert "summrl: POST /v1/chat/completions failed: APIConnectionError: Connection error to http://***@" in logged
     assert secret not in logged and "Traceback" not in logged and "Exception in ASGI application" not in logged

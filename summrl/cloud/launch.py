@@ -116,8 +116,8 @@ def preflight(config: Any, questions: Optional[QuestionCache] = None) -> list[st
                             "SkyPilot copies to the cluster: move (or copy) the documents into it")
         elif left_out := skyignored(path):
             problems.append(f"dataset.path={config.dataset.path} is in {left_out}, which .skyignore leaves out of "
-                            "what SkyPilot copies to the cluster (run outputs, environments, caches): move (or copy) the "
-                            "documents into another folder of the project")
+                            "what SkyPilot copies to the cluster (run outputs, environments, caches): move (or copy) "
+                            "the documents into another folder of the project")
         problems += questions_problems(config, questions or QuestionCache(config))
     online = getattr(config.logger, "kind", "none") == "wandb" and wandb_mode(config.logger) == "online"
     if online and not os.environ.get("WANDB_API_KEY"):

@@ -85,4 +85,5 @@ async def score_rubrics(client: JudgeClient, rubrics: Rubrics, summaries: Sequen
     # the default 1024 every reply was cut off, every group missing, each retry paid (the default below 200 scores)
     return await client.complete_json([{"role": "user", "content": prompt}],
                                       schema=list_schema("rubric_scores", row_schema, n),
-                                      max_tokens=max(1024, 8 * n * m + 64), check=lambda reply: check_scores(reply, n, m))
+                                      max_tokens=max(1024, 8 * n * m + 64),
+                                      check=lambda reply: check_scores(reply, n, m))

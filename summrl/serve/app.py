@@ -201,7 +201,8 @@ class Service:
                 try:
                     await self.maybe_reload()
                 except Exception as e:  # the next look tries again; requests keep being served
-                    log.error(redact_text(f"summrl: looking for a newer checkpoint failed: {type(e).__name__}: {e}")[:300])
+                    log.error(redact_text(f"summrl: looking for a newer checkpoint failed: {type(e).__name__}: "
+                                          f"{e}")[:300])
 
     async def maybe_reload(self) -> None:
         """Serve the step the config follows if training has written a newer one, between requests. A failed load

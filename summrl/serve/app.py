@@ -425,11 +425,14 @@ class Unexpected:
 
         try:
             await self.app(scope, receive, sending)
+            return
         except Exception as error:
             line = redact_text(" ".join(f"{type(error).__name__}: {error}".split()))[:300]
-            log.error(f"summrl: {scope.get('method')} {scope.get('path')} failed: {line}")
-            if not started:  # (a reply already begun, a stream, ends where it is)
-                await error_response(500, f"internal error: {line}")(scope, receive, send)
+        # logged and answered outside the except block: a handler that fails to write prints its own traceback, and
+        # inside the block that traceback went on with the error's, unmasked
+        log.error(f"summrl: {scope.get('method')} {scope.get('path')} failed: {line}")
+        if not started:  # (a reply already begun, a stream, ends where it is)
+            await error_response(500, f"internal error: {line}")(scope, receive, send)
 
 
 def build_app(service: Service) -> FastAPI:

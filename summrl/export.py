@@ -15,6 +15,7 @@ before any model loads.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -162,14 +163,10 @@ def export(config: ExportConfig, command: str) -> Path:
     # Written beside its place and moved in at the end: an interrupted export leaves no half folder at export.dir.
     work = config.dir.parent / f".{config.dir.name}.partial-{os.getpid()}"
     aside = config.dir.parent / f".{config.dir.name}.old-{os.getpid()}"  # the earlier export, until the new one is in
-    try:  # before the model loads
-        config.dir.parent.mkdir(parents=True, exist_ok=True)
-        held = hold_export(config.dir)
-    except OSError as e:
-        raise ConfigError(f"export.dir={config.dir}: can't write there ({e.strerror or e}: {e.filename or work}); "
-                          "choose a folder you can write") from None
-    with held:
-        try:
+    with contextlib.ExitStack() as held:  # the export's lock, until it is done
+        try:  # before the model loads
+            config.dir.parent.mkdir(parents=True, exist_ok=True)
+            held.enter_context(hold_export(config.dir))
             clean_leftovers(config.dir)
             work.mkdir()
         except OSError as e:

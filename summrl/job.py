@@ -176,10 +176,15 @@ def val_qa_settings(config: dict) -> dict[str, str]:
     return read
 
 
+def flat_reward_kinds(config: dict) -> set[str]:
+    """The kinds of a flat config's reward and of its terms."""
+    return {v for k, v in config.items() if REWARD_KIND.fullmatch(k)}
+
+
 def val_reward_reads(config: dict) -> set[str]:
     """The trainer settings the val reward reads: the length term trainer.max_words, RULER the summarizer's chat that
     its judge is shown (trainer.prompt, which may state max_words)."""
-    kinds = {v for k, v in config.items() if REWARD_KIND.fullmatch(k)}
+    kinds = flat_reward_kinds(config)
     return ({"trainer.max_words"} if kinds & {"length", "ruler"} else set()) | (
         {"trainer.prompt"} if "ruler" in kinds else set())
 
@@ -208,7 +213,7 @@ def scale_settings(config: dict, metric: str) -> dict[str, str]:
     if metric == "reward":
         keys |= {k for k in config if k.startswith("reward.") and not k.endswith(OPERATIONAL)}
         keys |= val_reward_reads(config)
-        if "qa" in {v for k, v in config.items() if REWARD_KIND.fullmatch(k)}:
+        if "qa" in flat_reward_kinds(config):
             keys |= set(QUESTION_KEYS)
     settings = {k: str(config[k]) for k in sorted(keys) if k in config}
     return {**settings, **(val_qa_settings(config) if metric == "qa_accuracy" else {}), **val_sampling(config)}

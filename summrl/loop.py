@@ -605,6 +605,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         history = record.val_history
         seed_everything(config.seed)
         t = config.trainer
+
         def before_questions(val: list[Document], train: list[Document]) -> None:  # what the split alone refuses
             check_same_val(config, record.earlier, val_digest(val))
             check_groups_fit(config, len(train), record.earlier)
@@ -616,10 +617,9 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                 record.update(dataset=with_failed_question_cost(record.earlier, spent))
             raise
         val, train_docs = splits.val, splits.train
-        check_same_val(config, record.earlier, splits.record.get("val_sha256"))
         record.update(dataset=with_earlier_question_cost(splits.record, record.earlier))
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
-        check_groups_fit(config, len(train_docs), record.earlier)
+        check_groups_fit(config, len(train_docs), record.earlier)  # again: the question check may have left fewer
         warn_short_run(config, len(train_docs))
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
         try:

@@ -100,8 +100,8 @@ async def load(config: Any, *, every_document: bool = False, val_only: bool = Fa
                before_questions: Optional[Callable[[list[Document], list[Document]], None]] = None) -> Splits:
     """(val, train) for ``config.dataset``, questions included. ``every_document``: every document as val, none as
     train (the benchmark's split=all); ``val_only``: only val needs questions (the benchmark). ``before_questions``
-    checks dataset=documents' split before any question is written (the check only removes documents): a refusal
-    known from the split came after the user had confirmed and paid for the questions. Raises DataError,
+    checks the val/train split (repliqa's, or dataset=documents' before any question is written: the question check
+    only removes documents, and a refusal known from the split came after the user had confirmed and paid for them). Raises DataError,
     ConfigError, QuestionsNotConfirmed, QuestionsFailed."""
     dataset = config.dataset
     if dataset.kind == "inbox":
@@ -110,6 +110,8 @@ async def load(config: Any, *, every_document: bool = False, val_only: bool = Fa
         if every_document:
             return Splits(all_documents(dataset), [], {"kind": "repliqa", "split": "all"})
         val, train = load_splits(dataset)
+        if before_questions is not None:
+            before_questions(val, train)
         return Splits(val, train, {"kind": "repliqa", "val": len(val), "train": len(train),
                                    "val_sha256": val_digest(val)})
     loaded = read_documents(config)

@@ -13,7 +13,9 @@ is trained twice and nothing is skipped. Each entry also keeps a hash of the las
 the val size: an inbox replaced or cut (archived, restored from an older copy) no longer has those lines where the
 watermark counts them, and is refused rather than having the documents recorded since skipped. The first
 ``dataset.val_size`` documents ever recorded are the run's val set for online learning (fixed as the inbox grows, and
-its size kept: a larger one would take documents already trained on into val) and are never trained on.
+its size kept: a larger one would take documents already trained on into val) and are never trained on; the
+watermark keeps their lines from the first online step on, so a val line emptied later does not pull the next document
+recorded, one already trained on, into val.
 """
 
 from __future__ import annotations
@@ -112,18 +114,20 @@ def read(run_dir: Any) -> InboxRead:
 
 def _watermark(run_dir: Any) -> dict:
     """The watermark file's fields: ``consumed`` (step -> lines), ``last_line`` (step -> the hash of the last line
-    consumed), ``val_size``; empty before the first online step. An unreadable watermark stops the run: read as empty,
-    it would train every recorded document again."""
+    consumed), ``val_size``, ``val_lines`` (:func:`val_lines`); empty before the first online step. An unreadable
+    watermark stops the run: read as empty, it would train every recorded document again."""
     path = inbox_dir(run_dir) / WATERMARK
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return {"consumed": {}, "last_line": {}, "val_size": None}
+        return {"consumed": {}, "last_line": {}, "val_size": None, "val_lines": None}
     try:
         saved = json.loads(raw)
+        val_lines = saved.get("val_lines")  # none before 2026-12-07
         return {"consumed": {int(k): int(v) for k, v in saved["consumed"].items()},
                 "last_line": {int(k): str(v) for k, v in saved.get("last_line", {}).items()},  # none before 2026-11-28
-                "val_size": None if saved.get("val_size") is None else int(saved["val_size"])}
+                "val_size": None if saved.get("val_size") is None else int(saved["val_size"]),
+                "val_lines": None if val_lines is None else [int(line) for line in val_lines]}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DataError(
             f"{path} is unreadable ({type(e).__name__}): it records which inbox documents this run has trained on. "
@@ -135,6 +139,26 @@ def _watermark(run_dir: Any) -> dict:
 def watermark(run_dir: Any) -> dict[int, int]:
     """Each checkpoint step's consumed inbox lines; empty before the first online step."""
     return _watermark(run_dir)["consumed"]
+
+
+def val_lines(run_dir: Any) -> Optional[list[int]]:
+    """The inbox lines of the online val set, as its first online step found them (None before it): a val line
+    emptied since (a secret scrubbed, as the refusal of a bad line advises) leaves val a document short, where the next
+    document recorded, one already trained on, took its place."""
+    return _watermark(run_dir)["val_lines"]
+
+
+def forget_after(run_dir: Any, step: int) -> None:
+    """Drop the entries past ``step``, the checkpoint a run resumes from: an online step that failed before its
+    checkpoint left one, and a run that then trained that step on other data (another dataset, allowed while the
+    failed run recorded nothing) made it count, skipping the documents it names at the next dataset=inbox run."""
+    try:
+        saved = _watermark(run_dir)
+    except DataError:  # the next dataset=inbox run refuses it, naming the fix; a run on other data goes on
+        return
+    if any(s > step for s in saved["consumed"]):
+        _write(run_dir, {s: c for s, c in saved["consumed"].items() if s <= step},
+               {s: h for s, h in saved["last_line"].items() if s <= step}, saved["val_size"], saved["val_lines"])
 
 
 def consumed_at(run_dir: Any, step: int) -> int:
@@ -151,17 +175,24 @@ def _line_hash(run_dir: Any, number: int) -> Optional[str]:
     return hashlib.sha256(lines[number]).hexdigest()[:16] if number < len(lines) - 1 else None  # a whole line
 
 
-def mark(run_dir: Any, step: int, consumed: int, val_size: Optional[int] = None) -> None:
+def mark(run_dir: Any, step: int, consumed: int, val_size: Optional[int] = None,
+         val: Optional[list[int]] = None) -> None:
     """Record (atomically) that reaching ``step`` consumes the inbox up to line ``consumed``; later entries, from a
-    crashed attempt, are dropped."""
+    crashed attempt, are dropped. ``val``: the val set's lines, kept from the first mark that gives them."""
     saved = _watermark(run_dir)
     marks = {s: c for s, c in saved["consumed"].items() if s < step}
     hashes = {s: h for s, h in saved["last_line"].items() if s < step}
     marks[step], hashes[step] = consumed, _line_hash(run_dir, consumed - 1)
+    _write(run_dir, marks, hashes, val_size if val_size is not None else saved["val_size"],
+           saved["val_lines"] if saved["val_lines"] is not None else val)
+
+
+def _write(run_dir: Any, marks: dict[int, int], hashes: dict[int, str], val_size: Optional[int],
+           val: Optional[list[int]]) -> None:
     write_json(inbox_dir(run_dir) / WATERMARK, {
         "consumed": {str(s): c for s, c in sorted(marks.items())},
         "last_line": {str(s): h for s, h in sorted(hashes.items()) if h is not None},
-        "val_size": val_size if val_size is not None else saved["val_size"]})
+        "val_size": val_size, **({"val_lines": sorted(val)} if val is not None else {})})
 
 
 def check_watermark(run_dir: Any, step: int, val_size: int) -> None:
@@ -202,6 +233,7 @@ class Online:
     new: list[tuple[Any, int]]  # (document, its line)
     start: int  # lines consumed at the step the run resumes from
     val_size: int  # dataset.val_size, kept in the watermark
+    val_lines: Optional[list[int]] = None  # the val documents' lines, kept in the watermark by the first online step
 
     def batches(self, step: int, size: int) -> list[Batch]:
         """``size`` documents a step, except that the parts of a split document (one inbox line) train in one step:
@@ -217,7 +249,7 @@ class Online:
         return out
 
     def before_step(self, batch: Batch) -> None:
-        mark(self.run_dir, batch.step + 1, batch.consumed, self.val_size)
+        mark(self.run_dir, batch.step + 1, batch.consumed, self.val_size, self.val_lines)
 
 
 def online(run_dir: Any, step: int, documents: list[Any], lines: dict[str, int], val_ids: set[str], val_size: int,
@@ -228,4 +260,5 @@ def online(run_dir: Any, step: int, documents: list[Any], lines: dict[str, int],
     start = consumed_at(run_dir, step)
     new = sorted(((d, lines[d.id]) for d in documents if d.id not in val_ids and lines[d.id] >= start),
                  key=lambda pair: pair[1])
-    return Online(Path(run_dir), new[:limit] if limit else new, start, val_size)
+    return Online(Path(run_dir), new[:limit] if limit else new, start, val_size,
+                  sorted({lines[i] for i in val_ids if i in lines}))

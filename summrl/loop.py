@@ -421,7 +421,8 @@ async def online_documents(config: Config, splits: Splits) -> tuple[Splits, Opti
                      "nothing)")
             said = True
         await asyncio.sleep(min(5.0, remaining))
-        splits = await load_documents(config)
+        # the questions written before the wait, paid for, are read from the cache at $0 now
+        splits = carry_question_cost(await load_documents(config), splits)
 
 
 def nothing_learned(config: Config, steps: list[int]) -> str:
@@ -513,6 +514,12 @@ def with_earlier_question_cost(dataset: dict, earlier: dict) -> dict:
     if not isinstance(questions, dict) or not spent:
         return dataset
     return {**dataset, "questions": {**questions, "cost_usd": questions.get("cost_usd", 0.0) + spent}}
+
+
+def carry_question_cost(splits: Splits, before: Splits) -> Splits:
+    """``splits`` read again, with what the questions of ``before`` (the same invocation's earlier read) cost."""
+    splits.record = with_earlier_question_cost(splits.record, {"dataset": before.record})
+    return splits
 
 
 def with_failed_question_cost(earlier: dict, spent: float) -> dict:
@@ -622,6 +629,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         check_groups_fit(config, len(train_docs), record.earlier)  # again: the question check may have left fewer
         warn_short_run(config, len(train_docs))
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
+        inbox.forget_after(config.run.dir, max(local_steps(model_dir(config) / "checkpoints"), default=0))
         try:
             splits, online = await online_documents(config, splits)  # dataset=inbox: the new documents, before loading
         except (KeyboardInterrupt, asyncio.CancelledError):
@@ -630,7 +638,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             raise
         if online is not None:
             val, train_docs = splits.val, splits.train
-            record.update(dataset=splits.record, online={"new_documents": len(online.new), "consumed_before": online.start})
+            record.update(dataset=with_earlier_question_cost(splits.record, record.earlier),
+                          online={"new_documents": len(online.new), "consumed_before": online.start})
             if len(online.new) < t.min_new_documents:
                 log.info(f"summrl: inbox: {len(online.new)} new document(s), fewer than trainer.min_new_documents="
                          f"{t.min_new_documents}: nothing to train (rerun when more have been recorded)")

@@ -33,6 +33,7 @@ from summrl.errors import ConfigError, ExpectedFailure
 from summrl.judges import build_judge, missing_keys
 from summrl.judges.cache import JsonCache
 from summrl.judges.client import REQUEST_COST, SPEND_GUARD, SpendStopped
+from summrl.storage import local_steps, model_dir
 from summrl.judges.questions import (Checked, QuestionBank, QuestionSettings, estimated_tokens, question_writer,
                                      totals)
 
@@ -149,7 +150,8 @@ async def load_inbox(config: Any) -> Splits:
     # any: one over it leaves val short, where the next one took its place, and another limit in a later run moved a
     # document already trained on into val.
     n_val = config.dataset.val_size
-    first = {d.id for d in documents[:n_val]}
+    kept = inbox.val_lines(config.run.dir)  # the val set the run's first online step kept
+    first = {d.id for d in documents[:n_val]} if kept is None else {i for i, line in lines.items() if line in kept}
     groups = by_source(loaded.documents)
     val = [d for g in groups if source_id(g[0].id) in first for d in g]
     train = [d for g in groups if source_id(g[0].id) not in first for d in g]
@@ -159,6 +161,11 @@ async def load_inbox(config: Any) -> Splits:
                         "limit, or set dataset.long_documents=split")
     if not val:
         return Splits([], [], {"kind": "inbox", "recorded": len(got.rows), "documents": 0}, lines={})
+    # what the run trained on by its latest checkpoint here needs no questions (inbox.online leaves it out): with
+    # reward=qa, every document ever recorded had its questions written, and paid for, at every online run. (A
+    # checkpoint restored from S3 later resumes at a later step: the documents between are still in train.)
+    done = inbox.consumed_at(config.run.dir, max(local_steps(model_dir(config) / "checkpoints"), default=0))
+    train = [d for d in train if lines[source_id(d.id)] >= done]
     splits = await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True),
                                   train_required=False)
     splits.record.update(kind="inbox", recorded=len(got.rows), cut_short=got.cut_short)

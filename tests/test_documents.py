@@ -630,6 +630,98 @@ def test_an_inbox_run_that_trains_nothing_keeps_the_runs_best_by_and_config(tmp_
         "seed": 42, "best_by": "val_qa_accuracy", "config": {"dataset": "repliqa_sample"}}
 
 
+def online_inbox(run, documents: int):
+    """A run folder whose inbox holds ``documents`` recorded documents d0, d1, ... (a fact each: the offline writer's
+    questions need one), and the config of a dataset=inbox run on it with reward=qa."""
+    from summrl import inbox
+
+    recorder = inbox.Recorder(run)
+    for i in range(documents):
+        recorder.record(f"d{i}", f"The council met on day {i + 10} and approved item {i + 20}.", 1)
+    return recorder, compose_config(["experiment=local", "dataset=inbox", "reward=qa", f"run.dir={run}",
+                                     "run.name=online", f"dataset.questions.cache_dir={run / 'q'}"])
+
+
+def test_an_inbox_run_writes_questions_only_for_documents_it_has_not_trained_on(tmp_path):
+    """With reward=qa every online run wrote, and paid for, the questions of every document ever recorded, those its
+    checkpoints had trained on included."""
+    from summrl import inbox
+    from summrl.splits import load_inbox
+    from summrl.storage import model_dir
+
+    _, config = online_inbox(tmp_path, 10)
+    inbox.mark(tmp_path, 3, 8, 4)  # step 3 trained d4-d7
+    (model_dir(config) / "checkpoints" / "0003").mkdir(parents=True)
+    splits = asyncio.run(load_inbox(config))
+    assert sorted(splits.record["questions"]["per_document"]) == ["d0", "d1", "d2", "d3", "d8", "d9"]
+    assert [d.id for d in splits.train] == ["d8", "d9"] and all(d.questions for d in splits.train)
+    online = inbox.online(tmp_path, 3, splits.train, splits.lines, {d.id for d in splits.val}, 4)
+    assert [d.id for d, _ in online.new] == ["d8", "d9"]
+    # a checkpoint restored from S3 after the read resumes later: the documents between are still there
+    shutil.rmtree(model_dir(config) / "checkpoints" / "0003")
+    assert [d.id for d in asyncio.run(load_inbox(config)).train] == [f"d{i}" for i in range(4, 10)]
+
+
+def test_an_inbox_val_line_emptied_after_online_learning_began_pulls_no_trained_document_into_val(tmp_path):
+    """The refusal of a bad inbox line says to empty it and keep it; a val line emptied so (a secret scrubbed) made
+    the next recorded document, one already trained on, a val document."""
+    from summrl import inbox
+    from summrl.splits import load_inbox
+
+    recorder, config = online_inbox(tmp_path, 8)
+    splits = asyncio.run(load_inbox(config))
+    online = inbox.online(tmp_path, 0, splits.train, splits.lines, {d.id for d in splits.val}, 4)
+    online.before_step(online.batches(0, 2)[0])  # step 1 trains d4, d5
+    assert inbox.val_lines(tmp_path) == [0, 1, 2, 3]
+    lines = recorder.path.read_bytes().split(b"\n")
+    lines[1] = b""
+    recorder.path.write_bytes(b"\n".join(lines))
+    splits = asyncio.run(load_inbox(config))
+    assert [d.id for d in splits.val] == ["d0", "d2", "d3"]
+    assert [d.id for d, _ in inbox.online(tmp_path, 1, splits.train, splits.lines, set(), 4).new] == ["d6", "d7"]
+
+
+def test_an_entry_a_failed_online_step_left_is_dropped_by_the_next_run_whatever_it_trains_on(tmp_path):
+    """An online step marks its entry before it trains. When it failed, a run of the same folder on other data
+    (allowed: the failed one recorded nothing) trained that step, and the next dataset=inbox run read the entry as
+    consumed and skipped its documents."""
+    from summrl import inbox
+    from summrl.errors import ConfigError
+    from summrl.job import RunRecord
+    from summrl.loop import train
+
+    _, config = online_inbox(tmp_path, 8)
+    inbox.mark(tmp_path, 1, 6, 4)  # the failed online step 1: d4, d5
+    with pytest.raises(ConfigError, match="algorithm.kl_penalty_reference_step=5"):  # refused once the step is known
+        asyncio.run(train(compose_config(["experiment=local", f"run.dir={tmp_path}", "run.name=online",
+                                          "algorithm=grpo_kl", "algorithm.kl_penalty_reference_step=5"]),
+                          RunRecord(tmp_path)))
+    assert inbox.watermark(tmp_path) == {}
+    splits = asyncio.run(load(config))
+    assert [d.id for d, _ in inbox.online(tmp_path, 1, splits.train, splits.lines, set(), 4).new][:2] == ["d4", "d5"]
+    inbox.mark(tmp_path, 1, 6, 4)
+    (tmp_path / "inbox" / "watermark.json").write_bytes(b"{")  # unreadable: a run on other data goes on
+    inbox.forget_after(tmp_path, 0)
+    assert (tmp_path / "inbox" / "watermark.json").read_bytes() == b"{"
+
+
+def test_an_inbox_run_keeps_what_the_runs_questions_cost_before(tmp_path):
+    """result.json's dataset.questions.cost_usd lost the earlier invocations' spend at every dataset=inbox run, and
+    a run that waited for documents lost what its own first read had paid."""
+    from summrl.job import RunRecord, read_result, write_result
+    from summrl.loop import carry_question_cost, train
+    from summrl.splits import Splits
+
+    write_result(tmp_path, {"status": "completed", "run_name": "online", "steps": 3, "best_by": "val_reward",
+                            "val_history": [{"step": 3, "val_reward": 0.5}],
+                            "dataset": {"kind": "inbox", "questions": {"cost_usd": 0.25}}})
+    _, config = online_inbox(tmp_path, 4)  # the val set only: nothing to train
+    assert asyncio.run(train(config, RunRecord(tmp_path))) is None
+    assert read_result(tmp_path)["dataset"]["questions"]["cost_usd"] == 0.25
+    first, again = (Splits([], [], {"questions": {"cost_usd": usd}}) for usd in (0.5, 0.0))
+    assert carry_question_cost(again, first).record["questions"]["cost_usd"] == 0.5
+
+
 def test_an_online_run_waits_for_documents_and_a_signal_while_it_waits_leaves_the_run_as_it_was(tmp_path):
     """trainer.wait_for_documents_s: with fewer new documents than trainer.min_new_documents, the run reads the inbox
     again until they come. A SIGTERM while it waited marked the run interrupted and said to resume, though that

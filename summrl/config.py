@@ -933,6 +933,10 @@ class SFTConfig:
     # Filter by the run's reward: keep those >= min_reward, or (min_reward null) the top_k of each document.
     min_reward: Optional[float] = None
     top_k: Optional[int] = 1
+    # A summary cut off at trainer.max_summary_tokens is not kept: an SFT sample is a finished turn, its end-of-turn
+    # token trained, so a cut one teaches the model to stop mid-sentence. true keeps them (a small model that never
+    # ends within the limit, e.g. experiment=sft_ablation_local's 64 tokens).
+    keep_cut_off: bool = False
     max_docs: Optional[int] = None  # collect from at most this many train documents (null: all)
     epochs: int = 1
     lr: float = 5e-5

@@ -539,9 +539,11 @@ RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "d
                       "dataset.long_documents", "reward.", "judge.kind", "judge.model", "judge.min_recall",
                       "trainer.prompt", "trainer.max_words", "trainer.val_rollouts_per_doc", "trainer.val_temperature",
                       "trainer.val_qa_max_chars", "trainer.val_qa_forbid_han",
-                      "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.")
+                      "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.", "sft.kind")
 # ART's iterate_dataset finds where a resume goes on from the step and groups_per_step: another group count went on
-# from another document, training some twice in the epoch and skipping others.
+# from another document, training some twice in the epoch and skipping others. sft.kind: a run trained with SFT
+# resumed without counted the SFT checkpoint as a GRPO step, and one trained without it resumed with it ran SFT on top
+# of its GRPO steps, then every GRPO step again.
 
 
 def check_resumed_as_trained(config: Config, record: RunRecord) -> None:
@@ -563,7 +565,8 @@ def check_resumed_as_trained(config: Config, record: RunRecord) -> None:
     # keys both configs have: a setting added or removed by another summrl version is not a change of the run's
     changed = [k for k in sorted(set(now) & set(earlier)) if fixed(k) and str(now[k]) != str(earlier[k])]
     # another option of a group (reward=qa, now length_penalized) is named as such, not by each of its settings
-    groups = [g for g in ("dataset", "model", "reward", "judge") if g in earlier and g in now and now[g] != earlier[g]]
+    groups = [g for g in ("dataset", "model", "reward", "judge", "sft")
+              if g in earlier and g in now and now[g] != earlier[g]]
     changed = groups + [k for k in changed if k.split(".")[0] not in groups]
     # trainer.val_temperature=null draws the val summaries at trainer.temperature: another one is other val draws
     # (where both records have the setting, as above)

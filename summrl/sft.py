@@ -5,7 +5,8 @@ any model loads or anything is paid), then :func:`warm_start` once, at step 0. C
 ``<run dir>/sft/``, each appended and fsynced as it happens:
 
 - ``summaries.jsonl``: every summary written (a teacher's reply, a policy sample) the moment it arrives, kept or
-  not, so that a crash or a rerun never asks for it again;
+  not, with its ``finish_reason`` ("length": cut off at trainer.max_summary_tokens), so that a crash or a rerun never
+  asks for it again;
 - ``samples.jsonl``: the kept samples, in ART's SFT chat format;
 - ``collected.jsonl``: one line per document done (scored and filtered), with every sample's reward;
 - ``teacher_usage.json``: the teacher's calls, tokens and $ over every invocation of the run.
@@ -88,6 +89,14 @@ def read_jsonl(path: Path) -> list[dict]:
     return jsonl_rows(path.read_text())  # a line cut off by a crash is skipped: what it held is asked for again
 
 
+def eligible(rewards: Sequence[Optional[float]], finishes: Sequence[Optional[str]], keep_cut_off: bool
+             ) -> list[Optional[float]]:
+    """The rewards ``keep`` may choose from: a summary cut off at max_tokens has none unless ``keep_cut_off``. An SFT
+    sample is a finished turn (its end-of-turn token is trained), so a cut one taught the model to stop mid-sentence;
+    GRPO trains only the tokens a rollout drew. A summary written before 2026-12-07 has no finish_reason: kept."""
+    return [None if finish == "length" and not keep_cut_off else reward for reward, finish in zip(rewards, finishes)]
+
+
 def keep(rewards: Sequence[Optional[float]], min_reward: Optional[float], top_k: Optional[int]) -> list[int]:
     """Indices of the samples to train on: every one >= min_reward, or else the top_k (missing rewards never)."""
     scored = [(r, i) for i, r in enumerate(rewards) if r is not None]
@@ -102,11 +111,11 @@ def collection_documents(config: Config, train_docs: Sequence[Document]) -> list
     return docs[: config.sft.max_docs] if config.sft.max_docs else docs
 
 
-def written_summaries(folder: Path) -> dict[str, dict[int, str]]:
-    """The summaries already on disk: document id -> {sample index: text}."""
-    written: dict[str, dict[int, str]] = {}
+def written_summaries(folder: Path) -> dict[str, dict[int, dict]]:
+    """The summaries already on disk: document id -> {sample index: its summaries.jsonl row}."""
+    written: dict[str, dict[int, dict]] = {}
     for row in read_jsonl(folder / SUMMARIES):
-        written.setdefault(row["document_id"], {})[int(row["index"])] = row["summary"]
+        written.setdefault(row["document_id"], {})[int(row["index"])] = row
     return written
 
 
@@ -161,8 +170,9 @@ class Teacher:
         now = self.client.usage
         return {key: self.earlier[key] + getattr(now, key) for key in USAGE_KEYS}
 
-    async def write(self, document: Document, index: int, burst: Optional[Burst] = None) -> str:
-        """``burst`` is for the embedded policy's batcher; a teacher's server batches as it will."""
+    async def write(self, document: Document, index: int, burst: Optional[Burst] = None) -> tuple[str, Optional[str]]:
+        """(the summary, its finish_reason). ``burst`` is for the embedded policy's batcher; a teacher's server
+        batches as it will."""
         t = self.trainer
         try:
             return await self.client.complete_text(SummaryPrompt.of(t).messages(document),
@@ -178,13 +188,13 @@ class Policy:
     def __init__(self, model: art.Model, config: Config) -> None:
         self.model, self.trainer, self.seed = model, config.trainer, config.seed
 
-    async def write(self, document: Document, index: int, burst: Optional[Burst] = None) -> str:
+    async def write(self, document: Document, index: int, burst: Optional[Burst] = None) -> tuple[str, Optional[str]]:
         t = self.trainer
         # Seeded like the loop's rollouts, and sent in bursts (``collect``) where the server reads them
         trajectory = await rollout(self.model, document, prompt=SummaryPrompt.of(t), max_tokens=t.max_summary_tokens,
                                    temperature=t.temperature, seed=sample_seed(self.seed, "sft", document.id, index),
                                    burst=burst)
-        return summary_of(trajectory)
+        return summary_of(trajectory), trajectory.messages_and_choices[-1].finish_reason
 
 
 # --------------------------------------------------------------------------- the cost guard
@@ -254,9 +264,10 @@ async def collect(config: Config, model: Optional[art.Model], reward: Any, train
         return [i for i in range(s.samples_per_doc) if i not in written.get(doc.id, {})]
 
     async def write(doc: Document, index: int, burst: Optional[Burst]) -> None:
-        text = await writer.write(doc, index, burst)
-        append_jsonl(folder / SUMMARIES, [{"document_id": doc.id, "index": index, "summary": text}])
-        written.setdefault(doc.id, {})[index] = text
+        text, finish = await writer.write(doc, index, burst)
+        row = {"document_id": doc.id, "index": index, "summary": text, "finish_reason": finish}
+        append_jsonl(folder / SUMMARIES, [row])
+        written.setdefault(doc.id, {})[index] = row
 
     async def one(doc: Document, burst: Optional[Burst] = None) -> None:
         async with parallel:
@@ -270,7 +281,8 @@ async def collect(config: Config, model: Optional[art.Model], reward: Any, train
                 # the client is the judges' one: its message says "judge <model>"
                 first_error.append(str(errors[-1]).replace("judge ", "teacher ", 1))
                 return
-            summaries = [written[doc.id][i] for i in range(s.samples_per_doc)]
+            rows = [written[doc.id][i] for i in range(s.samples_per_doc)]
+            summaries = [row["summary"] for row in rows]
             scores = await reward.score_group(doc, summaries)
         missing = [sc for sc in scores if isinstance(sc, Missing)]
         if missing:  # scored again by a rerun, from the summaries on disk
@@ -278,12 +290,14 @@ async def collect(config: Config, model: Optional[art.Model], reward: Any, train
             first_error.append(missing[0].error)
             return
         rewards = [sc.reward for sc in scores]
-        kept = keep(rewards, s.min_reward, s.top_k)
+        finishes = [row.get("finish_reason") for row in rows]
+        kept = keep(eligible(rewards, finishes, s.keep_cut_off), s.min_reward, s.top_k)
         samples = [{"messages": [*SummaryPrompt.of(config.trainer).messages(doc),
                                  {"role": "assistant", "content": summaries[i]}],
                     "metadata": {"document_id": doc.id, "reward": rewards[i]}} for i in kept]
         append_jsonl(folder / SAMPLES, samples)  # samples first: a document is done only once its samples are on disk
-        append_jsonl(folder / COLLECTED, [{"document_id": doc.id, "rewards": rewards, "kept": kept}])
+        append_jsonl(folder / COLLECTED, [{"document_id": doc.id, "rewards": rewards, "kept": kept,
+                                           "cut_off": [i for i, finish in enumerate(finishes) if finish == "length"]}])
         if backup is not None:
             await backup.save_sft()
 
@@ -321,7 +335,9 @@ def training_samples(config: Config) -> list[art.Trajectory]:
     by_doc: dict[str, list[dict]] = {}
     for row in read_jsonl(folder / SAMPLES):
         by_doc.setdefault(row["metadata"]["document_id"], []).append(row)
-    rows = [row for doc_id, n in kept.items() if n for row in by_doc.get(doc_id, [])[-n:]]
+    # by document id, not in the order the documents finished (a teacher's or judge's latency, a resumed collection):
+    # the epochs' shuffle, seeded, then trains the same batches in every run
+    rows = [row for doc_id, n in sorted(kept.items()) if n for row in by_doc.get(doc_id, [])[-n:]]
     return [art.Trajectory(messages_and_choices=row["messages"], reward=row["metadata"]["reward"] or 0.0)
             for row in rows]
 
@@ -336,13 +352,17 @@ async def warm_start(config: Config, model: art.TrainableModel, reward: Any, tra
     samples = training_samples(config)
     rewards = [r for row in collected for r in row["rewards"] if r is not None]
     record.update(documents=len(collected), samples_collected=sum(len(row["rewards"]) for row in collected),
-                  samples_kept=len(samples),
+                  samples_cut_off=sum(len(row.get("cut_off", ())) for row in collected), samples_kept=len(samples),
                   mean_reward_collected=sum(rewards) / len(rewards) if rewards else None,
                   mean_reward_kept=sum(t.reward for t in samples) / len(samples) if samples else None)
     if not samples:  # every document was scored (failures raise above): the filter kept none
+        cut = record["samples_cut_off"]
         raise SFTError(f"sft: no sample passed the filter (sft.min_reward={s.min_reward}, sft.top_k={s.top_k}) out of "
-                       f"{record['samples_collected']} scored (best {max(rewards, default=float('nan')):.3f}): lower "
-                       "sft.min_reward, or use sft.min_reward=null sft.top_k=1")
+                       f"{record['samples_collected']} scored (best {max(rewards, default=float('nan')):.3f}"
+                       + (f"; {cut} cut off at trainer.max_summary_tokens={config.trainer.max_summary_tokens} and not "
+                          "kept: raise it, or set sft.keep_cut_off=true to train them as finished summaries" if cut
+                          and not s.keep_cut_off else "")
+                       + "): lower sft.min_reward, or use sft.min_reward=null sft.top_k=1")
     epochs = []
     for epoch in range(s.epochs):
         order = list(samples)
@@ -359,7 +379,10 @@ async def warm_start(config: Config, model: art.TrainableModel, reward: Any, tra
     await model.log(split="train", step=record["step"], metrics={
         "sft/samples_kept": float(record["samples_kept"]), "sft/samples_collected": float(record["samples_collected"]),
         "sft/teacher_calls": float(record["teacher_calls"]), "sft/teacher_cost_usd": float(record["teacher_cost_usd"])})
-    log.info(f"summrl: sft: {record['samples_kept']} of {record['samples_collected']} samples kept "
+    cut_note = (f", {record['samples_cut_off']} cut off at trainer.max_summary_tokens and "
+                f"{'kept as finished (sft.keep_cut_off)' if s.keep_cut_off else 'not kept'}"
+                if record["samples_cut_off"] else "")
+    log.info(f"summrl: sft: {record['samples_kept']} of {record['samples_collected']} samples kept{cut_note} "
              f"(mean reward {record['mean_reward_kept']:.3f} vs {record['mean_reward_collected']:.3f} collected), "
              f"{s.epochs} epoch(s) in {record['train_s']}s -> step {record['step']}")
     if stopped:

@@ -506,7 +506,7 @@ def test_a_signal_while_sft_trains_keeps_its_checkpoint_with_the_stages_whole_re
 
     run_dir = tmp_path / "run"
     process = tiny_training(["-c", SAVING_SLOWLY], tiny_weights, run_dir, "sftstop", 3, "sft=best_of_n",
-                            "sft.max_docs=2")
+                            "sft.max_docs=2", "sft.keep_cut_off=true")
     for line in process.stdout:
         if line == "saving\n":  # SFT's checkpoint, the run's first
             process.send_signal(signal.SIGINT)
@@ -849,6 +849,20 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
     with pytest.raises(ConfigError, match=r"trained with reward=qa \(now length_penalized\): its checkpoints"):
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "reward=length_penalized"]),
                                  RunRecord(tmp_path, JobInfo(choices={"reward": "length_penalized"})))
+    # SFT added or dropped: dropped, the SFT checkpoint counted as a GRPO step; added, SFT ran on top of the GRPO steps
+    # and every GRPO step ran again (found by this stop's SFT audit)
+    with pytest.raises(ConfigError, match=r"trained with sft.kind=none \(now best_of_n\): its checkpoints"):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "sft=best_of_n"]),
+                                 RunRecord(tmp_path))
+    best_of_n = JobInfo(choices={"sft": "best_of_n"})
+    write_result(tmp_path, {**earlier, "config": flat_config(compose_config(["experiment=local", "run.name=r",
+                                                                               "sft=best_of_n"]), best_of_n)})
+    with pytest.raises(ConfigError, match=r"trained with sft=best_of_n \(now none\): its checkpoints"):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r"]),
+                                 RunRecord(tmp_path, JobInfo(choices={"sft": "none"})))
+    check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "sft=best_of_n", "sft.epochs=2"]),
+                             RunRecord(tmp_path, best_of_n))  # the stage's other settings: SFT is never redone
+    write_result(tmp_path, earlier)
     assert json.loads((tmp_path / "result.json").read_text()) == json.loads(json.dumps(earlier))  # untouched
     # a setting another summrl version added (or removed) is no change of the run's
     record = RunRecord(tmp_path)

@@ -207,8 +207,8 @@ def test_free_text_calls_retry_like_json_ones_and_are_never_cached(fake, secret_
     teacher = client(fake, cache_dir=str(tmp_path))
     messages = [{"role": "user", "content": "Summarize the document."}]
     ask = lambda: asyncio.run(teacher.complete_text(messages, max_tokens=32, temperature=1.0, check=non_empty))  # noqa: E731
-    assert ask() == "A summary." and teacher.usage.retries == 2
-    assert ask() == "Another." and len(fake.requests) == 4 and teacher.usage.cached_calls == 0
+    assert ask() == ("A summary.", "stop") and teacher.usage.retries == 2
+    assert ask()[0] == "Another." and len(fake.requests) == 4 and teacher.usage.cached_calls == 0
     fake.script = [Reply("")] * 4
     with pytest.raises(JudgeError, match="failed after 4 attempt.*an empty summary") as failed:
         ask()

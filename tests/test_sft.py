@@ -168,6 +168,35 @@ def test_distill_collects_teacher_summaries_in_art_chat_format_and_never_calls_t
         assert len(lines(tmp_path / "sft" / COLLECTED)) == 3
 
 
+def test_a_summary_cut_off_at_max_tokens_is_not_kept_unless_sft_keep_cut_off(tmp_path):
+    """A cut-off summary was kept as a finished turn, its end-of-turn token trained: at experiment=sft_ablation_local's
+    64 tokens 31 of 32 summaries were cut, and every kept one ended mid-sentence (found by this stop's SFT audit)."""
+    from summrl.sft import COLLECTED, SUMMARIES, SFTError, collect, training_samples, warm_start
+    from summrl.testing import FakeLLM, Reply
+
+    cut, whole = Reply("The council met and approved", finish_reason="length"), Reply("The council met.")
+    with FakeLLM() as server:
+        server.script = [cut, whole]
+        config = distill_config(tmp_path / "one", server, "sft.max_docs=1", "sft.teacher.max_concurrency=1")
+        asyncio.run(collect(config, None, lexical_reward(config), train_split(config)))
+        folder = tmp_path / "one" / "sft"
+        assert sorted(row["finish_reason"] for row in lines(folder / SUMMARIES)) == ["length", "stop"]
+        assert [t.messages_and_choices[-1]["content"] for t in training_samples(config)] == ["The council met."]
+        assert [len(row["cut_off"]) for row in lines(folder / COLLECTED)] == [1]
+
+        server.script = [cut, cut]
+        config = distill_config(tmp_path / "all", server, "sft.max_docs=1")
+        with pytest.raises(SFTError, match=r"out of 2 scored \(best .*; 2 cut off at trainer.max_summary_tokens=\d+ "
+                                           r"and not kept: raise it, or set sft.keep_cut_off=true"):
+            asyncio.run(warm_start(config, None, lexical_reward(config), train_split(config)))
+
+        server.script = [cut, cut]
+        config = distill_config(tmp_path / "kept", server, "sft.max_docs=1", "sft.keep_cut_off=true")
+        asyncio.run(collect(config, None, lexical_reward(config), train_split(config)))
+        assert [t.messages_and_choices[-1]["content"] for t in training_samples(config)] == [
+            "The council met and approved"]
+
+
 def test_best_of_n_sends_each_wave_of_documents_as_one_burst_to_the_embedded_server(tmp_path):
     """The embedded batcher makes the same generate calls from a burst however its rows arrive (README "What a seed
     fixes"): the policy's SFT samples go out groups_per_step documents at a time, their rows tagged as one burst.
@@ -524,7 +553,9 @@ def kill_train_once_written(args: list[str], path, lines: int) -> None:
 def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tmp_path, tiny_weights):
     """A real SIGKILL once the first documents are on disk; the rerun skips them and runs both stages."""
     run_dir = tmp_path / "run"
-    args = ["experiment=local", tiny_weights, "sft=best_of_n", "sft.samples_per_doc=2", "sft.max_docs=6", "trainer.groups_per_step=1",
+    # (8 tokens cut every summary off: kept, as this test is of the collection's resume)
+    args = ["experiment=local", tiny_weights, "sft=best_of_n", "sft.samples_per_doc=2", "sft.max_docs=6",
+            "sft.keep_cut_off=true", "trainer.groups_per_step=1",
             "trainer.max_steps=1", "trainer.max_summary_tokens=8", "trainer.rollouts_per_group=2",
             "trainer.val_rollouts_per_doc=1", "dataset.val_size=1", "run.name=sft-e2e", f"hydra.run.dir={run_dir}"]
     collected = run_dir / "sft" / "collected.jsonl"
@@ -633,3 +664,24 @@ def test_only_the_last_attempt_of_a_document_is_trained_on(tmp_path):
     append_jsonl(folder / SAMPLES, [sample("b", "b rerun")])
     append_jsonl(folder / COLLECTED, [{"document_id": "b", "rewards": [0.5], "kept": [0]}])
     assert [t.messages_and_choices[-1]["content"] for t in training_samples(config)] == ["rerun", "b rerun"]
+
+
+def test_the_samples_train_in_one_order_whatever_order_their_documents_finished_in(tmp_path):
+    """collected.jsonl is in the order documents finished (a teacher's or judge's latency, a resumed collection), and
+    the samples went to the seeded shuffle in that order: one seed trained other batches from run to run (found by
+    this stop's SFT audit)."""
+    from summrl.sft import COLLECTED, SAMPLES, append_jsonl, training_samples
+
+    config = compose_config(["experiment=local", "sft=best_of_n", f"run.dir={tmp_path}"])
+    contents = []
+    for order in (["b", "a", "c"], ["c", "b", "a"]):
+        folder = tmp_path / "sft"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        for doc in order:
+            append_jsonl(folder / SAMPLES, [{"messages": [{"role": "user", "content": doc},
+                                                          {"role": "assistant", "content": f"{doc} summary"}],
+                                             "metadata": {"document_id": doc, "reward": 0.5}}])
+            append_jsonl(folder / COLLECTED, [{"document_id": doc, "rewards": [0.5], "kept": [0]}])
+        contents.append([t.messages_and_choices[-1]["content"] for t in training_samples(config)])
+    assert contents == [["a summary", "b summary", "c summary"]] * 2

@@ -309,12 +309,20 @@ class JudgeClient:
         return await self._with_retries(messages, params, parse)
 
     async def complete_text(self, messages: list[dict], *, max_tokens: int, temperature: float,
-                            check: Optional[Callable[[str], Any]] = None) -> Any:
+                            check: Optional[Callable[[str], Any]] = None) -> tuple[Any, Optional[str]]:
         """One chat call whose reply is free text (a teacher's summary), with the same retries, counting and
         redaction as a judge's JSON call. Not cached: at temperature > 0 each call is a new sample. ``check`` may
-        raise ReplyShapeError (e.g. an empty reply) to have the call retried."""
+        raise ReplyShapeError (e.g. an empty reply) to have the call retried. Returns (the checked text, the reply's
+        finish_reason: "length" where max_tokens cut it)."""
         params = {"temperature": temperature, "max_tokens": max_tokens}
-        return await self._with_retries(messages, params, check or (lambda text: text))
+        check = check or (lambda text: text)
+
+        async def attempt() -> tuple[Any, Optional[str]]:
+            async with self._semaphore:
+                response = await self._response(messages, params)
+            return check(response.choices[0].message.content or ""), response.choices[0].finish_reason
+
+        return await self.retrying(attempt)
 
     async def _with_retries(self, messages: list[dict], params: dict, parse: Callable[[str], Any]) -> Any:
         async def attempt() -> Any:
@@ -363,6 +371,18 @@ class JudgeClient:
                              kind=type(last).__name__) from None
 
     async def _call(self, messages: list[dict], params: dict) -> str:
+        response = await self._response(messages, params)
+        text = response.choices[0].message.content or ""
+        if params.get("response_format") and response.choices[0].finish_reason == "length":
+            try:  # (one that ended exactly at the limit is whole)
+                json.loads(_strip_fences(text), strict=False)
+            except ValueError:
+                raise ReplyCutOff(f"the reply was cut off at max_tokens={params.get('max_tokens')} before its JSON "
+                                  f"ended ({len(text)} characters)") from None
+        return text
+
+    async def _response(self, messages: list[dict], params: dict) -> Any:
+        """One call, counted and priced."""
         import litellm
 
         response = await litellm.acompletion(
@@ -376,14 +396,7 @@ class JudgeClient:
         )
         self.usage.calls += 1
         self.account(response)
-        text = response.choices[0].message.content or ""
-        if params.get("response_format") and response.choices[0].finish_reason == "length":
-            try:  # (one that ended exactly at the limit is whole)
-                json.loads(_strip_fences(text), strict=False)
-            except ValueError:
-                raise ReplyCutOff(f"the reply was cut off at max_tokens={params.get('max_tokens')} before its JSON "
-                                  f"ended ({len(text)} characters)") from None
-        return text
+        return response
 
     def account(self, response: Any) -> float:
         """A response's tokens and litellm's price, into this client's usage and the caller's own (REQUEST_COST)."""

@@ -8,7 +8,8 @@ any model loads or anything is paid), then :func:`warm_start` once, at step 0. C
   not, with its ``finish_reason`` ("length": cut off at trainer.max_summary_tokens), so that a crash or a rerun never
   asks for it again;
 - ``samples.jsonl``: the kept samples, in ART's SFT chat format;
-- ``collected.jsonl``: one line per document done (scored and filtered), with every sample's reward;
+- ``collected.jsonl``: one line per document done (scored and filtered), with every sample's reward and the filter
+  applied (another one on a rerun filters the document again, its latest line counting);
 - ``teacher_usage.json``: the teacher's calls, tokens and $ over every invocation of the run.
 
 A document whose teacher calls fail after their retries, or whose scores are missing (the judge failed), stays
@@ -75,7 +76,7 @@ def saved_record(config: Config) -> dict:
 def record_after_stop(config: Config, step: int) -> dict:
     """The record of an SFT stage whose checkpoint (``step``) was saved but whose run stopped before the record was
     written (Ctrl-C, a kill): the checkpoint is SFT's, so SFT is not trained again (it was, a second pass on top)."""
-    collected = read_jsonl(sft_dir(config) / COLLECTED)
+    collected = collected_rows(sft_dir(config))
     record = {"kind": config.sft.kind, "step": step, "documents": len(collected),
               "samples_kept": len(training_samples(config)),
               "note": "the run stopped after SFT trained, before this record was written: rebuilt from sft/"}
@@ -95,6 +96,11 @@ def eligible(rewards: Sequence[Optional[float]], finishes: Sequence[Optional[str
     sample is a finished turn (its end-of-turn token is trained), so a cut one taught the model to stop mid-sentence;
     GRPO trains only the tokens a rollout drew. A summary written before 2026-12-07 has no finish_reason: kept."""
     return [None if finish == "length" and not keep_cut_off else reward for reward, finish in zip(rewards, finishes)]
+
+
+def collected_rows(folder: Path) -> list[dict]:
+    """Each collected document's latest line of collected.jsonl (a document filtered again has several)."""
+    return list({row["document_id"]: row for row in read_jsonl(folder / COLLECTED)}.values())
 
 
 def keep(rewards: Sequence[Optional[float]], min_reward: Optional[float], top_k: Optional[int]) -> list[int]:
@@ -208,7 +214,7 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
     if s.kind != "distill" or saved_record(config):
         return
     folder = sft_dir(config)
-    done = {row["document_id"] for row in read_jsonl(folder / COLLECTED)}
+    done = {row["document_id"] for row in collected_rows(folder)}
     written = written_summaries(folder)
     pending = {d.id: s.samples_per_doc - len(written.get(d.id, {}))
                for d in collection_documents(config, train_docs) if d.id not in done}
@@ -249,11 +255,37 @@ async def collect(config: Config, model: Optional[art.Model], reward: Any, train
     folder = sft_dir(config)
     folder.mkdir(parents=True, exist_ok=True)
     docs = collection_documents(config, train_docs)
-    done = {row["document_id"] for row in read_jsonl(folder / COLLECTED)}
-    pending = [d for d in docs if d.id not in done]
+    collected = {row["document_id"]: row for row in collected_rows(folder)}
+    pending = [d for d in docs if d.id not in collected]
     log.info(f"summrl: sft collection ({s.kind}): {len(docs) - len(pending)} of {len(docs)} documents already collected")
     writer = Teacher(config) if s.kind == "distill" else Policy(model, config)
     written = written_summaries(folder)
+    applied = {"min_reward": s.min_reward, "top_k": s.top_k, "keep_cut_off": s.keep_cut_off}
+
+    def kept_samples(doc: Document, rewards: list[Optional[float]], rows: list[dict]) -> None:
+        """The filter applied to a scored document: its kept samples, then its line (the document is done)."""
+        finishes = [row.get("finish_reason") for row in rows]
+        kept = keep(eligible(rewards, finishes, s.keep_cut_off), s.min_reward, s.top_k)
+        samples = [{"messages": [*SummaryPrompt.of(config.trainer).messages(doc),
+                                 {"role": "assistant", "content": rows[i]["summary"]}],
+                    "metadata": {"document_id": doc.id, "reward": rewards[i]}} for i in kept]
+        append_jsonl(folder / SAMPLES, samples)  # samples first: a document is done only once its samples are on disk
+        append_jsonl(folder / COLLECTED, [{"document_id": doc.id, "rewards": rewards, "kept": kept, "filter": applied,
+                                           "cut_off": [i for i, finish in enumerate(finishes) if finish == "length"]}])
+
+    # A document collected under another filter (sft.min_reward, top_k, keep_cut_off) is filtered again from its
+    # rewards and summaries on disk, calling nothing: the fix the "no sample passed" error gives (lower min_reward,
+    # rerun) had met the same frozen choice, and only a new run.name, paying for the summaries again, got past it.
+    refiltered = 0
+    for doc in docs:
+        row = collected.get(doc.id)
+        rows = [written.get(doc.id, {}).get(i) for i in range(len(row["rewards"]))] if row else []
+        if row and row.get("filter") != applied and rows and all(rows):
+            kept_samples(doc, row["rewards"], rows)
+            refiltered += 1
+    if refiltered:
+        log.info(f"summrl: sft: {refiltered} collected document(s) filtered again with sft.min_reward={s.min_reward}, "
+                 f"sft.top_k={s.top_k}, sft.keep_cut_off={s.keep_cut_off} (from the rewards and summaries on disk)")
     # best_of_n: a few documents at a time, so the embedded endpoint batches their rollouts
     parallel = asyncio.Semaphore(s.teacher.max_concurrency if s.kind == "distill" else config.trainer.groups_per_step)
     failed: dict[str, str] = {}  # document id -> what failed, e.g. "teacher RateLimitError"
@@ -289,15 +321,7 @@ async def collect(config: Config, model: Optional[art.Model], reward: Any, train
             failed[doc.id] = f"judge {missing[0].kind}"
             first_error.append(missing[0].error)
             return
-        rewards = [sc.reward for sc in scores]
-        finishes = [row.get("finish_reason") for row in rows]
-        kept = keep(eligible(rewards, finishes, s.keep_cut_off), s.min_reward, s.top_k)
-        samples = [{"messages": [*SummaryPrompt.of(config.trainer).messages(doc),
-                                 {"role": "assistant", "content": summaries[i]}],
-                    "metadata": {"document_id": doc.id, "reward": rewards[i]}} for i in kept]
-        append_jsonl(folder / SAMPLES, samples)  # samples first: a document is done only once its samples are on disk
-        append_jsonl(folder / COLLECTED, [{"document_id": doc.id, "rewards": rewards, "kept": kept,
-                                           "cut_off": [i for i, finish in enumerate(finishes) if finish == "length"]}])
+        kept_samples(doc, [sc.reward for sc in scores], rows)
         if backup is not None:
             await backup.save_sft()
 
@@ -331,7 +355,7 @@ def training_samples(config: Config) -> list[art.Trajectory]:
     """The kept samples of the documents recorded as done. A crash between a document's samples and its line in
     collected.jsonl leaves samples of an attempt that a rerun redoes: only each document's last attempt counts."""
     folder = sft_dir(config)
-    kept = {row["document_id"]: len(row["kept"]) for row in read_jsonl(folder / COLLECTED)}
+    kept = {row["document_id"]: len(row["kept"]) for row in collected_rows(folder)}
     by_doc: dict[str, list[dict]] = {}
     for row in read_jsonl(folder / SAMPLES):
         by_doc.setdefault(row["metadata"]["document_id"], []).append(row)
@@ -348,7 +372,7 @@ async def warm_start(config: Config, model: art.TrainableModel, reward: Any, tra
     Returns the record for ``result.json``'s ``sft``; the SFT checkpoint is the model's next step."""
     s = config.sft
     record: dict[str, Any] = {"kind": s.kind, **await collect(config, model, reward, train_docs, backup)}
-    collected = read_jsonl(sft_dir(config) / COLLECTED)
+    collected = collected_rows(sft_dir(config))
     samples = training_samples(config)
     rewards = [r for row in collected for r in row["rewards"] if r is not None]
     record.update(documents=len(collected), samples_collected=sum(len(row["rewards"]) for row in collected),

@@ -257,7 +257,7 @@ def test_a_failed_model_call_leaves_its_row_undone_for_the_rerun_and_never_shows
         assert len(fake.requests) == 3
     assert sorted(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary.", "Another summary."]
     printed, errors = capsys.readouterr(), said(caplog, logging.ERROR)
-    assert "could not be made or scored" in errors and "rerun the same command" in errors
+    assert "could not be made or scored" in errors and "run the same command to retry only those" in errors
     assert "sk-secret-77" not in printed.out + printed.err + caplog.text
     assert "sk-secret-77" not in "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.suffix != ".png")
 
@@ -929,3 +929,70 @@ def test_every_summary_line_is_over_the_documents_every_line_scored():
     assert whole.left_out.tolist() == [0, 0] and "every line scored" not in markdown(whole)
     apart = summarize(pd.DataFrame(rows("a", {"d1": 0.2}) + rows("b", {"d2": 0.4})))
     assert apart.documents.tolist() == [1, 1] and "not comparable" in markdown(apart)
+
+
+def test_a_benchmark_whose_name_defaulted_says_to_resume_with_that_name(tmp_path):
+    """benchmark.name defaults to the time it started: "rerun the same command" began a new folder and paid for every
+    row again (found by this stop's benchmark audit)."""
+    from summrl.benchmark.config import same_command
+
+    with FakeLLM() as fake:
+        fake.script = [Reply(status=400)] * 4
+        result = run_benchmark_cli(["experiment=local", "judge=lexical", "dataset.val_size=2",
+                                    "benchmark.rollouts_per_doc=1", "benchmark.max_retries=0",
+                                    "benchmark.confirm=false", f"benchmark.models=[{fake_model(fake)}]",
+                                    f"hydra.run.dir={tmp_path / 'out'}"], timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert re.search(r"run the same command with benchmark.name=\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d to retry only "
+                     r"those", result.stderr), result.stderr[-3000:]
+    config = compose_benchmark(["experiment=local", "benchmark.name=mine"], tmp_path)
+    assert same_command(config, ["experiment=local", "benchmark.name=mine"]) == "the same command"
+
+
+def test_a_resumed_folder_takes_other_operational_settings_and_refuses_another_embedded_judge(tmp_path):
+    """The folder's identity held the question budget and caches, so raising dataset.questions.max_cost_usd refused
+    the resume; and it held nothing of the embedded judge's model, so another model= judged the same folder's rows
+    (found by this stop's benchmark audit)."""
+    from summrl.benchmark.runner import IDENTITY_FILE, check_identity, identity, record_identity
+
+    documents = ["experiment=local", "judge=lexical", "dataset=documents", f"dataset.path={tmp_path}"]
+    record_identity(tmp_path / "own", check_identity(tmp_path / "own", compose_benchmark(documents, tmp_path)))
+    check_identity(tmp_path / "own", compose_benchmark([*documents, "dataset.questions.max_cost_usd=5",
+                                                        "dataset.questions.confirm=false"], tmp_path))
+    with pytest.raises(ConfigError, match=r"another dataset \(dataset.questions: .*\"per_document\": 3"):
+        check_identity(tmp_path / "own", compose_benchmark([*documents, "dataset.questions.per_document=3"], tmp_path))
+    base = ["experiment=local", "judge=embedded"]
+    record_identity(tmp_path, check_identity(tmp_path, compose_benchmark(base, tmp_path)))
+    check_identity(tmp_path, compose_benchmark([*base, "judge.timeout_s=5", "judge.cache_dir=null",
+                                                "judge.max_concurrency=2"], tmp_path))
+    other = compose_benchmark([*base, "model.weights=null", "model.base_model=HuggingFaceTB/SmolLM2-360M-Instruct"],
+                              tmp_path)
+    with pytest.raises(ConfigError, match=r"holds rows scored with another judge \(judge.policy_model: .*SmolLM2-360M"):
+        check_identity(tmp_path, other)
+    saved = json.loads((tmp_path / IDENTITY_FILE).read_text())
+    del saved["judge"]["policy_model"]  # a folder recorded before the judge's model was
+    (tmp_path / IDENTITY_FILE).write_text(json.dumps(saved))
+    check_identity(tmp_path, other)
+    assert "policy_model" not in identity(compose_benchmark(["experiment=local", "judge=lexical"], tmp_path))["judge"]
+
+
+def test_a_misspelled_judge_or_rubrics_it_cannot_read_stop_the_benchmark_before_any_call(tmp_path, monkeypatch,
+                                                                                       repliqa_parquet):
+    """Training's preflight refused both; the benchmark bought the models' summaries first, then every judge call
+    failed (a misspelled judge.model) or the run crashed with a traceback (rubrics judge=lexical can't read)."""
+    from summrl.benchmark.config import check_keys
+    from tests.conftest import repliqa_rows
+
+    monkeypatch.setenv("GEMINI_API_KEY", "planted")
+    with pytest.raises(ConfigError, match=r"^judge.model=gemini-2.5-flsh: litellm can't tell which provider serves it"):
+        check_keys(compose_benchmark(["experiment=local", "judge=gemini_flash", "judge.model=gemini-2.5-flsh"],
+                                     tmp_path))
+    data = [{**r, "positive_rubrics": ["Keeps the cost."]} for r in repliqa_rows(4)]
+    with FakeLLM() as fake:
+        config = compose_benchmark(["experiment=local", "judge=lexical", "reward=rubric", "dataset.val_size=2",
+                                    "dataset.train_size=2",
+                                    f"dataset.files=[{repliqa_parquet(rows=data)}]", "benchmark.confirm=false",
+                                    f"benchmark.models=[{fake_model(fake)}]"], tmp_path / "out")
+        with pytest.raises(ConfigError, match=r"judge=lexical scores rubrics lexically and can't read"):
+            asyncio.run(run(config))
+        assert fake.requests == []

@@ -273,3 +273,26 @@ def test_cli_lists_what_a_local_gpu_run_lacks_in_a_second(tmp_path, monkeypatch)
     assert result.stderr.startswith("summrl: preflight error: this run can't start yet:")
     assert "pip install -e '.[gpu]'" in result.stderr and "BACKUP_BUCKET" in result.stderr
     assert not (tmp_path / "art").exists()
+
+
+def test_step_0_is_served_from_any_checkpoint_on_disk_not_only_those_benchmarked(tmp_path):
+    """benchmark.steps=[0] of a run whose only checkpoint is 4 (no step 0: restored from S3) raised FileNotFoundError:
+    the zero adapter was made only from the steps chosen (found by this stop's benchmark audit)."""
+    import types
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from summrl.backends.serving import LocalGPUServer
+    from summrl.checkpoints import TrainedRun
+
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "0004").mkdir(parents=True)
+    save_file({"x.lora_A.weight": torch.ones(2, 2), "x.lora_B.weight": torch.ones(2, 2)},
+              str(checkpoints / "0004" / "adapter_model.safetensors"))
+    (checkpoints / "0004" / "adapter_config.json").write_text("{}")
+    run = TrainedRun(run_dir=tmp_path, name="r", checkpoints_dir=checkpoints, steps=[0])
+    config = types.SimpleNamespace(model=types.SimpleNamespace(chat_template_kwargs={}),
+                                   backend=types.SimpleNamespace(max_model_len=None))
+    zero = load_file(str(LocalGPUServer(config, run)._zero_adapter() / "adapter_model.safetensors"))
+    assert zero["x.lora_B.weight"].abs().sum() == 0 and zero["x.lora_A.weight"].sum() == 4

@@ -685,3 +685,31 @@ def test_the_samples_train_in_one_order_whatever_order_their_documents_finished_
             append_jsonl(folder / COLLECTED, [{"document_id": doc, "rewards": [0.5], "kept": [0]}])
         contents.append([t.messages_and_choices[-1]["content"] for t in training_samples(config)])
     assert contents == [["a summary", "b summary", "c summary"]] * 2
+
+
+def test_a_rerun_with_another_filter_filters_the_collected_documents_again_calling_nothing(tmp_path, caplog):
+    """The filter was applied once, as each document was collected: after "no sample passed the filter ... lower
+    sft.min_reward", a rerun with a lower one met the same empty choice, and only a new run.name, paying for every
+    summary again, got past it (found by this stop's SFT audit)."""
+    import logging
+
+    from summrl.sft import COLLECTED, SUMMARIES, append_jsonl, collect, collected_rows, collection_documents
+    from summrl.sft import training_samples
+
+    caplog.set_level(logging.INFO, logger="summrl")
+    args = ["experiment=local", "judge=lexical", "sft=best_of_n", "sft.samples_per_doc=2", "sft.max_docs=1",
+            f"run.dir={tmp_path}"]
+    config = compose_config([*args, "sft.min_reward=0.95", "sft.top_k=null"])
+    doc = collection_documents(config, train_split(config))[0]
+    folder = tmp_path / "sft"
+    folder.mkdir()
+    append_jsonl(folder / SUMMARIES, [{"document_id": doc.id, "index": i, "summary": text, "finish_reason": "stop"}
+                                      for i, text in enumerate(["First.", "Second."])])
+    append_jsonl(folder / COLLECTED, [{"document_id": doc.id, "rewards": [0.5, 0.8], "kept": []}])  # min_reward=0.95
+    assert training_samples(config) == []
+    lower = compose_config([*args, "sft.min_reward=0.6", "sft.top_k=null"])
+    for _ in range(2):  # the second rerun, with the same filter, filters nothing again
+        asyncio.run(collect(lower, None, lexical_reward(lower), train_split(lower)))
+    assert [t.messages_and_choices[-1]["content"] for t in training_samples(lower)] == ["Second."]
+    assert len(lines(folder / COLLECTED)) == 2 and len(collected_rows(folder)) == 1
+    assert caplog.text.count("1 collected document(s) filtered again with sft.min_reward=0.6") == 1

@@ -18,7 +18,7 @@ from typing import Any, Optional, Protocol
 
 from summrl.backends import internal_config
 from summrl.backends.embedded.compute import compute
-from summrl.checkpoints import TrainedRun
+from summrl.checkpoints import TrainedRun, checkpoint_steps
 
 
 class CheckpointServer(Protocol):
@@ -130,8 +130,8 @@ class LocalGPUServer:
 
         if self._base is not None:
             return self._base
-        source = next((self.run.checkpoint(s) for s in [*reversed(self.run.steps), 0]
-                       if (self.run.checkpoint(s) / "adapter_model.safetensors").is_file()), None)
+        # any checkpoint on disk, not only those benchmarked: benchmark.steps=[0] of a run with checkpoint 4 alone
+        source = next((self.run.checkpoint(s) for s in reversed(checkpoint_steps(self.run.checkpoints_dir))), None)
         if source is None:
             raise FileNotFoundError(f"{self.run.checkpoints_dir}: no checkpoint's adapter to serve step 0 with")
         self._base = Path(tempfile.mkdtemp(prefix="summrl-step0-"))

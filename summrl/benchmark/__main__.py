@@ -17,16 +17,18 @@ from omegaconf import DictConfig
 from dotenv import load_dotenv
 
 from summrl import cli
-from summrl.benchmark.config import check_keys, check_trainer_overrides, validate_benchmark
+from summrl.benchmark.config import check_keys, check_trainer_overrides, same_command, validate_benchmark
 from summrl.errors import Failure, end, exit_on, run_async, stop_signal
 from summrl.job import task_overrides
 
 
 @hydra.main(config_path="../../conf", config_name="benchmark", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    rerun = "the same command"
     try:
         check_trainer_overrides(task_overrides(HydraConfig.get()))
         config = validate_benchmark(cfg, dict(HydraConfig.get().runtime.choices))
+        rerun = same_command(config, task_overrides(HydraConfig.get()))
         load_dotenv()  # keys may live in .env; they are read from the environment, never from config
         check_keys(config)
         os.environ.setdefault("TQDM_DISABLE", "1")
@@ -34,10 +36,10 @@ def main(cfg: DictConfig) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
         from summrl.benchmark.runner import run  # heavy (torch, ART, litellm): only once the config is good
 
-        status = run_async(run(config))
+        status = run_async(run(config, rerun=rerun))
     except KeyboardInterrupt:  # Ctrl-C: every row scored so far is in rows.csv, and a rerun skips it
         end(Failure("interrupted", f"benchmark {cfg.benchmark.name} stopped ({stop_signal()}); the rows scored so far "
-                                   "are kept: run the same command to resume"))
+                                   f"are kept: run {rerun} to resume"))
     except Exception as e:
         exit_on(e)
     sys.exit(status)

@@ -413,6 +413,9 @@ def check_keys(config: BenchmarkConfig) -> None:
     """Every key a paid model or judge needs, before anything is loaded or called."""
     for name in missing_keys(config.judge):
         raise ConfigError(f"judge={config.choices.get('judge') or config.judge.kind} needs {name}: export it or put it in .env")
+    if config.judge.kind == "litellm":  # a misspelled judge failed at its first call, the models' summaries bought
+        for problem in unknown_provider(config.judge, "judge"):
+            raise ConfigError(problem)
     for i, entry in enumerate(config.benchmark.models):
         model = entry.model if isinstance(entry, BestOfNEntry) else entry
         if model is None:
@@ -424,3 +427,11 @@ def check_keys(config: BenchmarkConfig) -> None:
             other = "" if model.api_key_env else " (or name another with the entry's api_key_env)"
             raise ConfigError(f"benchmark.models: {entry.label} needs {' or '.join(missing)}: export it or put it in "
                               f".env{other}")
+
+
+def same_command(config: BenchmarkConfig, overrides: list[str]) -> str:
+    """How to resume or retry: the same command, plus benchmark.name where it defaulted to the time the benchmark
+    started (rerun as it was typed, a new folder began, and every row was paid for again)."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return ("the same command" if "benchmark.name" in given
+            else f"the same command with benchmark.name={config.benchmark.name}")

@@ -31,7 +31,7 @@ from summrl.errors import ConfigError, first_line
 from summrl.facts import hallucinates
 from summrl.job import append_jsonl, jsonl_rows, write_json
 from summrl.judges import build_judge, embedded_endpoint
-from summrl.rewards import Missing, build_reward
+from summrl.rewards import Missing, build_reward, check_documents
 from summrl.rewards.ruler import RulerReward
 from summrl.secrets import redact_text
 from summrl.prompt import PROMPT_BEFORE_THE_OPTION, SummaryPrompt, word_count
@@ -299,22 +299,43 @@ IDENTITY_FILE = "benchmark.json"
 GENERATED_FILE = "generated.jsonl"  # summaries paid for and not yet scored (rows.KeptSummaries)
 
 
+# Settings of how rows are made, not of what they are: a folder resumes under other values of them (a longer timeout,
+# a new cache folder, another budget for the questions, the key in another variable).
+OPERATIONAL = {"judge": ("max_concurrency", "timeout_s", "max_retries", "retry_base_s", "retry_max_s", "cache_dir",
+                         "api_key_env"),
+               "reward": ("cache_dir",), "questions": ("confirm", "max_cost_usd", "cache_dir")}
+
+
+def comparable(record: dict) -> dict:
+    """An identity (``identity``, or a folder's ``benchmark.json``) without its operational settings."""
+    out = json.loads(json.dumps(record))
+    for section in ("judge", "reward"):
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k not in OPERATIONAL[section]}
+    questions = (out.get("dataset") or {}).get("questions") if isinstance(out.get("dataset"), dict) else None
+    if isinstance(questions, dict):
+        out["dataset"]["questions"] = {k: v for k, v in questions.items() if k not in OPERATIONAL["questions"]}
+    return out
+
+
 def identity(config: BenchmarkConfig) -> dict:
     """What makes rows comparable: the same documents, prompt, sampling, judge and reward."""
-    operational = {"max_concurrency", "timeout_s", "max_retries", "retry_base_s", "retry_max_s", "cache_dir"}
     t = config.trainer
     dataset = asdict(config.dataset)
     if config.benchmark.split == "all":  # every document: the split sizes play no part
         dataset = {k: v for k, v in dataset.items() if k not in ("train_size", "val_size")} | {"split": "all"}
     elif dataset.get("val_size") != "all":  # val is the first val_size of the shuffle, whatever train_size is
         dataset.pop("train_size", None)
-    return {
+    judge = asdict(config.judge)
+    if config.judge.kind in ("embedded", "local"):  # the policy's base model judges: another model= is another judge
+        judge["policy_model"] = {"base_model": config.model.base_model, "weights": config.model.weights}
+    return comparable({
         "dataset": dataset,
         "prompt": {"style": t.prompt, "max_words": t.max_words, "max_summary_tokens": t.max_summary_tokens,
                    "temperature": t.temperature},
-        "judge": {k: v for k, v in asdict(config.judge).items() if k not in operational},
+        "judge": judge,
         "reward": asdict(config.reward),
-    }
+    })
 
 
 def sources(config: BenchmarkConfig) -> dict[str, dict]:
@@ -345,7 +366,9 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> Optional[dict]:
     mine = json.loads(json.dumps(identity(config)))
     labels = json.loads(json.dumps(sources(config)))
     if path.exists():
-        saved = json.loads(path.read_text())
+        saved = comparable(json.loads(path.read_text()))
+        if isinstance(saved.get("judge"), dict) and "policy_model" in mine["judge"]:
+            saved["judge"].setdefault("policy_model", mine["judge"]["policy_model"])  # not recorded before 2026-12-07
         if isinstance(saved.get("prompt"), dict):  # written before trainer.prompt
             saved["prompt"] = {"style": PROMPT_BEFORE_THE_OPTION, **saved["prompt"]}
         if isinstance(saved.get("dataset"), dict) and "train_size" not in mine["dataset"]:
@@ -424,11 +447,13 @@ def with_failed_spend(table: Any, path: Path) -> Any:
 # ------------------------------------------------------------------ main
 
 
-async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
-    """The whole benchmark. Returns the exit status: 0, 1 (some rows failed; rerun to retry), 3 (not confirmed)."""
+async def run(config: BenchmarkConfig, stdin=sys.stdin, rerun: str = "the same command") -> int:
+    """The whole benchmark. Returns the exit status: 0, 1 (some rows failed; ``rerun`` retries them), 3 (not
+    confirmed)."""
     out_dir = Path(config.benchmark.output_dir)
     identity_record = check_identity(out_dir, config)
     val = (await load_documents(config, every_document=config.benchmark.split == "all", val_only=True)).val
+    check_documents(config, val)  # what the reward needs from the data (as training checks it), before any call
     store = RowStore(out_dir / "rows.csv")
     jobs = plan(config, val, store)
     total = len(jobs) * len(val) * config.benchmark.rollouts_per_doc
@@ -450,7 +475,7 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin) -> int:
             where = "" if step is None else f" step {step}"
             log.error(f"summrl: {label}{where}: {count} x {redact_text(error)}")
         log.error(f"summrl: {len(failures)} summaries could not be made or scored (the reasons above, and in "
-                  f"{FAILURES_FILE}); rerun the same command to retry only those")
+                  f"{FAILURES_FILE}); run {rerun} to retry only those")
         return 1
     return 0
 

@@ -90,7 +90,9 @@ class LiteLLMSource:
             # one answers every unanswerable question); the row stays undone, and its cost is counted apart. A
             # checkpoint's empty summary is scored.
             raise SummaryError(f"{self.model}: an empty reply (finish_reason={response.choices[0].finish_reason}); "
-                               "a reasoning model needs more of trainer.max_summary_tokens", 1, cost)
+                               "a reasoning model needs more of trainer.max_summary_tokens (rows are asked with "
+                               "one value per folder: raise it with a new benchmark.name, or benchmark such a model "
+                               "on its own)", 1, cost)
         return Summary(text=text, model_calls=1, model_cost_usd=cost)
 
 

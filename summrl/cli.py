@@ -39,7 +39,7 @@ def run(main: Callable[[], object]) -> NoReturn:
         # so that needs Python's handler (and asyncio's, which it installs only over Python's). Otherwise a SIGTERM
         # during an update was ignored, and at other times raised wherever the main thread was (a __del__ drops it).
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if PRINTS_CONFIG.intersection(arg.split("=", 1)[0] for arg in sys.argv[1:]):  # --cfg job, --cfg=job
+    if any(prints_config(arg) for arg in sys.argv[1:]):
         sys.stdout = _Redacted(sys.stdout)
     try:
         try:
@@ -65,6 +65,16 @@ def run(main: Callable[[], object]) -> NoReturn:
 # Hydra's flags that print the config (``--cfg job --resolve`` with its interpolations resolved, ``${oc.env:...}``
 # among them) or help made from it, before summrl sees the config
 PRINTS_CONFIG = {"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i"}
+
+
+def prints_config(arg: str) -> bool:
+    """``arg`` is one of PRINTS_CONFIG as argparse reads it: ``--cfg job``, ``--cfg=job``, a short flag with its value
+    attached (``-cjob``) or a long one cut to any unambiguous prefix (``--cf job``, ``--inf``). Those two printed
+    the keys unmasked. (``-cp``/``-cn``, Hydra's config path and name, match too: their output is masked, harmless.)"""
+    flag = arg.split("=", 1)[0]
+    if flag.startswith("--"):
+        return len(flag) > 2 and any(name.startswith(flag) for name in PRINTS_CONFIG if name.startswith("--"))
+    return flag[:2] in PRINTS_CONFIG
 
 
 class _Redacted:

@@ -55,10 +55,19 @@ def load_config(cfg: DictConfig) -> Config:
     if hydra_cfg.mode == RunMode.MULTIRUN:
         # Unnamed, a sweep's jobs are named for its folder: ${now} is read as each job starts, so each job had its own
         # time, and no one run.name resumed them all.
-        base = config.run.name if "run.name" in _given(hydra_cfg) else JobInfo.from_hydra().sweep
+        base = config.run.name if _named(cfg) else JobInfo.from_hydra().sweep
         config.run.name = f"{base}-{hydra_cfg.job.num}"
     check_folder_holds_this_run(config, hydra_cfg)
     return config
+
+
+def _named(cfg: DictConfig) -> bool:
+    """run.name was set (on the command line or in a config file such as an experiment preset), not left to
+    conf/train.yaml's ``${now:...}``: a preset's name was replaced by the sweep folder's in a multirun."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(cfg.run, resolve=False).get("name")
+    return not (isinstance(raw, str) and raw.startswith("${now:"))
 
 
 def _given(hydra_cfg) -> set[str]:

@@ -774,6 +774,13 @@ def test_cfg_job_resolve_prints_the_config_with_its_keys_masked(entry, tmp_path)
     shown = {"train": ("  dir: null", "api_base: http://127.0.0.1:9/***"),
              "benchmark": ("  output_dir: null", "name: n***")}[entry]
     assert all(line in result.stdout for line in shown), result.stdout
+    if entry == "train":  # argparse's other spellings printed the key unmasked (found by this stop's config audit)
+        for spelled in (["-cjob", "--resolve"], ["--cf", "job", "--resolve"]):
+            other = subprocess.run([sys.executable, "-m", "summrl.train", override, *spelled], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=120,
+                                   env={**os.environ, "GEMINI_API_KEY": "planted-gemini-cfg-7c1"})
+            assert other.returncode == 0 and shown[1] in other.stdout, other.stderr[-2000:]
+            assert "planted-gemini-cfg-7c1" not in other.stdout + other.stderr
     # null set by hand in a run: refused naming the setting to use, not a TypeError's traceback later
     null = {"train": ["experiment=local", "run.dir=null"], "benchmark": ["benchmark.output_dir=null", "benchmark.models=[]"]}
     refused = subprocess.run([sys.executable, "-m", f"summrl.{entry}", *null[entry], f"hydra.run.dir={tmp_path}"],
@@ -782,3 +789,16 @@ def test_cfg_job_resolve_prints_the_config_with_its_keys_masked(entry, tmp_path)
     assert refused.stderr.strip().splitlines()[-1].startswith(
         {"train": "summrl: config error: run.dir=null: the run folder is Hydra's output folder; set hydra.run.dir=<folder>",
          "benchmark": "summrl: config error: benchmark.output_dir: null; it is Hydra's output folder"}[entry])
+
+
+def test_a_run_name_set_in_a_preset_names_a_sweeps_jobs():
+    """A multirun named its jobs for the sweep folder unless run.name was on the command line: a preset's own
+    run.name (an experiment's YAML) was replaced without a word (found by this stop's config audit)."""
+    from omegaconf import OmegaConf
+
+    from summrl.config import compose
+    from summrl.train import _named
+
+    assert not _named(compose("train", ["experiment=local", "run.dir=x"]))  # conf/train.yaml's ${now:...}
+    assert _named(compose("train", ["experiment=local", "run.dir=x", "run.name=mine"]))
+    assert _named(OmegaConf.create({"run": {"name": "myablation"}}))  # as a preset's YAML sets it

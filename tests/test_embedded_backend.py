@@ -483,6 +483,56 @@ def test_a_burst_missing_rows_runs_without_them_and_says_so(monkeypatch, caplog)
         batcher.close()
 
 
+def test_untagged_requests_arriving_steadily_do_not_hold_an_incomplete_burst_back(monkeypatch):
+    """The burst's wait restarted at every arrival: requests less than BURST_WAIT_S apart (a judge, a chat client) kept
+    the batch open for ever, and nothing was generated (found by this stop's server audit)."""
+    from summrl.backends.embedded import server
+    from summrl.backends.embedded.engine import Completion, SamplingParams
+
+    class Engine:
+        def generate(self, prompts, params, use_lora=True, seeds=None, rows=None):
+            return [Completion([1], [0.0], "stop", len(p)) for p in prompts]
+
+    monkeypatch.setattr(server, "BURST_WAIT_S", 0.5)
+    batcher = server.Batcher(Engine(), max_batch_size=64, window_s=0.01)
+
+    async def burst_then_traffic():
+        lone = asyncio.ensure_future(batcher.enqueue([1], SamplingParams(max_tokens=1), True, 1,
+                                                     server.Burst(id="val", size=2)))  # its second row never comes
+        started = time.monotonic()
+        while not lone.done() and time.monotonic() - started < 5:
+            asyncio.ensure_future(batcher.enqueue([2], SamplingParams(max_tokens=1), True, None))
+            await asyncio.sleep(0.2)
+        return lone.done(), time.monotonic() - started
+
+    try:
+        done, waited = asyncio.run(burst_then_traffic())
+        assert done and waited < 2, waited
+    finally:
+        batcher.close()
+
+
+def test_a_json_row_that_ends_early_does_not_fail_the_rows_batched_with_it(loop, session):
+    """A grammar-constrained row that ended before the others (its own max_tokens) was padded with EOS, which
+    xgrammar's processor fed to its matcher mid-JSON: its assert failed the call, and every request batched with it
+    got a 500 (found by this stop's server audit)."""
+    backend, model, _, _ = session
+    client = model.openai_client()
+
+    def ask(max_tokens: int, seed: int):
+        return client.chat.completions.create(
+            model=backend.model_config.base_model, messages=[{"role": "user", "content": "Name a color as JSON."}],
+            max_tokens=max_tokens, seed=seed, response_format={"type": "json_object"})
+
+    async def both():
+        return await asyncio.gather(ask(2, 1), ask(24, 2))
+
+    short, long = loop.run_until_complete(both())
+    assert short.choices[0].finish_reason == "length" and len(long.choices[0].message.content) > 0
+    alone = loop.run_until_complete(ask(24, 2))
+    assert alone.choices[0].message.content == long.choices[0].message.content
+
+
 def test_endpoint_checks_key_and_model_name(session):
     backend, model, _, _ = session
     url = f"{model.inference_base_url}/chat/completions"

@@ -559,7 +559,7 @@ def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weig
             assert "4 new inbox documents, 1 step(s) from step 3" in first.stdout
             last = hashlib.sha256((run_copy / "inbox" / "documents.jsonl").read_bytes().split(b"\n")[7]).hexdigest()
             assert json.loads((run_copy / "inbox" / "watermark.json").read_text()) == {
-                "consumed": {"4": 8}, "last_line": {"4": last[:16]}, "val_size": 4}
+                "consumed": {"4": 8}, "last_line": {"4": last[:16]}, "val_size": 4, "val_lines": [0, 1, 2, 3]}
             # online val is its own val set and reward: step 3 scored again on it, and best compares like with like
             # (it compared RULER on the inbox with QA on the original val split)
             online_record = json.loads((run_copy / "result.json").read_text())

@@ -341,6 +341,36 @@ class Rows:
     # a row that had ended), as it is drawn: streamed replies
 
 
+class RowGrammar:
+    """xgrammar's logits processor for transformers (one grammar matcher a row), fed only the tokens rows drew.
+
+    A row that ends before the others (its own max_tokens, a stop sequence, its client gone) is padded with the pad
+    token, EOS for SmolLM2; xgrammar's own processor gave that pad to the row's matcher, which mid-JSON refuses it:
+    its assert failed the generate call, and every request batched with that row got a 500."""
+
+    def __init__(self, compiled: Any, rows: int) -> None:
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        self.matchers = [xgr.GrammarMatcher(compiled) for _ in range(rows)]
+        self.bitmask = xgr.allocate_token_bitmask(rows, compiled.tokenizer_info.vocab_size)
+        self.drawn: Optional[torch.Tensor] = None  # set by the decode loop: the rows that drew their last token
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for row, matcher in enumerate(self.matchers):
+            if self.drawn is not None and self.drawn[row] and not matcher.is_terminated():
+                if not matcher.accept_token(int(input_ids[row, -1])):  # drawn under this mask: a bug if refused
+                    raise RuntimeError(f"row {row}: the grammar refused a token drawn under its own mask")
+            if not matcher.is_terminated():
+                matcher.fill_next_token_bitmask(self.bitmask, row)
+        if scores.device.type in ("cpu", "cuda"):  # xgrammar masks in place on these two only
+            self.xgr.apply_token_bitmask_inplace(scores, self.bitmask.to(scores.device))
+            return scores
+        masked = scores.to("cpu")
+        self.xgr.apply_token_bitmask_inplace(masked, self.bitmask)
+        return masked.to(scores.device)
+
+
 class Engine:
     """Owns the model. ``lock`` serializes generation and training: weights change between steps only."""
 
@@ -510,9 +540,7 @@ class Engine:
         cache, prefix = self._prefill(unique, row_of, width, params.max_tokens)
         processors = LogitsProcessorList()
         if params.response_format:
-            from xgrammar.contrib.hf import LogitsProcessor as GrammarProcessor
-
-            processors.append(GrammarProcessor(self.grammar(params.response_format)))
+            processors.append(RowGrammar(self.grammar(params.response_format), len(prompts)))
         if params.temperature > 0 and params.temperature != 1.0:  # 0: greedy; 1: the logits as they are
             processors.append(TemperatureLogitsWarper(params.temperature))
         if params.temperature > 0 and params.top_p < 1.0:
@@ -634,6 +662,9 @@ class Engine:
             scores = processors(input_ids, logits.clone()) if processors else logits
             picked = sample(scores) if sample is not None else scores.argmax(-1)
             picked = torch.where(running, picked, pad)  # a finished row is padded, as generate() pads it
+            for processor in processors:
+                if isinstance(processor, RowGrammar):
+                    processor.drawn = running.clone()  # the rows whose next input is their own token
             # under the model's own distribution: the sampler's normalizer when it drew from the logits as they are
             norm = sample.log_norm if sample is not None and scores is logits else torch.logsumexp(logits, dim=-1)
             logprobs.append((logits.gather(1, picked[:, None]).squeeze(1) - norm).float())

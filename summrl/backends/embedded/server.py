@@ -130,9 +130,13 @@ class Batcher:
         with the 100 ms window, so its summaries, and the val reward, changed from run to run. A tagged burst is
         therefore collected whole."""
         batch, start = [first], time.monotonic()
+        # an incomplete burst waits BURST_WAIT_S from its own rows' latest arrival: counted from any arrival, a steady
+        # stream of untagged requests (a judge, a chat client) held the burst, and itself, back for ever
+        burst_seen = start
         while True:
             waiting = _incomplete_bursts(batch)
-            timeout = BURST_WAIT_S if waiting else min(self.window_s, start + MAX_WAIT_S - time.monotonic())
+            now = time.monotonic()
+            timeout = burst_seen + BURST_WAIT_S - now if waiting else min(self.window_s, start + MAX_WAIT_S - now)
             try:
                 item = self.queue.get(timeout=timeout) if timeout > 0 else self.queue.get_nowait()
             except queue.Empty:
@@ -144,6 +148,8 @@ class Batcher:
             if item is None:
                 return batch, True
             batch.append(item)
+            if item.burst is not None:
+                burst_seen = time.monotonic()
         return batch, False
 
     def _run(self) -> None:

@@ -1330,8 +1330,10 @@ def check_val_qa(reward: Any, trainer: TrainerConfig) -> None:
     for key in ("max_chars", "forbid_han"):
         value, default = getattr(trainer, f"val_qa_{key}"), getattr(TrainerConfig, f"val_qa_{key}")
         # reward=length_penalized keeps its base's defaults: other base settings need reward=weighted
+        # a weighted reward's term holds only the keys its YAML gives: ++ sets the key whether it is there or not
         fix = (f"compose reward=weighted with its QA term's +{path}.{key}={value}"
-               if getattr(reward, "as_given", None) else f"set {path}.{key}")
+               if getattr(reward, "as_given", None) else
+               f"set {'++' if path.startswith('reward.terms.') else ''}{path}.{key}={value}")
         _require(value in (default, getattr(term, key)), f"trainer.val_qa_{key}",
                  f"is {value}, but val QA is the reward's QA term, with {path}.{key}={getattr(term, key)}: {fix} "
                  f"(or leave trainer.val_qa_{key} out)")
@@ -1401,6 +1403,14 @@ def check(config: Config) -> None:
         _require(r <= VLLM_LORA_RANKS[-1], "model.lora.r",
                  f"is {r}, but vLLM (backend=local_gpu, or skypilot's GPU) serves LoRA ranks up to "
                  f"{VLLM_LORA_RANKS[-1]}: set model.lora.r<={VLLM_LORA_RANKS[-1]}, or use backend=embedded")
+        # summrl sets vLLM's max_lora_rank from r; one given in engine_args wins, and vLLM refuses it when it starts
+        for at, args in (("model.engine_args", config.model.engine_args), (f"{gpu.at}.engine_args", gpu.engine_args)):
+            rank = (args or {}).get("max_lora_rank")
+            if rank is not None:
+                _require(rank in VLLM_LORA_RANKS and rank >= r, f"{at}.max_lora_rank",
+                         f"is {rank}, but vLLM serves only ranks {', '.join(map(str, VLLM_LORA_RANKS))} and this "
+                         f"adapter's is model.lora.r={r}: leave it out (summrl sets it from model.lora.r), or set one "
+                         f"of those at or above {r}")
         summary = config.trainer.max_summary_tokens
         for key, length in (("max_model_len", gpu.max_model_len), ("max_seq_length", gpu.max_seq_length)):
             _require(length is None or length > summary, f"{gpu.at}.{key}",

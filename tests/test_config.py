@@ -226,6 +226,12 @@ def test_bad_values_name_the_key(override, message):
     (["sft=best_of_n", "sft.min_reward=0.5", "sft.top_k=3"],  # top_k was dropped without a word
      r"sft.top_k: is 3, but sft.min_reward=0.5 keeps every sample at or above it and top_k is not used"),
     (["sft=best_of_n", "sft.lr=inf"], r"sft.lr: must be a finite number, got inf"),
+    # vLLM refused the adapter only when its runtime started, on a rented GPU (found by this stop's config audit)
+    (["backend=local_gpu", "judge=lexical", "storage.enabled=false", "model.lora.r=32",
+      "+backend.engine_args.max_lora_rank=16"], r"backend.engine_args.max_lora_rank: is 16, but vLLM serves only ranks "
+                                                r"1, 8, .* model.lora.r=32: leave it out"),
+    (["backend=local_gpu", "judge=lexical", "storage.enabled=false", "+model.engine_args.max_lora_rank=12"],
+     r"model.engine_args.max_lora_rank: is 12"),
     # vLLM refused every rollout past its context only once the model had loaded on a (rented) GPU
     (["backend=local_gpu", "judge=lexical", "backend.max_model_len=512", "trainer.max_summary_tokens=1000"],
      r"backend.max_model_len: 512 tokens leave no room for the prompt beside trainer.max_summary_tokens \(1000\)"),

@@ -414,6 +414,11 @@ def test_val_qa_of_a_reward_without_a_qa_term_reads_the_trainer_val_qa_settings(
     with pytest.raises(ConfigError, match=r"trainer.val_qa_max_chars: is 100, but val QA is the reward's QA term, "
                                           r"with reward.max_chars=3000: set reward.max_chars"):
         compose_config(["experiment=local", "reward=qa", "trainer.val_qa_max_chars=100"])
+    # a weighted reward's term holds only its YAML's keys: the fix named works whether the key is there or not
+    with pytest.raises(ConfigError, match=r"set \+\+reward.terms.qa.max_chars=100 ") as refused:
+        compose_config(["experiment=local", "reward=qa_rubric", "trainer.val_qa_max_chars=100"])
+    fix = re.search(r"(\+\+reward\S+)", str(refused.value)).group(1)
+    assert compose_config(["experiment=local", "reward=qa_rubric", fix, "trainer.val_qa_max_chars=100"])
     # reward=length_penalized has no key for its base's settings: the fix it names can be set
     with pytest.raises(ConfigError, match=r"compose reward=weighted with its QA term's "
                                           r"\+reward.terms.qa.forbid_han=False") as refused:

@@ -76,12 +76,24 @@ def saved_record(config: Config) -> dict:
 def record_after_stop(config: Config, step: int) -> dict:
     """The record of an SFT stage whose checkpoint (``step``) was saved but whose run stopped before the record was
     written (Ctrl-C, a kill): the checkpoint is SFT's, so SFT is not trained again (it was, a second pass on top)."""
-    collected = collected_rows(sft_dir(config))
-    record = {"kind": config.sft.kind, "step": step, "documents": len(collected),
-              "samples_kept": len(training_samples(config)),
+    record = {"kind": config.sft.kind, "step": step, **collected_figures(config),
               "note": "the run stopped after SFT trained, before this record was written: rebuilt from sft/"}
     write_json(sft_dir(config) / RECORD, record)
     return record
+
+
+def collected_figures(config: Config) -> dict[str, Any]:
+    """What ``sft/`` holds: documents, samples collected, cut off and kept, their mean rewards, and the teacher's
+    calls, retries and $ over every invocation (a record rebuilt after a stop lacked all but the counts)."""
+    folder = sft_dir(config)
+    collected, samples, usage = collected_rows(folder), training_samples(config), teacher_usage(folder)
+    rewards = [r for row in collected for r in row["rewards"] if r is not None]
+    return {"documents": len(collected), "samples_collected": sum(len(row["rewards"]) for row in collected),
+            "samples_cut_off": sum(len(row.get("cut_off", ())) for row in collected), "samples_kept": len(samples),
+            "mean_reward_collected": sum(rewards) / len(rewards) if rewards else None,
+            "mean_reward_kept": sum(t.reward for t in samples) / len(samples) if samples else None,
+            "teacher_calls": int(usage["calls"]), "teacher_retries": int(usage["retries"]),
+            "teacher_cost_usd": usage["cost_usd"]}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -372,13 +384,9 @@ async def warm_start(config: Config, model: art.TrainableModel, reward: Any, tra
     Returns the record for ``result.json``'s ``sft``; the SFT checkpoint is the model's next step."""
     s = config.sft
     record: dict[str, Any] = {"kind": s.kind, **await collect(config, model, reward, train_docs, backup)}
-    collected = collected_rows(sft_dir(config))
+    record.update(collected_figures(config))
     samples = training_samples(config)
-    rewards = [r for row in collected for r in row["rewards"] if r is not None]
-    record.update(documents=len(collected), samples_collected=sum(len(row["rewards"]) for row in collected),
-                  samples_cut_off=sum(len(row.get("cut_off", ())) for row in collected), samples_kept=len(samples),
-                  mean_reward_collected=sum(rewards) / len(rewards) if rewards else None,
-                  mean_reward_kept=sum(t.reward for t in samples) / len(samples) if samples else None)
+    rewards = [r for row in collected_rows(sft_dir(config)) for r in row["rewards"] if r is not None]
     if not samples:  # every document was scored (failures raise above): the filter kept none
         cut = record["samples_cut_off"]
         raise SFTError(f"sft: no sample passed the filter (sft.min_reward={s.min_reward}, sft.top_k={s.top_k}) out of "

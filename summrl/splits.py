@@ -230,8 +230,13 @@ async def with_questions(config: Any, loaded: Loaded, val: list[Document], train
         raise DataError(f"the train documents are all over dataset.max_document_tokens={dataset.max_document_tokens} "
                         "and skipped: raise the limit, set dataset.long_documents=split, or another dataset.seed")
     if not val_out or (not train_out and train_required):
+        # an inbox's val set is its first recorded documents, fixed once online learning began: neither more
+        # documents nor another dataset.val_size (refused by the watermark) changes it
+        fix = ("another judge or dataset.questions settings may write questions that pass; or move "
+               f"{inbox.inbox_dir(config.run.dir)} aside (a new inbox: the documents recorded next are its val set)"
+               if dataset.kind == "inbox" else "add documents, or change dataset.val_size")
         raise ConfigError(f"{loaded.source}: after the question check, {len(val_out)} val and {len(train_out)} train "
-                          "documents are left: add documents, or change dataset.val_size")
+                          f"documents are left: {fix}")
     usage = bank.writer.client.usage if bank.writer.client is not None else None
     record = {"kind": dataset.kind, **loaded.record(), "val": len(val_out), "train": len(train_out),
               "val_sha256": val_digest(val),

@@ -996,3 +996,22 @@ def test_a_misspelled_judge_or_rubrics_it_cannot_read_stop_the_benchmark_before_
         with pytest.raises(ConfigError, match=r"judge=lexical scores rubrics lexically and can't read"):
             asyncio.run(run(config))
         assert fake.requests == []
+
+
+def test_score_leaves_out_unanswerable_questions_where_the_reward_does(tmp_path):
+    """`score` counted a correct abstention on an unanswerable question with reward.include_unanswerable=false too:
+    a summary that says nothing scored 0.2 where its reward was 0 (found by this stop's benchmark audit)."""
+    scores = {}
+    for include in ("true", "false"):
+        with FakeLLM() as fake:
+            fake.script = [Reply("Nothing of note.")] * 4
+            config = compose_benchmark(["experiment=local", "judge=lexical", "dataset.val_size=4",
+                                        "benchmark.rollouts_per_doc=1", "benchmark.confirm=false",
+                                        f"reward.include_unanswerable={include}",
+                                        f"benchmark.models=[{fake_model(fake)}]"], tmp_path / include)
+            assert asyncio.run(run(config)) == 0
+        rows = read_rows(tmp_path / include / "rows.csv")
+        scores[include] = (rows.score.tolist(), rows.reward.tolist())
+    unanswerable = [sum(not q.answerable for q in d.questions) / len(d.questions) for d in val_documents(4)]
+    assert sorted(scores["true"][0]) == sorted(unanswerable) and max(unanswerable) > 0
+    assert scores["false"][0] == [0.0] * 4 == scores["false"][1]

@@ -1351,3 +1351,21 @@ def test_a_split_too_small_for_groups_per_step_is_refused_before_any_question_is
     assert result.returncode == 2, result.stderr[-2000:]
     assert re.search(r"trainer\.groups_per_step=20: the train split has \d+ document\(s\)", result.stderr)
     assert "written" not in result.stderr and not (cache.exists() and any(cache.iterdir()))
+
+
+def test_an_inbox_whose_val_documents_get_no_questions_names_a_fix_that_applies_to_an_inbox(tmp_path):
+    """It said to add documents or change dataset.val_size: an inbox's val set is its first recorded documents, which
+    neither changes (the watermark refuses another val size) (found by this stop's inbox audit)."""
+    from summrl import inbox
+    from summrl.errors import ConfigError
+    from summrl.splits import load_inbox
+
+    recorder = inbox.Recorder(tmp_path)
+    for i in range(6):  # nothing the offline question writer can ask about
+        recorder.record(f"d{i}", "hello there, and welcome", 1)
+        recorder.record(f"e{i}", f"hello there, and welcome {'again ' * (i + 1)}", 1)
+    config = compose_config(["experiment=local", "dataset=inbox", "reward=qa", f"run.dir={tmp_path}",
+                             f"dataset.questions.cache_dir={tmp_path / 'q'}"])
+    with pytest.raises(ConfigError, match=r"after the question check, 0 val and \d+ train documents are left: another "
+                                          r"judge or dataset.questions settings .* move .*inbox aside"):
+        asyncio.run(load_inbox(config))

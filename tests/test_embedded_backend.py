@@ -206,6 +206,9 @@ def test_a_streamed_chat_sends_each_choices_text_as_it_is_drawn_and_ends_as_the_
     assert all(count > 1 for count in pieces.values())  # in pieces as drawn, not the whole text in one chunk
     with pytest.raises(openai.BadRequestError, match="logprobs: not supported with stream=true"):
         loop.run_until_complete(client.chat.completions.create(**ask, stream=True, logprobs=True))
+    # each token's alternatives were answered as an empty list (found by this stop's server audit)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs: not supported here"):
+        loop.run_until_complete(client.chat.completions.create(**ask, logprobs=True, top_logprobs=3))
 
 
 def test_a_stop_sequence_ends_the_reply_before_it_streamed_or_not(loop, session):

@@ -601,7 +601,12 @@ def test_best_of_n_run_killed_during_collection_resumes_it_then_sft_then_grpo(tm
     assert fourth.returncode == 0, fourth.stderr[-3000:]
     assert "epoch(s) in" not in fourth.stdout  # no SFT training
     assert sorted(p.name for p in checkpoints.iterdir()) == ["0001", "0002"]
-    assert "before this record was written" in json.loads((run_dir / "result.json").read_text())["sft"]["note"]
+    rebuilt = json.loads((run_dir / "result.json").read_text())["sft"]
+    assert "before this record was written" in rebuilt["note"]
+    # every figure the record has, not the counts alone (found by this stop's SFT audit)
+    assert {k: rebuilt[k] for k in ("samples_collected", "samples_kept", "teacher_calls", "teacher_cost_usd")} == {
+        "samples_collected": 12, "samples_kept": 6, "teacher_calls": 0, "teacher_cost_usd": 0.0}
+    assert rebuilt["mean_reward_kept"] >= rebuilt["mean_reward_collected"] - 1e-9
 
 
 @pytest.mark.slow

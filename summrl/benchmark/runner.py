@@ -246,6 +246,10 @@ class Scorer:
         calls = usage.get("judge/calls", 0.0) / len(texts)
         judge_cost = usage.get("judge/cost_usd", 0.0) / len(texts) if self.judge_cost_known else math.nan
         rows, errors = [], list(failed)
+        # the questions `score` counts: the answerable ones alone where the reward's QA term leaves the others out
+        # (reward.include_unanswerable=false), as the reward does; an empty summary scored 0.2 there, by abstaining
+        qa = list(rewards_of_kind(self.config.reward, "qa").values())
+        counted = [q.answerable or not (len(qa) == 1 and not qa[0].include_unanswerable) for q in document.questions]
         for rollout, summary, score, verdict in zip(rollouts, summaries, scores, verdicts):
             if isinstance(score, Missing) or isinstance(verdict, Exception):  # its summary is kept: not paid again
                 error = score.error if isinstance(score, Missing) else str(verdict)
@@ -254,7 +258,8 @@ class Scorer:
                 continue
             rows.append(Row(
                 model=job.label, step=job.step, document_id=document.id, rollout=rollout,
-                score=sum(verdict) / len(verdict), reward=score.reward, correct=correctness(verdict),
+                score=(sum(v for v, c in zip(verdict, counted) if c) / sum(counted)) if any(counted) else math.nan,
+                reward=score.reward, correct=correctness(verdict),
                 questions=len(verdict), words=word_count(summary.text),
                 hallucinated=int(hallucinates(summary.text, document.text)), chars=len(summary.text),
                 model_calls=summary.model_calls, model_cost_usd=summary.model_cost_usd, judge_calls=calls,

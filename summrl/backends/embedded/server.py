@@ -284,6 +284,9 @@ def build_app(
         if request.stream and request.logprobs:
             raise HTTPException(status_code=400, detail="logprobs: not supported with stream=true here; ask for them "
                                                         "without streaming")
+        if request.top_logprobs:  # each token's alternatives are not kept: an empty list was a wrong answer
+            raise HTTPException(status_code=400, detail="top_logprobs: not supported here (each sampled token's own "
+                                                        "logprob is, with logprobs=true)")
         prompt = engine.encode_chat([m.model_dump() for m in request.messages])
         response_format = None
         if request.response_format and request.response_format.get("type") != "text":

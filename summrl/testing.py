@@ -46,6 +46,7 @@ class Reply:
     stream_error: Optional[str] = None  # streamed: an error event in place of the words after the first
     stream_cut: bool = False  # streamed: the connection cut after the first word (a server that died mid-stream)
     finish_reason: str = "stop"  # unstreamed: "length" as a server's reply cut at max_tokens
+    usage: bool = True  # unstreamed: False for a server that reports no token counts
 
 
 FAULT_KINDS = ("rate_limited", "server_error", "hang", "not_json", "wrong_shape")
@@ -226,8 +227,8 @@ class FakeLLM:
                 "model": body["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                              "finish_reason": reply.finish_reason}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(content.split()),
-                          "total_tokens": prompt_tokens + len(content.split())},
+                **({"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(content.split()),
+                              "total_tokens": prompt_tokens + len(content.split())}} if reply.usage else {}),
             }
 
         @app.get("/stats")

@@ -1015,3 +1015,21 @@ def test_score_leaves_out_unanswerable_questions_where_the_reward_does(tmp_path)
     unanswerable = [sum(not q.answerable for q in d.questions) / len(d.questions) for d in val_documents(4)]
     assert sorted(scores["true"][0]) == sorted(unanswerable) and max(unanswerable) > 0
     assert scores["false"][0] == [0.0] * 4 == scores["false"][1]
+
+
+def test_a_judge_reply_without_token_counts_is_priced_unknown_not_free(tmp_path):
+    """litellm prices a reply with no usage at $0, and the row's judge $ said 0 where the README says unknown (found
+    by this stop's benchmark audit)."""
+    costs = {}
+    for usage in (True, False):
+        with FakeLLM() as policy, FakeLLM() as judge:
+            policy.script = [Reply("A summary.")]
+            judge.script = [Reply(usage=usage)] * 20
+            config = compose_benchmark(
+                ["experiment=local", "judge=openai_compatible", f"judge.api_base={judge.base_url}",
+                 "judge.model=openai/gpt-4o-mini", "judge.cache_dir=null", "dataset.val_size=1",
+                 "benchmark.rollouts_per_doc=1", f"benchmark.models=[{fake_model(policy)}]",
+                 "benchmark.confirm=false"], tmp_path / str(usage))
+            assert asyncio.run(run(config)) == 0
+        costs[usage] = read_rows(tmp_path / str(usage) / "rows.csv").judge_cost_usd.tolist()
+    assert costs[True][0] > 0 and math.isnan(costs[False][0])

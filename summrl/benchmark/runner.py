@@ -244,7 +244,9 @@ class Scorer:
         verdicts = await judge.grade_all(texts, document.questions)
         usage = judge.usage_metrics()
         calls = usage.get("judge/calls", 0.0) / len(texts)
-        judge_cost = usage.get("judge/cost_usd", 0.0) / len(texts) if self.judge_cost_known else math.nan
+        # a reply with no token counts was priced at $0 by litellm: unknown, as the README says, not free
+        known = self.judge_cost_known and not usage.get("judge/unpriced_calls")
+        judge_cost = usage.get("judge/cost_usd", 0.0) / len(texts) if known else math.nan
         rows, errors = [], list(failed)
         # the questions `score` counts: the answerable ones alone where the reward's QA term leaves the others out
         # (reward.include_unanswerable=false), as the reward does; an empty summary scored 0.2 there, by abstaining

@@ -84,6 +84,7 @@ class JudgeUsage:
     cost_usd: float = 0.0
     retries: int = 0
     failures: int = 0
+    unpriced_calls: int = 0  # replies with no token counts: their $ is unknown, not 0
     last_error: Optional[str] = None
 
     def snapshot_and_reset(self) -> dict[str, float]:
@@ -96,8 +97,10 @@ class JudgeUsage:
             "judge/cost_usd": self.cost_usd,
             "judge/retries": float(self.retries),
             "judge/failed_calls": float(self.failures),
+            "judge/unpriced_calls": float(self.unpriced_calls),
         }
         self.calls = self.cached_calls = self.input_tokens = self.output_tokens = self.retries = self.failures = 0
+        self.unpriced_calls = 0
         self.cost_usd = 0.0
         return values
 
@@ -403,8 +406,11 @@ class JudgeClient:
         import litellm
 
         usage = getattr(response, "usage", None)
-        self.usage.input_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
-        self.usage.output_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
+        tokens = (int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0))
+        self.usage.input_tokens += tokens[0]
+        self.usage.output_tokens += tokens[1]
+        if not any(tokens):  # a server that reports none: litellm prices it at $0
+            self.usage.unpriced_calls += 1
         try:
             cost = float(litellm.completion_cost(completion_response=response) or 0.0)
         except Exception:  # a model missing from litellm's cost map costs what we can't know: 0

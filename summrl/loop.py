@@ -43,7 +43,7 @@ from summrl.rollout import Burst, check_context, in_request_order, rollout, samp
 from summrl.secrets import redact_text
 from summrl.splits import Splits, val_digest
 from summrl.splits import load as load_documents
-from summrl.storage import CheckpointBackup, keep_trained_config, local_steps, model_dir
+from summrl.storage import CheckpointBackup, keep_trained_config, latest_local_step, model_dir
 from summrl.tracking import Tracker, flat_config, open_tracker
 
 log = logging.getLogger(__name__)
@@ -632,7 +632,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         check_groups_fit(config, len(train_docs), record.earlier)  # again: the question check may have left fewer
         warn_short_run(config, len(train_docs))
         backup.restore()  # no local checkpoint: the latest complete one from S3, so the backend resumes at its step
-        inbox.forget_after(config.run.dir, max(local_steps(model_dir(config) / "checkpoints"), default=0))
+        resume_step = latest_local_step(config)  # the checkpoint it will resume from
+        inbox.forget_after(config.run.dir, resume_step)
         try:
             splits, online = await online_documents(config, splits)  # dataset=inbox: the new documents, before loading
         except (KeyboardInterrupt, asyncio.CancelledError):
@@ -648,8 +649,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                          f"{t.min_new_documents}: nothing to train (rerun when more have been recorded)")
                 record.nothing_to_train(status="completed")
                 return None
-        # the checkpoint it will resume from (read without ART's get_step_from_dir, which makes the folder)
-        check_reference(config, max(local_steps(model_dir(config) / "checkpoints"), default=0))
+        check_reference(config, resume_step)
         sft.confirm_cost(config, train_docs)  # sft=distill: the teacher's plan and price, asked before any spend
         session = await open_session(config, tracker)
         if config.backend.kind == "embedded":  # its engine has loaded: the policy's context is known

@@ -386,8 +386,8 @@ async def warm_start(config: Config, model: art.TrainableModel, reward: Any, tra
     record: dict[str, Any] = {"kind": s.kind, **await collect(config, model, reward, train_docs, backup)}
     record.update(collected_figures(config))
     samples = training_samples(config)
-    rewards = [r for row in collected_rows(sft_dir(config)) for r in row["rewards"] if r is not None]
     if not samples:  # every document was scored (failures raise above): the filter kept none
+        rewards = [r for row in collected_rows(sft_dir(config)) for r in row["rewards"] if r is not None]
         cut = record["samples_cut_off"]
         raise SFTError(f"sft: no sample passed the filter (sft.min_reward={s.min_reward}, sft.top_k={s.top_k}) out of "
                        f"{record['samples_collected']} scored (best {max(rewards, default=float('nan')):.3f}"

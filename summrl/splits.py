@@ -33,7 +33,7 @@ from summrl.errors import ConfigError, ExpectedFailure
 from summrl.judges import build_judge, missing_keys
 from summrl.judges.cache import JsonCache
 from summrl.judges.client import REQUEST_COST, SPEND_GUARD, SpendStopped
-from summrl.storage import local_steps, model_dir
+from summrl.storage import latest_local_step
 from summrl.judges.questions import (Checked, QuestionBank, QuestionSettings, estimated_tokens, question_writer,
                                      totals)
 
@@ -164,7 +164,7 @@ async def load_inbox(config: Any) -> Splits:
     # what the run trained on by its latest checkpoint here needs no questions (inbox.online leaves it out): with
     # reward=qa, every document ever recorded had its questions written, and paid for, at every online run. (A
     # checkpoint restored from S3 later resumes at a later step: the documents between are still in train.)
-    done = inbox.consumed_at(config.run.dir, max(local_steps(model_dir(config) / "checkpoints"), default=0))
+    done = inbox.consumed_at(config.run.dir, latest_local_step(config))
     train = [d for d in train if lines[source_id(d.id)] >= done]
     splits = await with_questions(config, loaded, val, train, train_needs=needs_questions(config, True),
                                   train_required=False)

@@ -97,6 +97,12 @@ def local_steps(checkpoints: Path) -> list[int]:
     return sorted(int(p.name) for p in checkpoints.glob("*") if p.is_dir() and p.name.isdigit())
 
 
+def latest_local_step(config: Any) -> int:
+    """The run's latest checkpoint on this machine (0: none), read without ART's get_step_from_dir, which makes the
+    folder: the step it resumes from once S3 has restored what it holds."""
+    return max(local_steps(model_dir(config) / "checkpoints"), default=0)
+
+
 def _describe(e: Exception, bucket: str, label: str) -> str:
     """An S3 error for a message, with the bucket named as ``label`` (URLs in boto errors carry its name)."""
     return f"{type(e).__name__}: {e}".replace(bucket, label)

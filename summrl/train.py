@@ -21,7 +21,7 @@ from dotenv import load_dotenv
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from summrl import cli
 from summrl.cloud.launch import run_from_hydra
@@ -64,8 +64,6 @@ def load_config(cfg: DictConfig) -> Config:
 def _named(cfg: DictConfig) -> bool:
     """run.name was set (on the command line or in a config file such as an experiment preset), not left to
     conf/train.yaml's ``${now:...}``: a preset's name was replaced by the sweep folder's in a multirun."""
-    from omegaconf import OmegaConf
-
     raw = OmegaConf.to_container(cfg.run, resolve=False).get("name")
     return not (isinstance(raw, str) and raw.startswith("${now:"))
 

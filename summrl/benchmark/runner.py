@@ -334,7 +334,7 @@ def identity(config: BenchmarkConfig) -> dict:
     elif dataset.get("val_size") != "all":  # val is the first val_size of the shuffle, whatever train_size is
         dataset.pop("train_size", None)
     judge = asdict(config.judge)
-    if config.judge.kind in ("embedded", "local"):  # the policy's base model judges: another model= is another judge
+    if config.judge.kind in EMBEDDED_JUDGES:  # the policy's base model judges: another model= is another judge
         judge["policy_model"] = {"base_model": config.model.base_model, "weights": config.model.weights}
     return comparable({
         "dataset": dataset,
@@ -370,7 +370,7 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> Optional[dict]:
     (None: it holds it already), written by ``record_identity`` once the run goes ahead: a run the cost guard stops
     leaves the folder as it was."""
     path = out_dir / IDENTITY_FILE
-    mine = json.loads(json.dumps(identity(config)))
+    mine = identity(config)  # (JSON's types, as read back from the file)
     labels = json.loads(json.dumps(sources(config)))
     if path.exists():
         saved = comparable(json.loads(path.read_text()))

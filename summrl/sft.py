@@ -228,11 +228,12 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
     folder = sft_dir(config)
     done = {row["document_id"] for row in collected_rows(folder)}
     written = written_summaries(folder)
-    pending = {d.id: s.samples_per_doc - len(written.get(d.id, {}))
-               for d in collection_documents(config, train_docs) if d.id not in done}
-    pending = {doc_id: n for doc_id, n in pending.items() if n > 0}
+    # every document not yet collected is scored, all its summaries: those written by an earlier run too (a run whose
+    # judge failed scores them again; its calls were left out of the plan). The teacher writes only the missing ones.
+    pending = {d.id: s.samples_per_doc for d in collection_documents(config, train_docs) if d.id not in done}
     if not pending:
         return
+    to_buy = {doc_id: s.samples_per_doc - len(written.get(doc_id, {})) for doc_id in pending}
     docs = [d for d in train_docs if d.id in pending]
     teacher = Calls(f"teacher {s.teacher.model}", s.teacher.model)
     llm_judge = config.judge.kind not in FREE_JUDGES
@@ -242,14 +243,14 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
     # term, RULER, each rubric's writing and scoring), as the benchmark prices them. Rubric calls were left out of an
     # "upper bound" the user confirmed (qa_rubric: 9 calls priced, 15 made), and QA calls priced for a reward with none
     kinds = reward_kinds(config.reward)
-    lines = estimate([Work(teacher, 1, pending)], docs, judge, prompt=SummaryPrompt.of(t),
+    lines = estimate([Work(teacher, 1, pending, to_buy)], docs, judge, prompt=SummaryPrompt.of(t),
                      max_summary_tokens=t.max_summary_tokens, reward_uses_ruler="ruler" in kinds,
                      qa_calls=llm_judge and "qa" in kinds,
                      rubric_rewards=list(rewards_of_kind(config.reward, "rubric").values()) if llm_judge else [])
-    calls = sum(pending.values())
+    calls = sum(to_buy.values())
     plan = render(lines, calls, 0).split("\n", 1)[1]
-    log.info(f"summrl: sft plan: {calls} teacher summaries for {len(pending)} documents "
-             f"({sum(len(v) for v in written.values())} already written)\n{plan}")
+    log.info(f"summrl: sft plan: {calls} teacher summaries for {sum(n > 0 for n in to_buy.values())} documents "
+             f"({sum(len(v) for v in written.values())} already written), {len(pending)} documents to score\n{plan}")
     if s.confirm and needs_confirmation(lines) and not confirmed():
         raise CostNotConfirmed("sft: the teacher's cost was not confirmed; nothing was called "
                                "(sft.confirm=false skips the question)")

@@ -291,11 +291,15 @@ def test_teacher_faults_are_retried_and_a_document_that_still_fails_stays_pendin
         assert {row["document_id"] for row in lines(folder / COLLECTED)} == {done, pending}
 
 
-def test_a_document_whose_judge_failed_stays_pending_and_is_scored_again_without_the_teacher(tmp_path):
+def test_a_document_whose_judge_failed_stays_pending_and_is_scored_again_without_the_teacher(tmp_path, caplog):
+    """...and the rerun's plan prices its judge calls: summaries written by the failed run were left out of it."""
+    import logging
+    import re
+
     from summrl.judges import build_judge
     from summrl.testing import FakeLLM, Faults
     from summrl.rewards import build_reward
-    from summrl.sft import COLLECTED, SFTError, collect
+    from summrl.sft import COLLECTED, SFTError, collect, confirm_cost
 
     with FakeLLM() as teacher, FakeLLM(faults=Faults(rate=1.0, seed=0, hang_s=0.5, retry_after_s="0")) as judge:
         config = distill_config(tmp_path, teacher, "sft.max_docs=2", "judge=openai_compatible",
@@ -308,8 +312,15 @@ def test_a_document_whose_judge_failed_stays_pending_and_is_scored_again_without
         assert "lower sft.min_reward" not in str(failure.value)
         assert lines(tmp_path / "sft" / COLLECTED) == [] and len(teacher.requests) == 4
         judge.faults = None  # the judge recovers: the rerun scores the summaries on disk, the teacher is not asked
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="summrl"):
+            confirm_cost(config, train_split(config))
+        assert "sft plan: 0 teacher summaries for 0 documents (4 already written), 2 documents to score" in caplog.text
+        (planned,) = re.findall(r"judge openai/judge: (\d+) calls", caplog.text)
+        asked = len(judge.requests)
         asyncio.run(collect(config, None, reward, train_split(config)))
         assert len(teacher.requests) == 4 and len(lines(tmp_path / "sft" / COLLECTED)) == 2
+        assert int(planned) >= len(judge.requests) - asked > 0  # an upper bound: grading calls only where needed
 
 
 def test_declining_the_teachers_cost_calls_nothing_and_loads_nothing(tmp_path):

@@ -283,9 +283,29 @@ def curve_bands(curves: dict[str, list[tuple[int, float]]], table: pd.DataFrame,
 
 
 def sft_offsets(table: pd.DataFrame, results: dict) -> dict[str, int]:
-    """configuration -> its SFT stage's step (0 without one): its GRPO step k is ART's step k + offset."""
-    return {configuration: int((results[jobs.iloc[0]].get("sft") or {}).get("step", 0))
+    """configuration -> its SFT stage's step (0 without one): its GRPO step k is ART's step k + offset. The largest over
+    its jobs: one that failed or never started before its SFT stage has no record (it shifted the arm's curve)."""
+    return {configuration: max(int((results[job].get("sft") or {}).get("step", 0)) for job in jobs)
             for configuration, jobs in table.groupby("configuration", sort=False).job}
+
+
+def short_names(names: list[str], width: int = 60) -> list[str]:
+    """Chart labels of at most about ``width`` characters, each configuration its own: a long name keeps its start and
+    its end (where sweeps' names differ), and labels still alike are numbered. Names cut at 60 characters merged
+    arms of a two-axis sweep into one bar and one legend entry."""
+    half = (width - 1) // 2
+    short = [n if len(n) <= width else f"{n[:half]}…{n[-(width - 1 - half):]}" for n in names]
+    seen: dict[str, int] = {}
+    for label in short:
+        seen[label] = seen.get(label, 0) + 1
+    count: dict[str, int] = {}
+    out = []
+    for label in short:
+        if seen[label] > 1:
+            count[label] = count.get(label, 0) + 1
+            label = f"{label} #{count[label]}"
+        out.append(label)
+    return out
 
 
 def plot_curves(bands: dict[str, tuple[str, list[tuple[int, Interval]]]], metric: str, path: Path,
@@ -301,6 +321,7 @@ def plot_curves(bands: dict[str, tuple[str, list[tuple[int, Interval]]]], metric
     offsets = offsets or {}
     bounded = metric == "qa_accuracy"  # a share: its CI is clipped to [0, 1]
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    labels = dict(zip(bands, short_names(list(bands))))
     for configuration, (over, points) in bands.items():
         offset = offsets.get(configuration, 0)
         steps = [max(step - offset, 0) for step, _ in points]
@@ -309,7 +330,7 @@ def plot_curves(bands: dict[str, tuple[str, list[tuple[int, Interval]]]], metric
         if bounded:
             low, high = np.clip(low, 0, 1), np.clip(high, 0, 1)
         line, = ax.plot(steps, [ci.mean for _, ci in points], marker="o",
-                        label=f"{configuration[:60]} (95% CI over {over})")
+                        label=f"{labels[configuration]} (95% CI over {over})")
         ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     any_sft = any(offsets.values())
     ax.set(xlabel="GRPO step (SFT arms: before and after SFT at 0)" if any_sft else "training step",
@@ -438,7 +459,7 @@ def paired_section(paired_rows: pd.DataFrame, metric: str, side: dict[str, pd.Da
         " nothing says how far that is from chance. `min_detectable` is the true difference this noise and size find"
         f" with {int(100 * 0.8)}% power, for one arm: smaller ones are likely missed.",
         "",
-        *(line for name, rows in side.items() for line in (
+        *(line for name, rows in side.items() if len(rows) for line in (
             f"## Difference from the baseline: final {SIDE_METRICS[name]}", "",
             rows.drop(columns=["baseline"]).to_markdown(index=False, floatfmt=".3f"), "")),
     ]
@@ -451,8 +472,9 @@ def plot_final(stats: pd.DataFrame, metric: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 0.6 * max(len(stats), 2) + 1.5))
-    names = [n[:60] for n in stats.index]
-    ax.barh(names, stats["final_mean"], xerr=stats["final_std"], capsize=4, color="tab:blue")
+    positions = range(len(stats))  # by position: two labels alike must still be two bars
+    ax.barh(positions, stats["final_mean"], xerr=stats["final_std"], capsize=4, color="tab:blue")
+    ax.set_yticks(positions, short_names(list(stats.index)))
     for i, (mean, n) in enumerate(zip(stats["final_mean"], stats["seeds"])):
         ax.text(mean, i, f" {mean:.3f} (n={n})", va="center", fontsize=8)
     ax.invert_yaxis()
@@ -513,9 +535,12 @@ def write_report(folder: Path, out: Path, baseline: str | None = None) -> pd.Dat
                 if all(per_doc(results[job], name) for job in table[table.status == "completed"].job)}
         pd.concat([rows.assign(metric=name) for name, rows in {metric: paired, **side}.items()]).to_csv(
             out / "paired.csv", index=False)
+    else:  # an earlier report's, with a baseline: it no longer matches the tables beside it
+        (out / "paired.csv").unlink(missing_ok=True)
     hidden = (["overrides"] + (SFT_COLUMNS if (table.sft == "none").all() else [])
               + (["algorithm"] if (table.algorithm == "").all() else []))
     shown = table.drop(columns=hidden).astype(object).where(table.notna().drop(columns=hidden), "")
+    shown["error"] = shown["error"].map(lambda e: " ".join(str(e).split()))  # a line break ends a markdown row
     lines = [
         f"# Report: {folder}",
         "",

@@ -400,3 +400,27 @@ def test_arms_scored_against_other_written_questions_are_not_compared_and_other_
     assert row.verdict == "better"  # more draws of the same score: paired, and the reason named
     assert ("5 pair(s) scored from different numbers of summaries on the two sides (trainer.val_rollouts_per_doc=4 "
             "here, 2 in the baseline)") in row.note and "missing rewards" not in row.note
+
+
+def test_a_report_keeps_one_markdown_row_per_job_no_empty_side_table_and_no_stale_paired_csv(tmp_path):
+    """Found by an audit: a failed job's multi-line error (a ValidationError) split its row of the Jobs table into
+    three; with only the baseline completed, the hallucination section printed a bare table header; and a report
+    without --baseline left the earlier report's paired.csv, its verdicts, beside tables it no longer matched."""
+    from summrl.report import write_report
+
+    sweep = tmp_path / "sweep"
+    write_sweep(sweep, {"reward=qa": TWO_SEEDS["reward=qa"]})
+    write_result(sweep / "2", {"status": "failed", "overrides": ["experiment=local", "reward=ruler", "seed=1"],
+                               "seed": 1, "error": "ValidationError: 2 validation errors for Summary\nsummary\n"
+                                                   "  Field required [type=missing]"})
+    out = tmp_path / "out"
+    write_report(sweep, out, "reward=qa")
+    text = (out / "report.md").read_text()
+    jobs = text.split("## Jobs\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(jobs) == 2 + 3  # header, rule, a row per job
+    assert "ValidationError: 2 validation errors for Summary summary Field required [type=missing]" in jobs[-1]
+    assert "No other completed configuration." in text
+    assert text.count("## Difference from the baseline") == 1  # the main one: no side table with no rows
+    assert (out / "paired.csv").exists()
+    write_report(sweep, out)
+    assert not (out / "paired.csv").exists() and "Difference from the baseline" not in (out / "report.md").read_text()

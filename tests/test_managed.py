@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -327,7 +328,7 @@ def test_sweep_status_pull_cancel_then_report(cloud_env, monkeypatch, tmp_path, 
     fake = FakeJobs(monkeypatch)
     fake.endpoint = s3_endpoint
     s3(s3_endpoint).create_bucket(Bucket="runs")
-    folder = submit_sweep(tmp_path, fake)
+    folder = submit_sweep(tmp_path / "my sweeps", fake)  # a space: the printed commands must still paste
     assert [c[2] for c in fake.launched()] == ["summrl-abl-0", "summrl-abl-1", "summrl-abl-2"]
     assert [c[1].name for c in fake.launched()] == [c[2] for c in fake.launched()]  # each task is named as its job
     assert not [c for c in fake.calls if c[0] == "jobs.tail_logs"]  # a sweep submits and returns
@@ -375,6 +376,7 @@ def test_sweep_status_pull_cancel_then_report(cloud_env, monkeypatch, tmp_path, 
     assert sweep_cli.main(["pull", str(folder)]) == 0
     out, err = capsys.readouterr()
     assert "2: no result.json in the backup yet" in err and "pulled 2 runs" in out
+    assert shlex.split(out.strip().rsplit("; ", 1)[1]) == ["python", "-m", "summrl.report", str(folder)]
     pulled = json.loads((folder / "0" / "result.json").read_text())
     assert pulled["final_val_score"] == 0.55 and pulled["attempts"] == remote["attempts"]
     assert pulled["managed_job"]["id"] == 41  # status still finds the job after a pull

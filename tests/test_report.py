@@ -306,3 +306,33 @@ def test_qa_accuracy_graded_by_another_judge_is_not_compared(tmp_path):
     assert rows.loc["judge=gemini_flash", "verdict"] == "not comparable"
     assert "(judge.kind, judge.model)" in rows.loc["judge=gemini_flash", "note"]
     assert rows.loc["judge=local,model.lr=2e-5", "verdict"] != "not comparable"
+
+
+def test_an_sft_arm_whose_first_job_failed_before_sft_keeps_its_curve_aligned(tmp_path):
+    """Found by an audit: the offset came from the arm's first job, which had failed before its SFT stage (no record):
+    the arm's val curve was drawn one GRPO step ahead of the other arm's, under the label "training step"."""
+    from summrl.report import collect, sft_offsets
+
+    sweep = tmp_path / "sweep"
+    write_job(sweep / "0", ["sft=none"], "80", [0.2, 0.3, 0.4])
+    write_job(sweep / "1", ["sft=best_of_n"], "80", [0.2], status="failed")
+    write_job(sweep / "2", ["sft=best_of_n"], "81", [0.2, 0.6, 0.7, 0.8])
+    result = json.loads((sweep / "2" / "result.json").read_text())
+    result["sft"] = {"kind": "best_of_n", "val_before": {"step": 0}, "val_after": {"step": 1}, "step": 1}
+    write_result(sweep / "2", result)
+    table, _, _, results = collect(sweep)
+    assert sft_offsets(table, results) == {"sft=none": 0, "sft=best_of_n": 1}
+
+
+def test_chart_labels_of_long_configurations_stay_distinct():
+    """Found by an audit: names cut at 60 characters made a 2 x 2 sweep's four arms two bars and two legend entries."""
+    from summrl.report import short_names
+
+    names = [f"+reward.terms.length_penalty.weight={w},+reward.terms.qa.weight={q}"
+             for w in (0.1, 0.2) for q in (0.25, 0.75)]
+    labels = short_names(names)
+    assert len(set(labels)) == 4 and all(len(label) <= 60 for label in labels)
+    assert [label.endswith(f"qa.weight={q}") for label, q in zip(labels, (0.25, 0.75) * 2)] == [True] * 4
+    assert short_names(["reward=qa", "reward=ruler"]) == ["reward=qa", "reward=ruler"]  # short names as they are
+    alike = short_names(["a" * 40 + "x" * 30 + "b" * 40, "a" * 40 + "y" * 30 + "b" * 40])
+    assert len(set(alike)) == 2 and alike[0].endswith("#1")

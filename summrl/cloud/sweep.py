@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -199,13 +200,13 @@ def _command(args: argparse.Namespace) -> int:
         rows = status(args.folder)
         print(render(rows))
         if any(r["state"] == ENDED_STOPPED for r in rows):
-            print(f"summrl: {CONTROLLER_STOPPED}; `python -m summrl.sweep pull {args.folder}` brings their results")
+            print(f"summrl: {CONTROLLER_STOPPED}; `python -m summrl.sweep pull {shlex.quote(str(args.folder))}` brings their results")
     elif args.command == "pull":
         missing = pull(args.folder)
         for line in missing:
             print(f"summrl: {line}", file=sys.stderr)
         print(f"summrl: pulled {len(submitted(args.folder)) - len(missing)} runs into {args.folder}; "
-              f"python -m summrl.report {args.folder}")
+              f"python -m summrl.report {shlex.quote(str(args.folder))}")
     else:
         cancelled, other = cancel(args.folder)
         said = [f"cancelled managed jobs {', '.join(map(str, cancelled))}" if cancelled else "nothing to cancel"]

@@ -250,6 +250,7 @@ class RunRecord:
         self.stepped = False  # this invocation has trained a step: TRAINED_WITH are then its own
         self.resume_with: list[str] = []  # what the same command needs added to resume (train.resume_overrides)
         self.stopped_waiting = False  # dataset=inbox: a signal came while it waited for documents, before training
+        self.was_refused = False  # a resume refused before it trained (``refused``): the record is the earlier one
 
     def adopt(self, earlier: Optional[dict]) -> None:
         """A fresh machine: what the run's earlier invocations backed up (their result.json, restored from S3)."""
@@ -320,6 +321,16 @@ class RunRecord:
                                     **attempts, "untrained_steps": self.untrained_steps, "wall_s": wall_s})
         self.saved = True
 
+    def refused(self) -> None:
+        """This invocation resumed the run and was refused (a config error) before it trained: the run stays as its
+        earlier invocations left it, its status and error included (a refused resume of a completed run made it
+        "failed", and summrl.report left it out); what this invocation spent stays counted, its time is not the run's."""
+        self.fields.update({k: self.earlier.get(k) for k in ("status", "error", "error_kind", "exit_code", "traceback")
+                            if k in self.earlier or k in self.fields})
+        self.fields = {k: v for k, v in self.fields.items() if v is not None or k in self.earlier}
+        self.timed = False
+        self.was_refused = True
+
     def stop_waiting(self) -> None:
         """An online run stopped while it waited for inbox documents: it trained nothing, and the run is as its last
         invocation left it (it said "interrupted", and to resume)."""
@@ -342,6 +353,8 @@ class RunRecord:
         before writing (a config error, a W&B key refused at the start) gets a complete record that keeps what
         earlier invocations recorded (val_history, wall_s), unless it never started training and the folder holds
         an earlier invocation's record, which a config typo must not overwrite."""
+        if self.was_refused:
+            return
         timed = self.saved
         if not self.saved:
             if self.earlier and "status" not in self.fields:

@@ -727,8 +727,11 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             await backup.after_step(last_trained, final=True)
         raise
     except BaseException as e:
-        record.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),
-                      traceback=redact_text(traceback.format_exc()))
+        if isinstance(e, ConfigError) and record.earlier.get("status") and not record.stepped:
+            record.refused()  # a resume refused before it trained: the run is as it was
+        else:
+            record.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),
+                          traceback=redact_text(traceback.format_exc()))
         raise
     finally:
         if session is not None:

@@ -17,6 +17,8 @@ from summrl.job import JobInfo, jsonl_rows
 from summrl.secrets import redact, redact_text
 
 TAG_GROUPS = ("reward", "judge", "model", "backend", "algorithm", "sft")
+# The W&B run's summary key for the last history row it holds: {"training_step": n, "kinds": ["train", ...]}
+HELD = "summrl/history_held"
 
 
 class Tracker:
@@ -54,12 +56,6 @@ class WandbTracker(Tracker):
         import wandb
 
         self.wandb = wandb
-        self.history_path = history_path
-        # A resumed run's earlier rows were mirrored by the invocations that wrote them: from the end of the history
-        # on this machine, and past the last step the resumed W&B run holds (a fresh machine restores its history
-        # from S3 after this). Each resume sent every earlier row again.
-        self.offset = whole_lines(history_path)
-        self.sent_through: Optional[float] = None
         logger = config.logger
         self.run = wandb.init(
             project=logger.project,
@@ -79,26 +75,22 @@ class WandbTracker(Tracker):
         self.run.define_metric("training_step")
         self.run.define_metric("*", step_metric="training_step")
         self.samples = logger.log_samples
-        if getattr(self.run, "resumed", False):
-            self.sent_through = self.run.summary.get("training_step")
+        # A new W&B run (a run tracked from now on; an offline invocation, which writes a folder of its own) gets the
+        # whole history; a resumed one the rows past those it holds
+        self.mirror = HistoryMirror(history_path, held_rows(self.run.summary)
+                                    if getattr(self.run, "resumed", False) else None)
 
     def log_history(self) -> None:
-        """Send the lines ART appended to history.jsonl since the last call."""
-        if not self.history_path.is_file():
-            return
-        with self.history_path.open("rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        whole = data[: data.rfind(b"\n") + 1]  # complete lines only: a line still being written is read next time
-        self.offset += len(whole)
-        for record in jsonl_rows(whole.decode(errors="replace")):  # a line a crash cut short is skipped
-            if self.sent_through is not None and record.get("training_step", math.inf) <= self.sent_through:
-                continue  # the resumed W&B run has it
+        """Send the rows ART appended to history.jsonl that the W&B run lacks, and say in its summary what it holds."""
+        rows = self.mirror.new_rows()
+        for record in rows:
             record.pop("recorded_at", None)
             record.pop("step", None)  # ART's copy of training_step; W&B's own step stays monotonic
             # Per-document val scores (val/doc/<id>/*, two panels per val document) stay in history.jsonl and
             # result.json, where summrl.report reads them; W&B has them row by row in the val/samples table.
             self.run.log({k: v for k, v in record.items() if not k.startswith("val/doc/")})
+        if rows:
+            self.run.summary[HELD] = self.mirror.held
 
     def log_samples(self, step: int, groups: Sequence[Any]) -> None:
         if not self.samples:
@@ -118,12 +110,65 @@ class WandbTracker(Tracker):
         self.run.finish(exit_code=1 if failed else 0)
 
 
-def whole_lines(path: Path) -> int:
-    """The bytes of ``path``'s complete lines (0 when there is none)."""
-    if not path.is_file():
-        return 0
-    data = path.read_bytes()
-    return data.rfind(b"\n") + 1
+def row_kind(record: dict) -> str:
+    """What a history row is, besides its step: the prefixes of its metrics, e.g. "judge+train" or "val"."""
+    return "+".join(sorted({key.split("/", 1)[0] for key in record if "/" in key}))
+
+
+def held_rows(summary: Any) -> dict:
+    """What a resumed W&B run holds, from its summary. A run tracked before ``HELD`` existed: every row through its
+    last training_step (its kinds unknown)."""
+    held = summary.get(HELD)
+    if held is not None:
+        return {"training_step": held["training_step"], "kinds": list(held["kinds"])}
+    step = summary.get("training_step")
+    return {} if step is None else {"training_step": step, "kinds": None}
+
+
+class HistoryMirror:
+    """The rows of a growing history.jsonl that a W&B run lacks, given what it holds (``held``: the last row's
+    training_step and the kinds of row sent at that step; None: nothing).
+
+    Read from the file's start, so that a W&B run first opened on a resumed run (a run trained with logger=none, every
+    offline invocation) has all of it, and a fresh machine's history restored from S3 after the tracker opened is
+    still read. Not a count of lines: a restore from an older backup drops rows the W&B run holds. The resumed run's
+    own val pass at the step the W&B run ended on (a run stopped during its val pass) is a row of another kind, sent;
+    it was dropped as "held" with every row through that step."""
+
+    def __init__(self, path: Path, held: Optional[dict]) -> None:
+        self.path, self.offset = path, 0
+        self.step: float = held["training_step"] if held else -math.inf
+        self.kinds: Optional[set[str]] = set(held["kinds"]) if held and held["kinds"] is not None else (
+            None if held else set())
+
+    @property
+    def held(self) -> dict:
+        return {"training_step": self.step, "kinds": sorted(self.kinds or ())}
+
+    def _held(self, step: float, kind: str) -> bool:
+        return step < self.step or (step == self.step and (self.kinds is None or kind in self.kinds))
+
+    def new_rows(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        whole = data[: data.rfind(b"\n") + 1]  # complete lines only: a line still being written is read next time
+        self.offset += len(whole)
+        rows = []
+        for record in jsonl_rows(whole.decode(errors="replace")):  # a line a crash cut short is skipped
+            if not isinstance(record.get("training_step"), (int, float)):
+                rows.append(record)  # (ART writes one on every row)
+                continue
+            step, kind = record["training_step"], row_kind(record)
+            if self._held(step, kind):
+                continue
+            if step != self.step:
+                self.step, self.kinds = step, set()
+            self.kinds = (self.kinds or set()) | {kind}
+            rows.append(record)
+        return rows
 
 
 def wandb_mode(logger) -> str:

@@ -645,43 +645,45 @@ def test_a_signal_while_a_checkpoint_is_written_keeps_the_step_with_its_records(
 def test_the_w_and_b_mirror_sends_whole_history_lines_only_and_skips_one_a_crash_cut_short(tmp_path):
     """ART appends history.jsonl while the run goes on: a line read half-written was a JSON error that ended the run
     (and its offset skipped the rest of it); one a crash cut short, then followed by later lines, did the same."""
-    from types import SimpleNamespace
-
-    from summrl.tracking import WandbTracker
+    from summrl.tracking import HistoryMirror
 
     history = tmp_path / "history.jsonl"
-    tracker = WandbTracker.__new__(WandbTracker)  # its mirroring alone: no W&B run
-    sent: list[dict] = []
-    tracker.history_path, tracker.offset, tracker.run = history, 0, SimpleNamespace(log=sent.append)
-    tracker.sent_through = None
+    mirror = HistoryMirror(history, None)
     history.write_bytes(b'{"training_step": 1, "train/reward": 0.5}\n{"training_step": 2, "tra')
-    tracker.log_history()
-    assert sent == [{"training_step": 1, "train/reward": 0.5}]
+    assert mirror.new_rows() == [{"training_step": 1, "train/reward": 0.5}]
     with history.open("ab") as f:  # the line is finished; then a crash cuts one short and the resumed run goes on
         f.write(b'in/reward": 0.6}\n{"training_st\n{"training_step": 3, "train/reward": 0.7}\n')
-    tracker.log_history()
-    assert [r["training_step"] for r in sent] == [1, 2, 3]
+    assert [r["training_step"] for r in mirror.new_rows()] == [2, 3]
+    assert mirror.held == {"training_step": 3, "kinds": ["train"]}
 
 
-def test_a_resumed_runs_w_and_b_mirror_sends_only_the_rows_the_w_and_b_run_lacks(tmp_path):
-    """Each resume sent every earlier history row again: the charts held each step two or more times."""
-    from types import SimpleNamespace
-
-    from summrl.tracking import WandbTracker, whole_lines
+def test_a_w_and_b_run_gets_every_history_row_it_lacks_and_none_twice(tmp_path):
+    """Each resume sent every earlier history row again (the charts held each step two or more times); then, found by
+    an audit, what the W&B run held was guessed from two figures that did not say it: a resumed run's own val pass at
+    the step the W&B run ended on (a run stopped during that val pass) was dropped as held, and a W&B run first opened
+    on a resumed run (trained with logger=none, or any offline invocation: each writes its own folder) never got the
+    earlier steps."""
+    from summrl.tracking import HELD, HistoryMirror, held_rows
 
     history = tmp_path / "history.jsonl"
-    history.write_bytes(b'{"training_step": 1, "train/reward": 0.5}\n{"training_step": 2, "train/reward": 0.6}\n')
-    # on this machine: from the end of what the earlier invocation wrote (and mirrored)
-    assert whole_lines(history) == history.stat().st_size and whole_lines(tmp_path / "none.jsonl") == 0
-    # a fresh machine, its history restored from S3 after the tracker opened: past the W&B run's last step
-    tracker = WandbTracker.__new__(WandbTracker)
-    sent: list[dict] = []
-    tracker.history_path, tracker.offset, tracker.run = history, 0, SimpleNamespace(log=sent.append)
-    tracker.sent_through = 2
+    earlier = (b'{"training_step": 0, "val/reward": 0.2}\n{"training_step": 1, "train/reward": 0.5}\n'
+               b'{"training_step": 1, "val/reward": 0.3}\n{"training_step": 2, "train/reward": 0.6, "judge/calls": 4}\n')
+    history.write_bytes(earlier)
+    # a new W&B run on a run trained before: the whole history
+    fresh = HistoryMirror(history, None)
+    assert [(r["training_step"], sorted(r)[0]) for r in fresh.new_rows()] == [
+        (0, "training_step"), (1, "train/reward"), (1, "training_step"), (2, "judge/calls")]
+    # the resumed W&B run's summary holds step 2's train row: stopped during step 2's val pass, resumed
+    summary = {HELD: fresh.held, "training_step": 2}
+    assert summary[HELD] == {"training_step": 2, "kinds": ["judge+train"]}
+    resumed = HistoryMirror(history, held_rows(summary))
     with history.open("ab") as f:
-        f.write(b'{"training_step": 3, "train/reward": 0.7}\n')
-    tracker.log_history()
-    assert [r["training_step"] for r in sent] == [3]
+        f.write(b'{"training_step": 2, "val/reward": 0.4}\n{"training_step": 3, "train/reward": 0.7}\n')
+    assert resumed.new_rows() == [{"training_step": 2, "val/reward": 0.4}, {"training_step": 3, "train/reward": 0.7}]
+    # a W&B run from before summrl said what it holds: every row through its last step, as before
+    legacy = HistoryMirror(history, held_rows({"training_step": 2}))
+    assert [r["training_step"] for r in legacy.new_rows()] == [3]
+    assert held_rows({}) == {}  # nothing logged yet
 
 
 CLOSING_SLOWLY = """
@@ -883,3 +885,36 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
     # online learning (dataset=inbox) goes on from any run, with its own val set (test_serve's online loop)
     check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset=inbox", "seed=3"]),
                              RunRecord(tmp_path, JobInfo(choices={"dataset": "inbox"})))
+
+
+def test_a_resume_refused_by_a_config_error_leaves_the_completed_run_completed(tmp_path):
+    """Found by an audit: a resume refused inside the loop (here, its val documents are others; also a summary
+    budget past the policy's context, once the model loaded) wrote status "failed" with its error over a completed
+    run's record, and summrl.report left the run out of its statistics (and W&B showed it failed)."""
+    import asyncio
+
+    from summrl.errors import ConfigError
+    from summrl.job import JobInfo, RunRecord, read_result, write_result
+    from summrl.loop import train
+    from summrl.tracking import flat_config
+    from tests.conftest import compose_config
+
+    config = compose_config(["experiment=local", "run.name=r", f"run.dir={tmp_path}"])
+    earlier = {"status": "completed", "config": flat_config(config, JobInfo()), "steps": 2, "final_val_score": 0.4,
+               "attempts": [{"attempt": 1, "start_step": 0, "end_step": 2}], "val_history": [{"step": 2}],
+               "dataset": {"val_sha256": "the digest of other documents"}, "wall_s": 60.0}
+    write_result(tmp_path, earlier)
+    record = RunRecord(tmp_path)
+    with pytest.raises(ConfigError, match="resumes a run whose val documents were others"):
+        asyncio.run(train(config, record))
+    record.fail("config", "config error: ...", 2)  # as summrl.train finishes a failed job
+    result = read_result(tmp_path)
+    assert (result["status"], result["steps"], result["final_val_score"]) == ("completed", 2, 0.4)
+    assert "error" not in result and "error_kind" not in result and result["wall_s"] == 60.0
+    # a first invocation refused so is a failed run, as before
+    fresh = tmp_path / "fresh"
+    config = compose_config(["experiment=local", "run.name=f", f"run.dir={fresh}", "trainer.groups_per_step=999"])
+    record = RunRecord(fresh)
+    with pytest.raises(ConfigError, match="trainer.groups_per_step=999"):
+        asyncio.run(train(config, record))
+    assert read_result(fresh)["status"] == "failed"

@@ -39,6 +39,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 from summrl import mkl_isa
 from summrl.errors import run_async
@@ -309,6 +310,9 @@ def bench_faults(rate: float, seed: int) -> dict:
             rollouts = result.get("rollouts", {})
             total = rollouts.get("scored", 0) + rollouts.get("missing", 0)
             figures[name] = {
+                "returncode": run["returncode"],
+                # a run that failed or left no result.json: its own words (its figures are null)
+                **({"stderr_tail": run["stderr"][-2000:]} if run["returncode"] or not run["result"] else {}),
                 "status": result.get("status"), "error": result.get("error"),
                 "rollouts_scored": rollouts.get("scored"), "rollouts_missing": rollouts.get("missing"),
                 "scored_share": round(rollouts.get("scored", 0) / total, 3) if total else None,
@@ -318,6 +322,16 @@ def bench_faults(rate: float, seed: int) -> dict:
                 "wall_s": run["wall_s"],
             }
     return figures
+
+
+def longest_fit(fits: Callable[[int], bool], most: int, step: int = 5) -> Optional[int]:
+    """The largest multiple of ``step`` up to ``most`` for which ``fits`` (true up to some length, then false) holds;
+    None where ``step`` itself does not. Slices started at 60 words: a larger --max-tokens changed nothing."""
+    low, high = 0, most // step
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle * step) else (low, middle - 1)
+    return low * step or None
 
 
 async def bench_sft(samples: int, max_tokens: int, repeats: int) -> dict:
@@ -339,13 +353,16 @@ async def bench_sft(samples: int, max_tokens: int, repeats: int) -> dict:
             trajectories, lengths = [], []
             for doc in docs[:samples]:
                 words = doc.text.split()
-                for cut in range(60, 0, -5):  # the longest slices whose chat fits in max_tokens
-                    messages = [{"role": "user", "content": "Summarize: " + " ".join(words[:cut])},
-                                {"role": "assistant", "content": " ".join(words[cut : 2 * cut])}]
-                    ids, _ = engine.chat_sample(messages)
-                    if len(ids) <= max_tokens:
-                        break
-                trajectories.append(art.Trajectory(messages_and_choices=messages, reward=1.0))
+
+                def chat(cut: int) -> list[dict]:  # the document's first ``cut`` words, then the next ``cut``
+                    return [{"role": "user", "content": "Summarize: " + " ".join(words[:cut])},
+                            {"role": "assistant", "content": " ".join(words[cut : 2 * cut])}]
+
+                cut = longest_fit(lambda c: len(engine.chat_sample(chat(c))[0]) <= max_tokens, len(words) // 2)
+                if cut is None:
+                    raise SystemExit(f"summrl.perf sft: --max-tokens {max_tokens}: not even a chat of 5 + 5 words of "
+                                     f"document {doc.id} fits; raise it")
+                trajectories.append(art.Trajectory(messages_and_choices=chat(cut), reward=1.0))
                 lengths.append(len(engine.chat_sample(chat_messages(trajectories[-1]))[0]))
             sft = art.TrainSFTConfig(learning_rate=config.sft.lr, batch_size=config.sft.batch_size)
             times = []
@@ -367,8 +384,6 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
     wall time over one request's (batching's figure: 1 means free, ``concurrency`` means none). With the first
     server, a lone streamed chat (a document to summarize, 128 tokens, greedy; 3 times, median): the time to its first
     piece of text and to its end."""
-    import httpx
-
     from summrl.serve.process import ServeProcess
 
     documents = [line for line in (ROOT / "summrl" / "data" / "repliqa_sample.jsonl").read_text().splitlines()]
@@ -376,56 +391,66 @@ def bench_serve(run_dir: str, concurrency: int, best_of_n: tuple[int, ...], sele
     out: dict = {"run_dir": run_dir, "step": step, "concurrency": concurrency, "selector": selector,
                  "overrides": list(overrides)}
     for n in best_of_n:
-        log = Path(tempfile.mkdtemp(prefix="summrl-perf-serve-")) / "serve.log"
-        server = ServeProcess(run_dir, [f"step={step}", f"serve.best_of_n={n}", f"serve.selector={selector}",
-                                        *overrides], log)
-        url, load_s = server.url, server.load_s
-        try:
-            async def post(client, text: str) -> float:
-                start = time.perf_counter()
-                response = await client.post(f"{url}/v1/summarize", json={"document": text, "seed": 1})
+        with tempfile.TemporaryDirectory(prefix="summrl-perf-serve-") as folder:  # the server's log, while it runs
+            server = ServeProcess(run_dir, [f"step={step}", f"serve.best_of_n={n}", f"serve.selector={selector}",
+                                            *overrides], Path(folder) / "serve.log")
+            out.update(_serve_figures(server, n, best_of_n[0], texts, concurrency))
+    return out
+
+
+def _serve_figures(server: Any, n: int, first_n: int, texts: list[str], concurrency: int) -> dict:
+    """One server's figures (``bench_serve``); the server is stopped at the end."""
+    import httpx
+
+    out: dict = {}
+    url, load_s = server.url, server.load_s
+    try:
+        async def post(client, text: str) -> float:
+            start = time.perf_counter()
+            response = await client.post(f"{url}/v1/summarize", json={"document": text, "seed": 1})
+            response.raise_for_status()
+            return time.perf_counter() - start
+
+        async def stream(client, model: str, text: str) -> tuple[float, float]:
+            body = {"model": model, "stream": True, "max_tokens": 128, "temperature": 0,
+                    "messages": [{"role": "user", "content": f"Summarize this document:\n\n{text}"}]}
+            start, first = time.perf_counter(), None
+            async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
                 response.raise_for_status()
-                return time.perf_counter() - start
+                async for line in response.aiter_lines():
+                    if first is None and line.startswith("data: {") and any(
+                            (choice.get("delta") or {}).get("content")
+                            for choice in json.loads(line[len("data: "):]).get("choices") or ()):
+                        first = time.perf_counter() - start
+            return first or math.nan, time.perf_counter() - start
 
-            async def stream(client, model: str, text: str) -> tuple[float, float]:
-                body = {"model": model, "stream": True, "max_tokens": 128, "temperature": 0,
-                        "messages": [{"role": "user", "content": f"Summarize this document:\n\n{text}"}]}
-                start, first = time.perf_counter(), None
-                async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-                    response.raise_for_status()
-                    async for line in response.aiter_lines():
-                        if first is None and line.startswith("data: {") and any(
-                                (choice.get("delta") or {}).get("content")
-                                for choice in json.loads(line[len("data: "):]).get("choices") or ()):
-                            first = time.perf_counter() - start
-                return first or math.nan, time.perf_counter() - start
+        async def measure() -> tuple[list[float], list[float], float, list[tuple[float, float]]]:
+            async with httpx.AsyncClient(timeout=600) as client:
+                await post(client, texts[0])  # warm-up
+                alone = [await post(client, texts[i % len(texts)]) for i in range(3)]
+                start = time.perf_counter()
+                latencies = await asyncio.gather(*(post(client, texts[i % len(texts)]) for i in range(concurrency)))
+                wall = time.perf_counter() - start
+                streamed = []
+                if n == first_n:
+                    model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+                    streamed = [await stream(client, model, texts[i % len(texts)]) for i in range(3)]
+                return alone, list(latencies), wall, streamed
 
-            async def measure() -> tuple[list[float], list[float], float, list[tuple[float, float]]]:
-                async with httpx.AsyncClient(timeout=600) as client:
-                    await post(client, texts[0])  # warm-up
-                    alone = [await post(client, texts[i % len(texts)]) for i in range(3)]
-                    start = time.perf_counter()
-                    latencies = await asyncio.gather(*(post(client, texts[i % len(texts)]) for i in range(concurrency)))
-                    wall = time.perf_counter() - start
-                    streamed = []
-                    if n == best_of_n[0]:
-                        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
-                        streamed = [await stream(client, model, texts[i]) for i in range(3)]
-                    return alone, list(latencies), wall, streamed
-
-            alone, latencies, wall, streamed = run_async(measure())
-        finally:
-            server.stop()
-        ordered = sorted(latencies)
-        single = statistics.median(alone)
-        out[f"best_of_{n}"] = {
-            "load_s": round(load_s, 1), "single_s": round(single, 2),
-            "p50_s": round(statistics.median(ordered), 2), "p95_s": round(ordered[max(0, round(0.95 * len(ordered)) - 1)], 2),
-            "wall_s": round(wall, 2), "documents_per_s": round(concurrency / wall, 3),
-            "wall_over_single": round(wall / single, 2)}
-        if streamed:
-            out["stream_first_piece_s"] = round(statistics.median(first for first, _ in streamed), 2)
-            out["stream_total_s"] = round(statistics.median(total for _, total in streamed), 2)
+        alone, latencies, wall, streamed = run_async(measure())
+    finally:
+        server.stop()
+    ordered = sorted(latencies)
+    single = statistics.median(alone)
+    out[f"best_of_{n}"] = {
+        "load_s": round(load_s, 1), "single_s": round(single, 2),
+        "p50_s": round(statistics.median(ordered), 2),
+        "p95_s": round(ordered[math.ceil(0.95 * len(ordered)) - 1], 2),  # nearest rank: 16 requests, the slowest
+        "wall_s": round(wall, 2), "documents_per_s": round(concurrency / wall, 3),
+        "wall_over_single": round(wall / single, 2)}
+    if streamed:
+        out["stream_first_piece_s"] = round(statistics.median(first for first, _ in streamed), 2)
+        out["stream_total_s"] = round(statistics.median(total for _, total in streamed), 2)
     return out
 
 
@@ -493,44 +518,60 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m summrl.perf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="benchmark", required=True)
+
+    def positive(text: str) -> int:  # a count of 0 failed with a traceback, after minutes of loading and measuring
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+        return value
+
     step = sub.add_parser("step", help="embedded GRPO step time, batched generation, start-up time")
-    step.add_argument("--steps", type=int, default=3, help="GRPO steps to time (median reported)")
-    step.add_argument("--repeats", type=int, default=2, help="throughput measurements (median reported)")
+    step.add_argument("--steps", type=positive, default=3, help="GRPO steps to time (median reported)")
+    step.add_argument("--repeats", type=positive, default=2, help="throughput measurements (median reported)")
     judge = sub.add_parser("judge", help="judge calls and input tokens per rollout: reward=qa vs Summary-RL's "
                                                  "scheme, and reward=rubric")
-    judge.add_argument("--documents", type=int, default=8, help="sample documents, one group each")
-    judge.add_argument("--group-size", type=int, default=8, help="rollouts per group")
+    judge.add_argument("--documents", type=positive, default=8, help="sample documents, one group each")
+    judge.add_argument("--group-size", type=positive, default=8, help="rollouts per group")
     judge.add_argument("--delay", type=float, default=0.2, help="seconds the judge takes per call, for group_wall_s")
     faults = sub.add_parser("faults", help="a training run against a faulty judge vs a fault-free one")
     faults.add_argument("--rate", type=float, default=0.3, help="the share of judge calls that fail")
     faults.add_argument("--seed", type=int, default=1)
     sft = sub.add_parser("sft", help="embedded SFT time for 16 samples of up to 128 tokens")
-    sft.add_argument("--samples", type=int, default=16)
-    sft.add_argument("--max-tokens", type=int, default=128)
-    sft.add_argument("--repeats", type=int, default=3, help="train_sft calls to time (median reported)")
+    sft.add_argument("--samples", type=positive, default=16)
+    sft.add_argument("--max-tokens", type=positive, default=128)
+    sft.add_argument("--repeats", type=positive, default=3, help="train_sft calls to time (median reported)")
     serve = sub.add_parser("serve", help="summrl.serve: latency and throughput of concurrent /v1/summarize requests")
     serve.add_argument("--run-dir", required=True, help="a training run folder (runs/<name>)")
     serve.add_argument("--step", default="latest")
-    serve.add_argument("--concurrency", type=int, default=16)
-    serve.add_argument("--best-of-n", type=int, nargs="+", default=[1, 4])
+    serve.add_argument("--concurrency", type=positive, default=16)
+    serve.add_argument("--best-of-n", type=positive, nargs="+", default=[1, 4])
     serve.add_argument("--selector", default="length", help="length needs no judge; ruler measures the judge too")
     serve.add_argument("overrides", nargs="*", help="more summrl.serve overrides, e.g. backend=embedded "
                                                     "backend.dtype=bfloat16")
     first = sub.add_parser("first-sample", help="how often a fresh process samples other tokens for the same seeds")
-    first.add_argument("--processes", type=int, default=20, help="fresh processes, one after another")
+    first.add_argument("--processes", type=positive, default=20, help="fresh processes, one after another")
     first.add_argument("--unsettled", action="store_true", help="skip the engine's MKL warm-up at load (to compare)")
     first.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one process's sample, as JSON
     args = parser.parse_args(argv)
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     if args.benchmark == "faults":
-        print(json.dumps(bench_faults(args.rate, args.seed), indent=2))
+        figures = bench_faults(args.rate, args.seed)
+        print(json.dumps(figures, indent=2))
+        if any(run["returncode"] for run in figures.values()):  # the figures are of a run that failed: not a benchmark
+            print("summrl.perf faults: a training run failed (see its returncode and stderr_tail above)", file=sys.stderr)
+            sys.exit(1)
         return
     if args.benchmark == "serve":
         from summrl.config import compose
         from summrl.errors import ConfigError, Failure
         from summrl.serve.config import validate_serve
 
+        # the server runs in the project's folder: a relative --run-dir is the user's, from where they typed it
+        args.run_dir = str(Path(args.run_dir).expanduser().absolute())
         try:  # what a server would refuse, refused before one starts
             for n in args.best_of_n:
                 validate_serve(compose("serve", [f"run_dir={args.run_dir}", f"step={args.step}", f"serve.best_of_n={n}",

@@ -74,3 +74,28 @@ def test_a_judge_failing_90_percent_of_calls_stops_the_run_saying_why(tmp_path, 
     # it stopped within two steps: at most one step was trained and logged
     trained = [r for r in history(tmp_path / "run") if "train/judge/failed_rollouts" in r]
     assert len(trained) <= 1 and "summrl: step 2 " not in run["stdout"]
+
+
+def test_perf_faults_says_a_training_run_failed_and_exits_non_zero(monkeypatch, capsys):
+    """Found by an audit: a run that failed (here, refused at composition) gave a JSON of null figures and exit 0."""
+    from summrl import perf
+
+    monkeypatch.setattr(perf, "FAULT_RUN_OVERRIDES", [*perf.FAULT_RUN_OVERRIDES, "trainer.max_steps=abc"])
+    with pytest.raises(SystemExit) as stop:
+        perf.main(["faults"])
+    assert stop.value.code == 1
+    out, err = capsys.readouterr()
+    figures = json.loads(out)
+    assert [run["returncode"] for run in figures.values()] == [2, 2]
+    assert all("trainer.max_steps" in run["stderr_tail"] for run in figures.values())
+    assert "a training run failed" in err
+
+
+def test_perf_sft_takes_the_longest_slices_that_fit_its_max_tokens():
+    """Found by an audit: slices started at 60 words, so a --max-tokens past about 170 changed nothing."""
+    from summrl.perf import longest_fit
+
+    assert longest_fit(lambda cut: cut <= 137, 1000) == 135  # past the old 60
+    assert longest_fit(lambda cut: cut <= 42, 1000) == 40
+    assert longest_fit(lambda cut: True, 23) == 20  # half the document at most
+    assert longest_fit(lambda cut: cut <= 3, 1000) is None  # not even 5 words: the benchmark says so

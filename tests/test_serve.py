@@ -319,6 +319,18 @@ def test_perf_serve_refuses_what_the_server_would_before_starting_one(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == (f"summrl: config error: run_dir: {tmp_path / 'nowhere'} is not a folder (a "
                                      "training run folder, e.g. runs/<run.name>)")
+    # a relative --run-dir is the user's, from where they typed it (the server runs in the project's folder: a folder
+    # checked here was another there, found by an audit)
+    relative = subprocess.run([sys.executable, "-m", "summrl.perf", "serve", "--run-dir", "runs/nowhere"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert relative.returncode == 2 and f"run_dir: {tmp_path / 'runs' / 'nowhere'} is not a folder" in relative.stderr
+    # a count of 0 is a usage error before anything loads (it was a traceback after minutes of measuring)
+    for args in (["step", "--steps", "0"], ["serve", "--run-dir", ".", "--concurrency", "0"],
+                 ["first-sample", "--processes", "-1"], ["judge", "--documents", "x"]):
+        zero = subprocess.run([sys.executable, "-m", "summrl.perf", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert zero.returncode == 2 and "must be a whole number of at least 1" in zero.stderr, (args, zero.stderr)
 
 
 def test_an_inbox_run_with_no_checkpoint_and_no_inbox_is_refused_naming_run_name(tmp_path):

@@ -24,10 +24,11 @@ class ServeProcess:
         """Start the server on a free loopback port and return once ``GET /health`` answers 200. RuntimeError (with
         the end of its log) if it exits or is not ready within ``timeout_s``."""
         self.port, self.log = free_port(), Path(log)
+        self.output = self.log.open("w")  # closed by stop()
         started = time.monotonic()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "summrl.serve", f"run_dir={run_dir}", f"serve.port={self.port}", *args],
-            cwd=ROOT, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+            cwd=ROOT, stdout=self.output, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         while True:
             try:
@@ -52,3 +53,5 @@ class ServeProcess:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
+        self.output.close()

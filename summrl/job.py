@@ -321,10 +321,21 @@ class RunRecord:
                                     **attempts, "untrained_steps": self.untrained_steps, "wall_s": wall_s})
         self.saved = True
 
+    def leaves_as_it_was(self, error: BaseException) -> bool:
+        """Whether this invocation, stopped by ``error`` before it trained a step, leaves the run's status as its
+        earlier invocations left it: a completed run's results stand whatever stopped a rerun (a config error, Ctrl-C
+        while it loaded, a network error: each made it "failed" or "interrupted", and summrl.report left it out), and a
+        stopped run refused a resume by a config error is still a stopped run to resume."""
+        from summrl.errors import ConfigError
+
+        status = self.earlier.get("status")
+        return not self.stepped and (status == "completed" or (status == "interrupted"
+                                                              and isinstance(error, ConfigError)))
+
     def refused(self) -> None:
-        """This invocation resumed the run and was refused (a config error) before it trained: the run stays as its
-        earlier invocations left it, its status and error included (a refused resume of a completed run made it
-        "failed", and summrl.report left it out); what this invocation spent stays counted, its time is not the run's."""
+        """This invocation stopped before it trained, and the run stays as its earlier invocations left it
+        (``leaves_as_it_was``), its status and error included; what this invocation spent stays counted, its time is
+        not the run's."""
         self.fields.update({k: self.earlier.get(k) for k in ("status", "error", "error_kind", "exit_code", "traceback")
                             if k in self.earlier or k in self.fields})
         self.fields = {k: v for k, v in self.fields.items() if v is not None or k in self.earlier}
@@ -344,6 +355,9 @@ class RunRecord:
         if self.stopped_waiting:
             return (f"stopped while waiting for inbox documents ({stop_signal()}): nothing was trained, and result.json "
                     f"is as the run's last invocation left it; run {command} to wait again")
+        if self.was_refused:
+            return (f"stopped before it trained ({stop_signal()}): nothing was trained, and result.json is as the "
+                    f"run's last invocation left it ({self.earlier.get('status')}, step {step}); run {command} to go on")
         if step:
             return f"stopped after step {step} ({stop_signal()}); its checkpoint is kept: run {command} to resume from it"
         return f"stopped before the first checkpoint ({stop_signal()}); run {command} to start again"

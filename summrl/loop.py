@@ -720,15 +720,19 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
         record.update(status="completed", steps=step, **val_summary(history))
         return history[-1]["val_reward"]
-    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C: asyncio.run cancels this task, then raises
-        if not record.stopped_waiting:
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:  # Ctrl-C: asyncio.run cancels this task, then raises
+        if record.stopped_waiting:
+            pass
+        elif record.leaves_as_it_was(e):
+            record.refused()  # a rerun of a completed run stopped before it trained: the run is as it was
+        else:
             record.update(status="interrupted", error=f"interrupted ({stop_signal()})")
         if backup is not None and last_trained is not None:  # backup_every > 1: the step it stopped after goes up too
             await backup.after_step(last_trained, final=True)
         raise
     except BaseException as e:
-        if isinstance(e, ConfigError) and record.earlier.get("status") and not record.stepped:
-            record.refused()  # a resume refused before it trained: the run is as it was
+        if record.leaves_as_it_was(e):
+            record.refused()  # a resume stopped before it trained: the run is as it was
         else:
             record.update(status="failed", error=redact_text(f"{type(e).__name__}: {e}"),
                           traceback=redact_text(traceback.format_exc()))
@@ -748,7 +752,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         record.save()
         if backup is not None:
             backup.save_result(config.run.dir)
-        tracker.finish(failed=record.fields["status"] != "completed")
+        tracker.finish(record.fields["status"])
         if session is not None:
             await session.backend.close()
         if held is not None:

@@ -562,7 +562,8 @@ def main(argv: list[str] | None = None) -> None:
         figures = bench_faults(args.rate, args.seed)
         print(json.dumps(figures, indent=2))
         if any(run["returncode"] for run in figures.values()):  # the figures are of a run that failed: not a benchmark
-            print("summrl.perf faults: a training run failed (see its returncode and stderr_tail above)", file=sys.stderr)
+            print("summrl.perf faults: a training run failed (see its returncode and stderr_tail above)",
+                  file=sys.stderr)
             sys.exit(1)
         return
     if args.benchmark == "serve":

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from summrl.config import Config
+from summrl.errors import Failure
 from summrl.job import JobInfo, jsonl_rows
 from summrl.secrets import redact, redact_text
 
@@ -28,7 +29,7 @@ class Tracker:
 
     def log_samples(self, step: int, groups: Sequence[Any]) -> None: ...
 
-    def finish(self, failed: bool) -> None: ...
+    def finish(self, status: str) -> None: ...
 
 
 def flat_config(config: Config, job: JobInfo) -> dict[str, Any]:
@@ -106,8 +107,13 @@ class WandbTracker(Tracker):
                                t.metrics.get("hallucination_rate"))
         self.run.log({"val/samples": table, "training_step": step})
 
-    def finish(self, failed: bool) -> None:
-        self.run.finish(exit_code=1 if failed else 0)
+    def finish(self, status: str) -> None:
+        """A stopped run (Ctrl-C, SIGTERM: to be resumed) is marked preempting, as W&B names a run that will come
+        back, with the process's exit code; it was finished as failed, as a crash is."""
+        if status == "interrupted":
+            self.run.mark_preempting()
+        self.run.finish(exit_code=0 if status == "completed" else
+                        Failure("interrupted", "").exit_code if status == "interrupted" else 1)
 
 
 def row_kind(record: dict) -> str:

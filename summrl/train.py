@@ -114,7 +114,7 @@ def main(cfg: DictConfig) -> float | None:
 
         return run_async(train(config, record))
     except KeyboardInterrupt:  # Ctrl-C: the loop has saved its record and closed the backend; a sweep stops too
-        if record.stopped_waiting:  # dataset=inbox: nothing trained, the record as it was
+        if record.stopped_waiting or record.was_refused:  # nothing trained, the record as it was
             end(Failure("interrupted", record.interruption()))
         if record.fields.get("status") == "completed":  # a signal while the finished run closed its backend
             log.warning(f"summrl: {stop_signal()} while closing the backend: the run had completed, and its record "

@@ -142,7 +142,7 @@ def keys(endpoint, bucket, prefix=""):
 
 def wandb_records(run_dir: Path) -> dict:
     """The offline run under ``run_dir/wandb``: run header (project, group, name, tags, config), history rows,
-    exit code."""
+    exit code, and whether it was marked preempting."""
     import json
 
     from wandb.proto import wandb_internal_pb2
@@ -165,6 +165,8 @@ def wandb_records(run_dir: Path) -> dict:
                                    for i in record.history.item})
         elif kind == "exit":
             out["exit_code"] = record.exit.exit_code
+        elif kind == "preempting":
+            out["preempting"] = True
     return out
 
 

@@ -291,7 +291,7 @@ def test_the_readme_documents_every_exit_code():
 
 def test_wandb_mode_from_the_environment_unless_logger_mode_says(monkeypatch, tmp_path):
     from summrl.tracking import open_tracker
-    from tests.conftest import compose_config
+    from tests.conftest import compose_config, wandb_records
 
     monkeypatch.setenv("WANDB_API_KEY", "a" * 40)  # would go online under logger.mode=auto, without WANDB_MODE
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -301,7 +301,7 @@ def test_wandb_mode_from_the_environment_unless_logger_mode_says(monkeypatch, tm
     try:
         assert tracker.run.settings.mode == "offline" and tracker.run.offline
     finally:
-        tracker.finish(failed=False)
+        tracker.finish("completed")
     monkeypatch.setenv("WANDB_MODE", "disabled")
     config = compose_config(["experiment=local", "logger=wandb", "logger.mode=offline", f"run.dir={tmp_path}",
                              "run.name=modes2"])
@@ -309,7 +309,14 @@ def test_wandb_mode_from_the_environment_unless_logger_mode_says(monkeypatch, tm
     try:
         assert tracker.run.offline and not tracker.run.disabled
     finally:
-        tracker.finish(failed=False)
+        tracker.finish("completed")
+    # a stopped run (to be resumed) is marked preempting, with Ctrl-C's exit code: it was finished as failed (1)
+    stopped = tmp_path / "stopped"
+    config = compose_config(["experiment=local", "logger=wandb", "logger.mode=offline", f"run.dir={stopped}",
+                             "run.name=stopped"])
+    open_tracker(config, None, stopped / "history.jsonl").finish("interrupted")
+    record = wandb_records(stopped)
+    assert (record["exit_code"], record.get("preempting")) == (130, True)
 
 
 @pytest.mark.slow
@@ -667,7 +674,8 @@ def test_a_w_and_b_run_gets_every_history_row_it_lacks_and_none_twice(tmp_path):
 
     history = tmp_path / "history.jsonl"
     earlier = (b'{"training_step": 0, "val/reward": 0.2}\n{"training_step": 1, "train/reward": 0.5}\n'
-               b'{"training_step": 1, "val/reward": 0.3}\n{"training_step": 2, "train/reward": 0.6, "judge/calls": 4}\n')
+               b'{"training_step": 1, "val/reward": 0.3}\n'
+               b'{"training_step": 2, "train/reward": 0.6, "judge/calls": 4}\n')
     history.write_bytes(earlier)
     # a new W&B run on a run trained before: the whole history
     fresh = HistoryMirror(history, None)
@@ -911,6 +919,23 @@ def test_a_resume_refused_by_a_config_error_leaves_the_completed_run_completed(t
     result = read_result(tmp_path)
     assert (result["status"], result["steps"], result["final_val_score"]) == ("completed", 2, 0.4)
     assert "error" not in result and "error_kind" not in result and result["wall_s"] == 60.0
+    # Ctrl-C while a rerun of the completed run loads its model: the run is as it was (it read "interrupted")
+    import summrl.loop
+
+    async def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    write_result(tmp_path, {k: v for k, v in earlier.items() if k != "dataset"})
+    record = RunRecord(tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(summrl.loop, "open_session", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(train(config, record))
+    record.fail("interrupted", record.interruption(), 130)
+    assert "nothing was trained, and result.json is as the run's last invocation left it (completed, step 2)" in (
+        record.interruption())
+    result = read_result(tmp_path)
+    assert (result["status"], result["steps"], result["wall_s"]) == ("completed", 2, 60.0) and "error" not in result
     # a first invocation refused so is a failed run, as before
     fresh = tmp_path / "fresh"
     config = compose_config(["experiment=local", "run.name=f", f"run.dir={fresh}", "trainer.groups_per_step=999"])

@@ -656,7 +656,8 @@ def test_distill_run_killed_during_collection_pays_the_teacher_only_for_what_is_
     (row,) = [r for r in run["history"] if "train/sft/teacher_calls" in r]
     assert row["train/sft/teacher_calls"] == sft["teacher_calls"] and row["train/sft/samples_kept"] == 4
     # the W&B run, first opened by the second invocation, holds every val pass: the first invocation's too
-    assert [r["training_step"] for r in run["history"] if "val/reward" in r] == [h["step"] for h in result["val_history"]]
+    val_rows = [r["training_step"] for r in run["history"] if "val/reward" in r]
+    assert val_rows == [h["step"] for h in result["val_history"]]
 
 
 def test_only_the_last_attempt_of_a_document_is_trained_on(tmp_path):

@@ -732,3 +732,24 @@ def test_a_rerun_with_another_filter_filters_the_collected_documents_again_calli
     assert [t.messages_and_choices[-1]["content"] for t in training_samples(lower)] == ["Second."]
     assert len(lines(folder / COLLECTED)) == 2 and len(collected_rows(folder)) == 1
     assert caplog.text.count("1 collected document(s) filtered again with sft.min_reward=0.6") == 1
+
+
+def test_a_distill_run_whose_judge_failed_records_the_teachers_spend(tmp_path, tiny_weights):
+    """Found by an audit: result.json's sft record (teacher calls and $) was written only once SFT had trained, so a
+    run whose collection failed (exit 2) said nothing of the teacher it had paid."""
+    from summrl.testing import FakeLLM, Faults
+
+    run_dir = tmp_path / "run"
+    with FakeLLM() as teacher, FakeLLM(faults=Faults(rate=1.0, seed=0, retry_after_s="0")) as judge:
+        result = run_cli(["experiment=local", tiny_weights, "sft=distill", "sft.teacher.model=openai/teacher",
+                          f"sft.teacher.api_base={teacher.base_url}", "sft.confirm=false", "sft.samples_per_doc=2",
+                          "sft.max_docs=2", "judge=openai_compatible", "judge.model=openai/judge",
+                          f"judge.api_base={judge.base_url}", "judge.cache_dir=null", "judge.max_retries=0",
+                          "trainer.max_summary_tokens=8", "trainer.val_rollouts_per_doc=1", "dataset.val_size=1",
+                          "trainer.max_missing_reward_rate=1.0", f"hydra.run.dir={run_dir}"], cwd=ROOT)
+        paid = len(teacher.requests)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "documents failed after their retries (judge" in result.stderr
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "failed" and paid == 4
+    assert (record["sft"]["teacher_calls"], record["sft"]["incomplete"]) == (paid, True)

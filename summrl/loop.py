@@ -508,7 +508,11 @@ def run_totals(session: Session, record: RunRecord) -> dict[str, Any]:
 
 def with_earlier_question_cost(dataset: dict, earlier: dict) -> dict:
     """dataset=documents: the questions' $ over the run's invocations (a resume reads them from the cache at $0, and
-    its record said the run had spent nothing on them)."""
+    its record said the run had spent nothing on them). A record with no val digest (dataset=inbox's) keeps the one
+    the run trained with: an online invocation dropped it, and a later resume on changed documents went on."""
+    trained = (earlier.get("dataset") or {}).get("val_sha256")
+    if trained and "val_sha256" not in dataset:
+        dataset = {**dataset, "val_sha256": trained}
     questions = dataset.get("questions")
     spent = ((earlier.get("dataset") or {}).get("questions") or {}).get("cost_usd") or 0.0
     if not isinstance(questions, dict) or not spent:

@@ -794,6 +794,12 @@ def test_a_resumed_invocation_that_stops_early_keeps_the_runs_spend_and_figures(
     resumed = {"kind": "documents", "questions": {"cost_usd": 0.0, "written_now": 0}}
     assert with_earlier_question_cost(resumed, saved)["questions"]["cost_usd"] == pytest.approx(0.00112)
     assert with_earlier_question_cost(resumed, {}) == resumed
+    # an online invocation (dataset=inbox) keeps the val digest the run trained with, which a later resume on the
+    # documents is checked against: its record has none, and the check was skipped from then on (found by an audit)
+    inbox_record = {"kind": "inbox", "recorded": 0, "documents": 0}
+    trained = {"dataset": {"kind": "documents", "val_sha256": "0a831d8883322622"}}
+    assert with_earlier_question_cost(inbox_record, trained) == {**inbox_record, "val_sha256": "0a831d8883322622"}
+    assert with_earlier_question_cost({"val_sha256": "new"}, trained) == {"val_sha256": "new"}
 
 
 

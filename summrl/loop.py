@@ -508,11 +508,14 @@ def run_totals(session: Session, record: RunRecord) -> dict[str, Any]:
 
 def with_earlier_question_cost(dataset: dict, earlier: dict) -> dict:
     """dataset=documents: the questions' $ over the run's invocations (a resume reads them from the cache at $0, and
-    its record said the run had spent nothing on them). A record with no val digest (dataset=inbox's) keeps the one
-    the run trained with: an online invocation dropped it, and a later resume on changed documents went on."""
+    its record said the run had spent nothing on them). dataset=inbox's record keeps the val digest the run trained
+    with, which a resume on its documents is checked against, and its own as ``inbox_val_sha256``: an online invocation
+    dropped the run's (a later resume on changed documents went on) or replaced it (one on the same was refused)."""
     trained = (earlier.get("dataset") or {}).get("val_sha256")
-    if trained and "val_sha256" not in dataset:
-        dataset = {**dataset, "val_sha256": trained}
+    if dataset.get("kind") == "inbox":
+        own = {"inbox_val_sha256": dataset["val_sha256"]} if "val_sha256" in dataset else {}
+        dataset = {**{k: v for k, v in dataset.items() if k != "val_sha256"}, **own,
+                   **({"val_sha256": trained} if trained else {})}
     questions = dataset.get("questions")
     spent = ((earlier.get("dataset") or {}).get("questions") or {}).get("cost_usd") or 0.0
     if not isinstance(questions, dict) or not spent:
@@ -762,7 +765,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         record.save()
         if backup is not None:
             backup.save_result(config.run.dir)
-        tracker.finish(record.fields["status"])
+        # the run's status as recorded: a resume refused before it trained leaves the earlier one, and its exit code
+        tracker.finish(record.fields["status"], record.fields.get("exit_code") if record.was_refused else None)
         if session is not None:
             await session.backend.close()
         if held is not None:

@@ -561,7 +561,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.benchmark == "faults":
         figures = bench_faults(args.rate, args.seed)
         print(json.dumps(figures, indent=2))
-        if any(run["returncode"] for run in figures.values()):  # the figures are of a run that failed: not a benchmark
+        # a run that left no record, or a fault-free run that failed: no figures (the faulty one may stop by design)
+        if any(not run["status"] for run in figures.values()) or figures["fault_free"]["returncode"]:
             print("summrl.perf faults: a training run failed (see its returncode and stderr_tail above)",
                   file=sys.stderr)
             sys.exit(1)

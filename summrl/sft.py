@@ -233,7 +233,8 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
     pending = {d.id: s.samples_per_doc for d in collection_documents(config, train_docs) if d.id not in done}
     if not pending:
         return
-    to_buy = {doc_id: s.samples_per_doc - len(written.get(doc_id, {})) for doc_id in pending}
+    # the indices missing, as collect() asks for them (summaries past a lower sft.samples_per_doc are not counted)
+    to_buy = {doc_id: sum(i not in written.get(doc_id, {}) for i in range(s.samples_per_doc)) for doc_id in pending}
     docs = [d for d in train_docs if d.id in pending]
     teacher = Calls(f"teacher {s.teacher.model}", s.teacher.model)
     llm_judge = config.judge.kind not in FREE_JUDGES

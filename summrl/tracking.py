@@ -29,7 +29,7 @@ class Tracker:
 
     def log_samples(self, step: int, groups: Sequence[Any]) -> None: ...
 
-    def finish(self, status: str) -> None: ...
+    def finish(self, status: str, exit_code: Optional[int] = None) -> None: ...
 
 
 def flat_config(config: Config, job: JobInfo) -> dict[str, Any]:
@@ -107,13 +107,16 @@ class WandbTracker(Tracker):
                                t.metrics.get("hallucination_rate"))
         self.run.log({"val/samples": table, "training_step": step})
 
-    def finish(self, status: str) -> None:
+    def finish(self, status: str, exit_code: Optional[int] = None) -> None:
         """A stopped run (Ctrl-C, SIGTERM: to be resumed) is marked preempting, as W&B names a run that will come
-        back, with the process's exit code; it was finished as failed, as a crash is."""
+        back, with the signal's exit code; it was finished as failed, as a crash is. ``exit_code``: the record's, where
+        it has one already (a refused resume of a stopped run: the stop's)."""
         if status == "interrupted":
             self.run.mark_preempting()
-        self.run.finish(exit_code=0 if status == "completed" else
-                        Failure("interrupted", "").exit_code if status == "interrupted" else 1)
+        if exit_code is None:
+            exit_code = 0 if status == "completed" else Failure("interrupted", "").exit_code if (
+                status == "interrupted") else 1
+        self.run.finish(exit_code=exit_code)
 
 
 def row_kind(record: dict) -> str:

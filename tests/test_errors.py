@@ -799,7 +799,13 @@ def test_a_resumed_invocation_that_stops_early_keeps_the_runs_spend_and_figures(
     inbox_record = {"kind": "inbox", "recorded": 0, "documents": 0}
     trained = {"dataset": {"kind": "documents", "val_sha256": "0a831d8883322622"}}
     assert with_earlier_question_cost(inbox_record, trained) == {**inbox_record, "val_sha256": "0a831d8883322622"}
-    assert with_earlier_question_cost({"val_sha256": "new"}, trained) == {"val_sha256": "new"}
+    # an inbox with documents has a val set of its own: its digest is kept beside the run's, not over it
+    assert with_earlier_question_cost({**inbox_record, "val_sha256": "inbox"}, trained) == {
+        **inbox_record, "val_sha256": "0a831d8883322622", "inbox_val_sha256": "inbox"}
+    later = with_earlier_question_cost({**inbox_record, "val_sha256": "inbox2"}, {"dataset": {
+        **inbox_record, "val_sha256": "0a831d8883322622", "inbox_val_sha256": "inbox"}})
+    assert (later["val_sha256"], later["inbox_val_sha256"]) == ("0a831d8883322622", "inbox2")
+    assert with_earlier_question_cost({"kind": "documents", "val_sha256": "new"}, trained)["val_sha256"] == "new"
 
 
 

@@ -753,3 +753,62 @@ def test_a_distill_run_whose_judge_failed_records_the_teachers_spend(tmp_path, t
     record = json.loads((run_dir / "result.json").read_text())
     assert record["status"] == "failed" and paid == 4
     assert (record["sft"]["teacher_calls"], record["sft"]["incomplete"]) == (paid, True)
+
+
+def test_grpo_after_sft_starts_from_fresh_adam_moments_as_arts_trainer_does(tmp_path, tiny_weights):
+    """Found by an audit: SFT and GRPO shared one AdamW state, so GRPO's first update went on with SFT's moments and
+    bias correction (optimizer step 4 after 3 SFT batches; ART clears the state at the switch, step 1): its update
+    norm was 0.65 where ART's is 1.11. A run resumed from SFT's checkpoint clears it too, as one that went on."""
+    import types
+
+    import torch
+
+    from summrl.backends.embedded.engine import Engine
+
+    config = compose_config(["experiment=local", tiny_weights])
+    engine = Engine(base_model=config.model.base_model, weights=config.model.weights, lora=config.model.lora)
+    ids = engine.encode_chat([{"role": "user", "content": "Summarize: the bridge reopened on Monday."}])
+    engine.train_sft([[(ids + [1000, 1001, 1002], len(ids))]] * 3, [1e-4] * 3)
+    steps = lambda: {int(state["step"]) for state in engine.optimizer.state.values()}  # noqa: E731
+    assert steps() == {3}
+    engine.save_checkpoint(tmp_path / "0001")  # SFT's checkpoint
+
+    prompt, completion = 16, 4
+    group = torch.cat([torch.zeros(prompt, dtype=torch.long)] + [torch.full((completion,), i) for i in (1, 2)])[None]
+    packed = {"tokens": torch.randint(100, 20000, group.shape), "group_ids": group,
+              "parent_ids": torch.zeros_like(group),
+              "input_pos": torch.cat([torch.arange(prompt)] + [torch.arange(prompt, prompt + completion)] * 2)[None],
+              "assistant_mask": group > 0, "logprobs": torch.where(group > 0, -2.0, float("nan")),
+              "advantages": (group.float() - 1.5) * (group > 0), "weights": torch.ones(group.shape)}
+    engine.train_packed(packed, types.SimpleNamespace(learning_rate=1e-4), {})
+    assert steps() == {1}  # fresh moments, as ART's trainer starts GRPO
+    engine.train_packed(packed, types.SimpleNamespace(learning_rate=1e-4), {})
+    assert steps() == {2}  # and kept from GRPO step to step
+
+    resumed = Engine(base_model=config.model.base_model, weights=config.model.weights, lora=config.model.lora)
+    resumed.load_checkpoint(tmp_path / "0001")  # a fresh process, resumed from SFT's checkpoint
+    assert {int(state["step"]) for state in resumed.optimizer.state.values()} == {3}
+    resumed.train_packed(packed, types.SimpleNamespace(learning_rate=1e-4), {})
+    assert {int(state["step"]) for state in resumed.optimizer.state.values()} == {1}
+
+
+def test_the_teachers_plan_counts_the_summaries_missing_not_those_past_a_lower_samples_per_doc(tmp_path, caplog):
+    """Found by a review: the plan subtracted every summary on disk, so a resume with a lower sft.samples_per_doc
+    planned -2 teacher calls ($ < 0), or 0, and the cost question was skipped while 2 paid calls were still to make."""
+    import logging
+
+    from summrl.sft import SUMMARIES, collection_documents, confirm_cost
+    from summrl.testing import FakeLLM
+
+    with FakeLLM() as teacher:
+        config = distill_config(tmp_path, teacher, "sft.max_docs=2")
+        train = train_split(config)
+        first = collection_documents(config, train)[0]  # written by a run with sft.samples_per_doc=4
+        folder = tmp_path / "sft"
+        folder.mkdir()
+        (folder / SUMMARIES).write_text("".join(json.dumps({"document_id": first.id, "index": i, "summary": "s",
+                                                            "finish_reason": "stop"}) + "\n" for i in range(4)))
+        with caplog.at_level(logging.INFO, logger="summrl"):
+            confirm_cost(config, train)
+    assert "sft plan: 2 teacher summaries for 1 documents (4 already written), 2 documents to score" in caplog.text
+    assert "teacher openai/teacher: 2 calls" in caplog.text

@@ -12,6 +12,7 @@ submitted: ``summrl.sweep`` reads it to find the job, its backup and its price.
 from __future__ import annotations
 
 import logging
+import shlex
 import time
 from typing import Any, Optional
 
@@ -54,7 +55,7 @@ def submit(config: Any, task: Any, name: str, estimate: Any, record: Optional[Ru
     record.save(timed=False)
     where = record.job.sweep and str(record.run_dir.parent) or config.run.dir
     log.info(f"summrl: submitted managed job {job_id} ({name}); it runs and recovers without this terminal. "
-             f"See it with `python -m summrl.sweep status {where}` or `sky jobs logs {job_id}`")
+             f"See it with `python -m summrl.sweep status {shlex.quote(str(where))}` or `sky jobs logs {job_id}`")
     return managed
 
 

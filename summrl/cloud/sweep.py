@@ -200,8 +200,8 @@ def _command(args: argparse.Namespace) -> int:
         rows = status(args.folder)
         print(render(rows))
         if any(r["state"] == ENDED_STOPPED for r in rows):
-            pull = f"python -m summrl.sweep pull {shlex.quote(str(args.folder))}"
-            print(f"summrl: {CONTROLLER_STOPPED}; `{pull}` brings their results")
+            again = f"python -m summrl.sweep pull {shlex.quote(str(args.folder))}"
+            print(f"summrl: {CONTROLLER_STOPPED}; `{again}` brings their results")
     elif args.command == "pull":
         missing = pull(args.folder)
         for line in missing:

@@ -413,6 +413,8 @@ class Engine:
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0
         )
+        # "sft" or "rl": what the optimizer state was last stepped for (saved with it); None: not known
+        self.trained_as: Optional[str] = None
         self.lock = threading.Lock()
         self.eos_ids = self._eos_ids()
         self._merged = False  # LoRA folded into the base weights: faster sampling, undone before training
@@ -486,6 +488,14 @@ class Engine:
     def _unpack(self) -> None:
         if self.linears is not None:
             self.linears.unpack()
+
+    def _train_as(self, mode: str) -> None:
+        """ART's trainer clears AdamW's state when training switches between SFT and RL (art/unsloth/train.py,
+        ``_reset_optimizer_if_mode_changed``): GRPO after an SFT stage starts from fresh moments. It went on with
+        SFT's (their bias correction at SFT's step count): its first update was another than LocalBackend's."""
+        if self.trained_as not in (None, mode):
+            self.optimizer.state.clear()
+        self.trained_as = mode
 
     def _eos_ids(self) -> list[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -719,6 +729,7 @@ class Engine:
             self._unpack()  # sampling's packed weights: not needed to train, and out of training's peak
             release_freed()
             refs = self._reference_logprobs(rows, reference) if dev_config.get("kl_penalty_coef", 0.0) > 0 else None
+            self._train_as("rl")
             self.model.train()
             try:
                 for param_group in self.optimizer.param_groups:
@@ -831,6 +842,7 @@ class Engine:
             self._set_merged(False)
             self._unpack()  # sampling's packed weights: not needed to train, and out of training's peak
             release_freed()
+            self._train_as("sft")
             self.model.train()
             try:
                 for batch, lr in zip(batches, learning_rates):
@@ -869,7 +881,8 @@ class Engine:
             shutil.rmtree(unfinished, ignore_errors=True)
         with self.lock:
             self.model.save_pretrained(str(tmp))
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            # with what it was stepped for: a run resumed from SFT's checkpoint clears it for GRPO, as one that went on
+            torch.save({**self.optimizer.state_dict(), "summrl_trained_as": self.trained_as}, tmp / "optimizer.pt")
         # on disk before the rename: a power cut leaves the old checkpoint or the new one
         for path in (p for p in tmp.rglob("*") if p.is_file()):
             with path.open("rb") as f:
@@ -913,7 +926,9 @@ class Engine:
                 raise
             optimizer_path = directory / "optimizer.pt"
             if optimizer and optimizer_path.exists():
-                self.optimizer.load_state_dict(torch.load(optimizer_path, map_location=self.device))
+                saved = torch.load(optimizer_path, map_location=self.device)
+                self.trained_as = saved.pop("summrl_trained_as", None)  # (a checkpoint from before it was saved: None)
+                self.optimizer.load_state_dict(saved)
 
     def lora_state(self) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict

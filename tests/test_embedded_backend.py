@@ -607,7 +607,7 @@ def test_a_checkpoint_write_that_a_killed_process_left_is_removed_when_its_step_
         (Path(path) / "adapter_model.safetensors").write_bytes(b"weights")
 
     engine = SimpleNamespace(lock=threading.Lock(), model=SimpleNamespace(save_pretrained=save_pretrained),
-                             optimizer=SimpleNamespace(state_dict=dict))
+                             optimizer=SimpleNamespace(state_dict=dict), trained_as=None)
     checkpoints = tmp_path / "checkpoints"
     left = checkpoints / ".0001.tmp-4194303"
     left.mkdir(parents=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from summrl.config import JUDGE_KEYS, OPERATIONAL, QARewardConfig
-from summrl.errors import stop_signal
+from summrl.errors import ConfigError, stop_signal
 from summrl.secrets import redact
 
 RESULT_FILE = "result.json"
@@ -326,8 +326,6 @@ class RunRecord:
         earlier invocations left it: a completed run's results stand whatever stopped a rerun (a config error, Ctrl-C
         while it loaded, a network error: each made it "failed" or "interrupted", and summrl.report left it out), and a
         stopped run refused a resume by a config error is still a stopped run to resume."""
-        from summrl.errors import ConfigError
-
         status = self.earlier.get("status")
         return not self.stepped and (status == "completed" or (status == "interrupted"
                                                               and isinstance(error, ConfigError)))
@@ -336,9 +334,11 @@ class RunRecord:
         """This invocation stopped before it trained, and the run stays as its earlier invocations left it
         (``leaves_as_it_was``), its status and error included; what this invocation spent stays counted, its time is
         not the run's."""
-        self.fields.update({k: self.earlier.get(k) for k in ("status", "error", "error_kind", "exit_code", "traceback")
-                            if k in self.earlier or k in self.fields})
-        self.fields = {k: v for k, v in self.fields.items() if v is not None or k in self.earlier}
+        for key in ("status", "error", "error_kind", "exit_code", "traceback"):
+            if key in self.earlier:
+                self.fields[key] = self.earlier[key]
+            else:
+                self.fields.pop(key, None)
         self.timed = False
         self.was_refused = True
 

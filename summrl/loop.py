@@ -748,12 +748,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         if session is not None:
             session.judge_usage()  # the calls since the last log (a failed step's too) join the totals
             record.update(**run_totals(session, record))
-        if config.sft.kind == "distill" and "sft" not in record.fields and not sft.saved_record(config):
-            # a stage that stopped before it trained (a teacher or judge that failed, a signal): the teacher's calls and
-            # $ so far were in sft/ alone
-            figures = sft.collected_figures(config)
-            if figures["teacher_calls"]:
-                record.update(sft={"kind": "distill", **figures, "incomplete": True})
+        if "sft" not in record.fields and (stopped := sft.record_before_training(config)):
+            record.update(sft=stopped)
         record.update(peak_rss_gb=peak_rss_gb())
         if record.fields.get("status") in ("failed", "interrupted") and record.val_history:
             # what the run reached before it stopped, for summrl.report (it showed nothing)

@@ -20,6 +20,7 @@ import argparse
 import math
 import shlex
 import sys
+from collections import Counter
 from dataclasses import fields
 from pathlib import Path
 
@@ -295,15 +296,12 @@ def short_names(names: list[str], width: int = 60) -> list[str]:
     arms of a two-axis sweep into one bar and one legend entry."""
     half = (width - 1) // 2
     short = [n if len(n) <= width else f"{n[:half]}…{n[-(width - 1 - half):]}" for n in names]
-    seen: dict[str, int] = {}
-    for label in short:
-        seen[label] = seen.get(label, 0) + 1
-    count: dict[str, int] = {}
+    alike, numbered = Counter(short), Counter()
     out = []
     for label in short:
-        if seen[label] > 1:
-            count[label] = count.get(label, 0) + 1
-            label = f"{label} #{count[label]}"
+        if alike[label] > 1:
+            numbered[label] += 1
+            label = f"{label} #{numbered[label]}"
         out.append(label)
     return out
 

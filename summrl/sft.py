@@ -82,6 +82,15 @@ def record_after_stop(config: Config, step: int) -> dict:
     return record
 
 
+def record_before_training(config: Config) -> Optional[dict]:
+    """sft=distill's record of a stage that stopped before it trained (a teacher or judge that failed, a signal),
+    ``incomplete``: the teacher's calls and $ so far were in sft/ alone. None where nothing was paid, or SFT trained."""
+    if config.sft.kind != "distill" or saved_record(config):
+        return None
+    figures = collected_figures(config)
+    return {"kind": "distill", **figures, "incomplete": True} if figures["teacher_calls"] else None
+
+
 def collected_figures(config: Config) -> dict[str, Any]:
     """What ``sft/`` holds: documents, samples collected, cut off and kept, their mean rewards, and the teacher's
     calls, retries and $ over every invocation (a record rebuilt after a stop lacked all but the counts)."""

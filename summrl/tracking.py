@@ -145,10 +145,11 @@ class HistoryMirror:
     it was dropped as "held" with every row through that step."""
 
     def __init__(self, path: Path, held: Optional[dict]) -> None:
+        held = held or {}
         self.path, self.offset = path, 0
-        self.step: float = held["training_step"] if held else -math.inf
-        self.kinds: Optional[set[str]] = set(held["kinds"]) if held and held["kinds"] is not None else (
-            None if held else set())
+        self.step: float = held.get("training_step", -math.inf)
+        kinds = held.get("kinds", ())
+        self.kinds: Optional[set[str]] = None if kinds is None else set(kinds)  # None: every kind at that step
 
     @property
     def held(self) -> dict:
@@ -175,7 +176,7 @@ class HistoryMirror:
                 continue
             if step != self.step:
                 self.step, self.kinds = step, set()
-            self.kinds = (self.kinds or set()) | {kind}
+            self.kinds.add(kind)  # (a set: at a step whose every kind is held, the row was skipped)
             rows.append(record)
         return rows
 

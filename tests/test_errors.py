@@ -315,7 +315,9 @@ def test_wandb_mode_from_the_environment_unless_logger_mode_says(monkeypatch, tm
     config = compose_config(["experiment=local", "logger=wandb", "logger.mode=offline", f"run.dir={stopped}",
                              "run.name=stopped"])
     open_tracker(config, None, stopped / "history.jsonl").finish("interrupted")
-    record = wandb_records(stopped)
+    deadline = time.monotonic() + 30
+    while (record := wandb_records(stopped))["exit_code"] is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # W&B's service writes the run's file after finish() returns (a loaded machine: seconds later)
     assert (record["exit_code"], record.get("preempting")) == (130, True)
 
 

@@ -98,9 +98,41 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
     to the whole process, which swaps ``asyncio.run`` for one that installs no Ctrl-C handler: a
     signal then raised KeyboardInterrupt wherever the main thread was, and one that came while a ``__del__`` ran
     was printed and dropped (the run went on). ``asyncio.Runner`` is not swapped: its handler cancels the run's
-    task. Its loop is still re-entrant for ART: nest_asyncio patches the loop's class."""
-    with asyncio.Runner() as runner:
-        return runner.run(main)
+    task. Its loop is still re-entrant for ART: nest_asyncio patches the loop's class.
+
+    The loop is built with Ctrl-C and SIGTERM held (:func:`signals_held`): one that came while it was built (a
+    supervisor stopping ``summrl.serve`` as it starts) left it half built, and its ``__del__`` printed a traceback,
+    with a warning that ``main`` was never awaited."""
+    loop = None
+    try:
+        with signals_held():
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)  # as the runner does with a loop of its own making
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            return runner.run(main)
+    finally:
+        main.close()  # a signal came before it started: closed, not warned about; once it has run, a no-op
+        if loop is not None:
+            asyncio.set_event_loop(None)
+            loop.close()  # the runner has closed it, unless the signal came before the runner held it
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """In the block, Ctrl-C (and SIGTERM, which cli.run sends down Ctrl-C's path) waits; at its end it goes to the
+    handler it would have reached. For a step that KeyboardInterrupt would leave half done. Main thread only."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if not callable(previous):  # not the main thread, or ignored, or a handler not set from Python: left as it is
+        yield
+        return
+    held: list[Any] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            previous(signal.SIGINT, held[0])
 
 
 def first_line(error: object) -> str:

@@ -773,6 +773,47 @@ def test_a_signal_during_a_finalizer_stops_the_run_after_art_applied_nest_asynci
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
+SIGNAL_AS_THE_LOOP_IS_BUILT = """
+import asyncio, gc, os, signal
+from asyncio.selector_events import BaseSelectorEventLoop
+from summrl import cli
+from summrl.errors import run_async
+
+built = []
+make_self_pipe = BaseSelectorEventLoop._make_self_pipe
+
+def interrupted_while_building(loop):  # the signal's Python handler runs before the loop has its self-pipe
+    os.kill(os.getpid(), signal.SIGTERM)
+    sum(range(100_000))
+    make_self_pipe(loop)
+    built.append(loop)
+
+BaseSelectorEventLoop._make_self_pipe = interrupted_while_building
+
+async def serve():
+    print("started")
+
+signal.signal(signal.SIGTERM, cli._terminate)
+try:
+    run_async(serve())
+except KeyboardInterrupt:
+    print("stopped", len(built), built[0].is_closed())
+gc.collect()
+"""
+
+
+def test_a_signal_as_the_event_loop_is_built_stops_with_no_traceback():
+    """SIGTERM while run_async built its loop (CI: a supervisor stopping ``summrl.serve`` as it started): the loop was
+    left half built, and its ``__del__`` printed an AttributeError traceback, then 'coroutine was never awaited'. The
+    signal now waits for the loop to be whole, stops the run before its coroutine starts, and nothing is printed."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", SIGNAL_AS_THE_LOOP_IS_BUILT], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.split() == ["stopped", "1", "True"], done.stdout + done.stderr[-3000:]
+    assert done.stderr == "", done.stderr[-3000:]
+
+
 def test_a_resumed_invocation_that_stops_early_keeps_the_runs_spend_and_figures(tmp_path):
     """Stopped before its session existed (SIGTERM while loading, a config or network error), a resume wrote its own
     fields alone: the run's judge calls and $, rollouts and val figures were gone, and the next resume counted from

@@ -499,6 +499,18 @@ def test_ruler_shows_the_judge_non_latin_summaries_as_written(fake, secret_env):
     assert all(s in prompt for s in summaries) and "\\u" not in prompt
 
 
+def test_ruler_reads_a_reply_fenced_as_markdown(fake, secret_env):
+    """A judge that ignores response_format wraps its JSON in ```json ... ```: ART parsed it as bare JSON, so every
+    call was refused, retried, paid for, and the group left missing."""
+    scores = {"scores": [{"trajectory_id": "1", "explanation": "", "score": 0.25},
+                         {"trajectory_id": "2", "explanation": "", "score": 0.75}]}
+    fake.script = [Reply(f"```json\n{json.dumps(scores, indent=1)}\n```")]
+    reward = ruler_reward(fake)
+    rewards = asyncio.run(reward.score_group(DOC, ["one", "two"]))
+    assert [s.reward for s in rewards] == [0.25, 0.75] and len(fake.requests) == 1
+    assert (reward.client.usage.calls, reward.client.usage.failures) == (1, 0)
+
+
 def test_ruler_parse_failure_leaves_the_group_missing(fake, secret_env):
     fake.script = [Reply(json.dumps({"scores": [{"trajectory_id": "1", "explanation": "", "score": 0.5}]}))]
     reward = ruler_reward(fake)

@@ -303,7 +303,7 @@ class JudgeClient:
         def parse(text: str) -> Any:
             # strict=False: a raw tab or newline inside a string (models write them) is read, not retried; at
             # temperature 0 each retry gets the same reply, so it failed every time (a benchmark row left undone)
-            parsed = json.loads(_strip_fences(text), strict=False)
+            parsed = json.loads(strip_fences(text), strict=False)
             value = check(parsed)
             if self._cache is not None:
                 self._cache[key] = json.dumps(parsed)
@@ -378,7 +378,7 @@ class JudgeClient:
         text = response.choices[0].message.content or ""
         if params.get("response_format") and response.choices[0].finish_reason == "length":
             try:  # (one that ended exactly at the limit is whole)
-                json.loads(_strip_fences(text), strict=False)
+                json.loads(strip_fences(text), strict=False)
             except ValueError:
                 raise ReplyCutOff(f"the reply was cut off at max_tokens={params.get('max_tokens')} before its JSON "
                                   f"ended ({len(text)} characters)") from None
@@ -422,7 +422,8 @@ class JudgeClient:
         return cost
 
 
-def _strip_fences(text: str) -> str:
+def strip_fences(text: str) -> str:
+    """A reply's JSON without the Markdown fence (```json ... ```) a model may wrap it in."""
     text = text.strip()
     match = re.match(r"^```(?:json)?\s*(.*?)\s*```$", text, re.S)
     return match.group(1) if match else text

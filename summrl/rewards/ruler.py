@@ -18,7 +18,7 @@ from typing import Any, Sequence, Union
 from art.metrics import MetricsBuilder
 
 from summrl.data import Document
-from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
+from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError, strip_fences
 from summrl.rewards.base import Missing, Score
 from summrl.prompt import SummaryPrompt, word_count
 
@@ -57,15 +57,31 @@ class _UnescapedJson:
         return json.dumps(obj, **{"ensure_ascii": False, **kwargs})
 
 
-def unescaped_prompts() -> None:
-    """ART 0.5.18's RULER writes the trajectories into its prompt with json.dumps, which escapes every non-ASCII
-    character: a Chinese or Greek summary reached the judge as \\uXXXX runs, several times the tokens (paid for) and
-    text a judge reads poorly. Its module's json keeps the characters."""
+def patched_ruler() -> None:
+    """Two fixes to ART 0.5.18's RULER module, made once:
+    - it writes the trajectories into its prompt with json.dumps, which escapes every non-ASCII character: a Chinese or
+      Greek summary reached the judge as \\uXXXX runs, several times the tokens (paid for) and text a judge reads
+      poorly. Its module's json keeps the characters.
+    - it parses the reply as bare JSON: a judge that wraps its JSON in a Markdown fence (```json ... ```), as models
+      that ignore ``response_format`` do, was refused, retried and paid for each time, then left the group missing.
+      Its completions come back unfenced, as every other judge reply is read."""
     import art.rewards  # noqa: F401  (its package's name "ruler" is the function: the module is sys.modules')
 
     module = sys.modules["art.rewards.ruler"]
     if not isinstance(module.json, _UnescapedJson):
         module.json = _UnescapedJson()  # type: ignore[assignment]
+        module.acompletion = _unfenced_completion
+
+
+async def _unfenced_completion(*args: Any, **kwargs: Any) -> Any:
+    import litellm
+
+    response = await litellm.acompletion(*args, **kwargs)  # looked up per call: litellm's own, as ART's import was
+    for choice in getattr(response, "choices", None) or []:
+        message = getattr(choice, "message", None)
+        if message is not None and isinstance(message.content, str):
+            message.content = strip_fences(message.content)
+    return response
 
 
 def routed(model: str, api_base: Any = None) -> str:
@@ -98,7 +114,7 @@ class RulerReward:
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:
         from art.rewards import ruler
 
-        unescaped_prompts()
+        patched_ruler()
         prompt = self.prompt.messages(document)
         trajectories = [[*prompt, {"role": "assistant", "content": s}] for s in summaries]
         n_scores = 1 if len(set(summaries)) == 1 else len(summaries)  # RULER sends identical trajectories once

@@ -60,6 +60,23 @@ def chat_token_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: 
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
+def content_text(content: Any) -> Any:
+    """A chat message's content as a chat template reads it: OpenAI's list of text parts (``[{"type": "text",
+    "text": ...}]``, which its SDKs send) is its texts a line each, as vLLM joins them; null (an assistant turn with
+    tool calls only) is no text; anything else is returned as it is. A part that is not text (an image) raises
+    ValueError naming its type: a summarizer reads text only."""
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        return content
+    kinds = [p.get("type") if isinstance(p, dict) else type(p).__name__ for p in content]
+    other = [k for k in kinds if k != "text"]  # a part with no type is none of text
+    if other or not all(isinstance(p.get("text"), str) for p in content):
+        got = f"a part of type {other[0]!r}" if other else "a text part with no text string"
+        raise ValueError(f'only text parts ({{"type": "text", "text": ...}}) are read by a summarizer, got {got}')
+    return "\n".join(p["text"] for p in content)
+
+
 _UNSPACED_CHAR = re.compile(f"[{UNSPACED}]")
 
 

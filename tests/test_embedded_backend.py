@@ -547,6 +547,30 @@ def test_endpoint_checks_key_and_model_name(session):
     assert model.get_inference_name() in {m["id"] for m in listed.json()["data"]}
 
 
+def test_endpoint_reads_content_parts_and_null_content_as_text(session):
+    """OpenAI's other forms of a message's text, which OpenAI's SDKs and vLLM take, were refused with 422: a list of
+    text parts is read as its texts joined by newlines (vLLM's way), null as no text; an image part is refused."""
+    backend, model, _, _ = session
+    url = f"{model.inference_base_url}/chat/completions"
+    headers = {"Authorization": f"Bearer {model.inference_api_key}"}
+
+    def ask(*messages):
+        body = {"model": model.get_inference_name(), "messages": list(messages), "max_tokens": 4, "seed": 3,
+                "logprobs": True}
+        return httpx.post(url, json=body, headers=headers, timeout=60)
+
+    as_string = ask({"role": "user", "content": "Name a color.\nOne word."})
+    as_parts = ask({"role": "user", "content": [{"type": "text", "text": "Name a color."},
+                                                {"type": "text", "text": "One word."}]})
+    assert as_string.status_code == as_parts.status_code == 200, as_parts.text
+    assert as_parts.json()["choices"] == as_string.json()["choices"]  # the same prompt: the same tokens, logprobs
+    with_null = ask({"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+                    {"role": "user", "content": "again"})
+    assert with_null.status_code == 200, with_null.text
+    image = ask({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]})
+    assert image.status_code == 422 and "image_url" in image.text and "only text parts" in image.text
+
+
 def test_packed_training_forward_reproduces_sampling_logprobs(loop, session):
     """The shared-prompt packing mask and completion-only logits give the sampler's own logprobs."""
     backend, model, docs, _ = session

@@ -40,7 +40,7 @@ from summrl.data.documents import PART
 from summrl.data.tokenizer import load_tokenizer
 from summrl.inbox import Recorder
 from summrl.judges.client import REQUEST_COST
-from summrl.prompt import SummaryPrompt, chat_token_ids, word_count
+from summrl.prompt import SummaryPrompt, chat_token_ids, content_text, word_count
 from summrl.rewards.base import Missing
 from summrl.secrets import redact_text
 from summrl.serve.config import ServeConfig
@@ -380,14 +380,10 @@ def chat_messages(messages: list) -> list[dict]:
         if role not in CHAT_ROLES:
             raise HTTPException(400, detail=f"{where}.role: must be one of {', '.join(CHAT_ROLES)} (this server has "
                                             f"no tools), got {role!r}")
-        if isinstance(content, list):
-            kinds = [p.get("type") if isinstance(p, dict) else type(p).__name__ for p in content]
-            other = [k for k in kinds if k != "text"]  # a part with no type is none of text (it was read as text)
-            if other or not all(isinstance(p.get("text"), str) for p in content):
-                got = f"a part of type {other[0]!r}" if other else "a text part with no text string"
-                raise HTTPException(400, detail=f"{where}.content: only text parts ({{\"type\": \"text\", \"text\": "
-                                                f"...}}) are read by a summarizer, got {got}")
-            content = "\n".join(p["text"] for p in content)  # as vLLM joins them for a chat template that reads text
+        try:
+            content = content_text(content)
+        except ValueError as e:
+            raise HTTPException(400, detail=f"{where}.content: {e}") from None
         out.append({**message, "role": "system" if role == "developer" else role, "content": content})
     return out
 

@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from summrl.backends.disconnect import POLL_S, EventStream, unless_disconnected
 from summrl.backends.embedded.compute import on_compute_thread
@@ -31,6 +31,7 @@ from summrl.backends.embedded.engine import Completion, Engine, Rows, SamplingPa
 from summrl.backends.seed import Seed
 from summrl.backends.stops import Stop, stop_sequences
 from summrl.errors import run_async
+from summrl.prompt import content_text
 from summrl.rollout import Burst
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,16 @@ log = logging.getLogger(__name__)
 
 class Message(BaseModel):
     role: str
-    content: str  # the chat template reads text; a list of content parts would fail inside it (a 500)
+    content: str  # the chat template reads text: OpenAI's other forms of it are read as text below
 
     model_config = {"extra": "allow"}
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def as_text(cls, content: Any) -> Any:
+        """Text parts and null as the chat template reads them (they were refused with 422); an image part is a 422
+        naming its type."""
+        return content_text(content)
 
 
 class ChatRequest(BaseModel):

@@ -668,6 +668,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         # A managed job's id (SkyPilot sets it in the job's environment): its recoveries are counted per job id.
         record.begin_attempt(step, os.environ.get("SKYPILOT_MANAGED_JOB_ID"))
         keep_trained_config(config.run.dir)  # past every check: what serve, export and benchmark read
+        tracker.trains()
         history = record.val_history
         planned = (f"{len(online.new)} new inbox documents, {math.ceil(len(online.new) / t.groups_per_step)} step(s) "
                    f"from step {step}" if online is not None else

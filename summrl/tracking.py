@@ -27,6 +27,9 @@ class Tracker:
 
     def log_history(self) -> None: ...
 
+    def trains(self) -> None:
+        """The run is past every check and trains."""
+
     def log_samples(self, step: int, groups: Sequence[Any]) -> None: ...
 
     def finish(self, status: str, exit_code: Optional[int] = None) -> None: ...
@@ -58,6 +61,11 @@ class WandbTracker(Tracker):
 
         self.wandb = wandb
         logger = config.logger
+        self.config = flat_config(config, job)
+        # A folder that holds a run (its history) is resumed: this invocation's config goes to the W&B run once it is
+        # past every check (``trains``). Sent at the start, a resume then refused (another reward, a declined cost)
+        # overwrote the config of the W&B run it had left as it was.
+        self.config_pending = history_path.exists()
         self.run = wandb.init(
             project=logger.project,
             entity=logger.entity,
@@ -67,7 +75,7 @@ class WandbTracker(Tracker):
             group=job.sweep,
             name=redact_text(job.name),
             tags=[f"{g}={job.choices[g]}" for g in TAG_GROUPS if job.choices.get(g)],
-            config=flat_config(config, job),
+            config=None if self.config_pending else self.config,
             dir=config.run.dir,
             mode=wandb_mode(logger),
             reinit="create_new",
@@ -80,6 +88,11 @@ class WandbTracker(Tracker):
         # whole history; a resumed one the rows past those it holds
         self.mirror = HistoryMirror(history_path, held_rows(self.run.summary)
                                     if getattr(self.run, "resumed", False) else None)
+
+    def trains(self) -> None:
+        if self.config_pending:
+            self.run.config.update(self.config, allow_val_change=True)  # a resume may change what the checks allow
+            self.config_pending = False
 
     def log_history(self) -> None:
         """Send the rows ART appended to history.jsonl that the W&B run lacks, and say in its summary what it holds."""

@@ -151,7 +151,7 @@ def wandb_records(run_dir: Path) -> dict:
     (path,) = run_dir.glob("wandb/offline-run-*/*.wandb")
     store = datastore.DataStore()
     store.open_for_scan(str(path))
-    out: dict = {"history": [], "exit_code": None}
+    out: dict = {"history": [], "exit_code": None, "config": {}}
     while (data := store.scan_data()) is not None:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
@@ -160,6 +160,8 @@ def wandb_records(run_dir: Path) -> dict:
             run = record.run
             out.update(project=run.project, group=run.run_group, name=run.display_name, tags=list(run.tags),
                        job_type=run.job_type, config={u.key: json.loads(u.value_json) for u in run.config.update})
+        elif kind == "config":  # set after the start (a resumed run's, once past its checks)
+            out["config"].update({u.key: json.loads(u.value_json) for u in record.config.update})
         elif kind == "history":
             out["history"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
                                    for i in record.history.item})

@@ -321,6 +321,41 @@ def test_wandb_mode_from_the_environment_unless_logger_mode_says(monkeypatch, tm
     assert (record["exit_code"], record.get("preempting")) == (130, True)
 
 
+def test_a_resumed_wandb_run_gets_this_invocations_config_only_once_it_trains(tmp_path):
+    """A resume refused before it trained (another reward, a declined cost estimate) sent its config when W&B opened,
+    so the W&B run it left as it was showed the refused settings. A folder holding a run now sends it only once past
+    every check (``trains``); a new run sends it at once, so even a failure at the start is filed under its settings."""
+    from summrl.tracking import open_tracker
+    from tests.conftest import compose_config, wandb_records
+
+    def opened(name: str, holds_a_run: bool):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        if holds_a_run:
+            (run_dir / "history.jsonl").write_text(json.dumps({"training_step": 0, "val/reward": 0.25}) + "\n")
+        config = compose_config(["experiment=local", "logger=wandb", "logger.mode=offline", f"run.dir={run_dir}",
+                                 f"run.name={name}", "trainer.max_steps=7"])
+        return run_dir, open_tracker(config, None, run_dir / "history.jsonl")
+
+    refused_dir, refused = opened("refused", holds_a_run=True)
+    refused.finish("failed", 2)
+    trained_dir, trained = opened("trained", holds_a_run=True)
+    trained.trains()
+    trained.finish("completed")
+    new_dir, new = opened("new", holds_a_run=False)
+    new.finish("failed", 2)
+    records = {}
+    for run_dir in (refused_dir, trained_dir, new_dir):
+        deadline = time.monotonic() + 30
+        while (record := wandb_records(run_dir))["exit_code"] is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # W&B's service writes the run's file after finish() returns
+        records[run_dir] = record
+    assert not [k for k in records[refused_dir]["config"] if not k.startswith("_")]  # W&B's own "_wandb" only
+    assert records[refused_dir]["exit_code"] == 2
+    assert records[trained_dir]["config"]["trainer.max_steps"] == 7
+    assert records[new_dir]["config"]["trainer.max_steps"] == 7
+
+
 @pytest.mark.slow
 def test_a_wandb_key_refused_at_the_start_records_a_complete_failed_run_keeping_the_earlier_one(tmp_path, monkeypatch):
     """W&B refuses the key before the loop has recorded anything (the tracker opens first): one W&B line, exit 7,

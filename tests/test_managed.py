@@ -544,7 +544,8 @@ def test_ctrl_c_while_a_managed_job_is_submitted_cancels_the_request_and_says_ho
         (tmp_path / "run" / "result.json").read_text())
 
 
-def test_a_failed_managed_run_exits_as_the_job_did_and_ctrl_c_only_stops_watching(cloud_env, monkeypatch, caplog):
+def test_a_failed_managed_run_exits_as_the_job_did_and_ctrl_c_only_stops_watching(cloud_env, monkeypatch, caplog,
+                                                                                   tmp_path):
     import requests
 
     fake = FakeJobs(monkeypatch)
@@ -552,9 +553,17 @@ def test_a_failed_managed_run_exits_as_the_job_did_and_ctrl_c_only_stops_watchin
     with pytest.raises(launch.RemoteJobFailed, match=r"managed job 41 \(summrl-summary-rl\) ended with exit code 100: "
                                                      r"see its logs with `sky jobs logs 41`"):
         run_on_cluster(managed_config(), [], None)
+    config = managed_config()
+    config.run.dir = str(tmp_path / "run")
     with pytest.raises(SystemExit) as exit_:  # python -m summrl.train exits with the job's code
-        launch.run_from_hydra(managed_config())
+        launch.run_from_hydra(config, RunRecord(tmp_path / "run"))
     assert exit_.value.code == 100
+    # recorded as a sweep's failed job is: the record said "submitted" for good (found by an audit)
+    record = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert (record["status"], record["error_kind"], record["exit_code"]) == ("failed", "remote", 100)
+    assert record["error"] == "remote job failed: the managed job 42 (summrl-summary-rl) ended with exit code 100: " \
+                              "see its logs with `sky jobs logs 42`"
+    assert record["managed_job"]["id"] == 42  # summrl.sweep status still finds the job
 
     def interrupted(**kw):
         raise KeyboardInterrupt

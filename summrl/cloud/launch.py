@@ -509,6 +509,10 @@ def run_from_hydra(config: Any, record: Optional[RunRecord] = None) -> Optional[
     except RemoteJobFailed as e:
         if job_num is not None:
             raise  # a sweep records the failed job and goes on
+        if record is not None:  # as a sweep's job is recorded: a managed run's record said "submitted" for good
+            line = f"{KINDS[e.failure][1]}: {e}"
+            record.update(status="failed", error=line)
+            record.fail(e.failure, line, e.exit_code)
         log.error(f"summrl: {e}")
         sys.exit(e.exit_code)  # a single run exits as the remote job did
     except PreflightError as e:

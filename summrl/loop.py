@@ -43,7 +43,7 @@ from summrl.rollout import Burst, check_context, in_request_order, rollout, samp
 from summrl.secrets import redact_text
 from summrl.splits import Splits, val_digest
 from summrl.splits import load as load_documents
-from summrl.storage import CheckpointBackup, keep_trained_config, latest_local_step, model_dir
+from summrl.storage import CheckpointBackup, StorageError, keep_trained_config, latest_local_step, model_dir
 from summrl.tracking import Tracker, flat_config, open_tracker
 
 log = logging.getLogger(__name__)
@@ -725,7 +725,13 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         if not scored_at(history, step, key):
             history.append(await evaluate(session, val, step))
             save()  # before the final upload: a machine lost during it would pay for this val pass again
-        await backup.after_step(step, final=True)  # the final val rows reach the backed-up history
+        if not await backup.after_step(step, final=True):  # the final val rows reach the backed-up history
+            # there is no next backup to try again: a run recorded completed (exit 0) let a managed job or
+            # down_after_run delete the machine holding the only copy of its last checkpoint
+            raise StorageError(f"the last checkpoint (step {step}) could not be backed up to {backup.url} (the "
+                               f"warning above says why): it is only in {config.run.dir} on this machine. Copy the "
+                               "run folder off before the machine goes, or run the same command again on it once S3 "
+                               "answers: it trains no step again and backs the checkpoint up")
         record.update(status="completed", steps=step, **val_summary(history))
         return history[-1]["val_reward"]
     except (KeyboardInterrupt, asyncio.CancelledError) as e:  # Ctrl-C: asyncio.run cancels this task, then raises

@@ -331,19 +331,19 @@ class CheckpointBackup:
             self._upload(path, f"{self.root}/sft/{path.name}")
             self.sft_uploaded[path.name] = (stat.st_size, stat.st_mtime_ns)
 
-    async def after_step(self, step: int, *, final: bool = False) -> None:
+    async def after_step(self, step: int, *, final: bool = False) -> bool:
         """Back up ``step`` every ``backup_every`` steps, at the end, and when it is the KL reference; history goes
-        up each time."""
+        up each time. False: a backup was due and failed (warned; the next one tries again)."""
         if step <= 0 or not (final or step % self.every == 0 or step >= self.max_steps or step in self.kept_steps()):
-            return
-        await asyncio.to_thread(self._backup, step)
+            return True
+        return await asyncio.to_thread(self._backup, step)
 
     def kept_steps(self) -> set[int]:
         """Steps a resumed run needs whatever backup_every says: the KL reference, and the SFT checkpoint (without it a
         fresh machine trained SFT again on a GRPO checkpoint, then every GRPO step again)."""
         return {s for s in (self.reference, self.sft_step) if s}
 
-    def _backup(self, step: int) -> None:
+    def _backup(self, step: int) -> bool:
         try:
             if self.sft_local is not None:  # before the checkpoint: a record.json counts only with its checkpoint
                 self._upload_sft(sft_files(self.sft_local))
@@ -360,9 +360,11 @@ class CheckpointBackup:
                 if due not in self.uploaded and (self.local / "checkpoints" / f"{due:04d}").is_dir():
                     self._upload_checkpoint(due)
                     self.uploaded.add(due)
+            return True
         except Exception as e:  # a failed backup must not end a paid run: the next one retries
             log.warning(f"summrl: warning: backup of step {step} to {self.url} failed "
                         f"({_describe(e, self.bucket, self.label)}); training goes on and the next backup tries again")
+            return False
 
     def save_result(self, run_dir: str) -> None:
         """Upload result.json (status, val scores), so that the launcher of a remote run can read it."""
@@ -410,8 +412,8 @@ class NoBackup:
     def restore_result(self, run_dir: str) -> None:
         return None
 
-    async def after_step(self, step: int, *, final: bool = False) -> None:
-        return None
+    async def after_step(self, step: int, *, final: bool = False) -> bool:
+        return True
 
     def save_result(self, run_dir: str) -> None:
         return None

@@ -154,6 +154,27 @@ def test_backup_every_n_steps_and_always_the_last(tmp_path, s3_endpoint, aws_env
     assert manifest["files"]["adapter_model.safetensors"]["size"] == len(b"weights 2")
 
 
+def test_a_last_checkpoint_that_does_not_go_up_is_said_not_passed_over(tmp_path, s3_endpoint, aws_env, monkeypatch):
+    """The last step has no next backup to try again: its failed upload was a warning, the run completed with exit 0,
+    and a managed job or down_after_run then deleted the machine holding the only copy. ``after_step`` now says so
+    (the loop fails the run with an S3 error naming the folder), and a later call backs it up."""
+    config = storage_config(tmp_path, s3_endpoint, "last", "trainer.max_steps=2")
+    backup = CheckpointBackup.open(config)
+    for step in (1, 2):
+        write_checkpoint(config, step, f"weights {step}".encode())
+    assert asyncio.run(backup.after_step(1))
+    real = backup._upload_checkpoint
+
+    def down(step):
+        raise ConnectionResetError("the network dropped")
+
+    monkeypatch.setattr(backup, "_upload_checkpoint", down)
+    assert not asyncio.run(backup.after_step(2)) and not asyncio.run(backup.after_step(2, final=True))
+    assert backup.complete_steps() == [1]
+    monkeypatch.setattr(backup, "_upload_checkpoint", real)  # S3 answers again: the rerun's final backup
+    assert asyncio.run(backup.after_step(2, final=True)) and backup.complete_steps() == [1, 2]
+
+
 @pytest.mark.slow
 def test_embedded_run_backs_up_each_step_and_resumes_from_s3(shared_run):
     """The shared run (conftest.shared_run) backs up both steps; with its run folder gone, the rerun resumes at step 2

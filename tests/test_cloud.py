@@ -72,6 +72,8 @@ class FakeSky:
         self.interrupt_provisioning = interrupt_provisioning
         for name in ("launch", "stream_and_get", "tail_logs", "cancel", "down", "get", "api_cancel"):
             monkeypatch.setattr(sky, name, getattr(self, name))
+        # this fake cluster is this machine: S3 on its loopback (moto, s3_endpoint) reaches it
+        monkeypatch.setattr(launch, "on_this_machine_only", lambda host: False)
 
     def launch(self, task, **kwargs):
         self.calls.append(("launch", task, kwargs))
@@ -225,6 +227,11 @@ def test_the_preflight_follows_the_candidates_and_refuses_a_judge_on_loopback(tm
                for p in launch.preflight(launcher_config(*judge)))
     judge[-1] = "judge.api_base=http://judge.example.org:8000/v1"
     assert not any("loopback" in p for p in launch.preflight(launcher_config(*judge)))
+    # S3 on this machine (MinIO, moto) passed too: the job failed at its bucket check, after provisioning and setup
+    s3_here = ["storage.enabled=true", "storage.bucket=runs", "storage.endpoint_url=http://127.0.0.1:9000"]
+    assert any(p.startswith("storage.endpoint_url=http://127.0.0.1:9000 is on this machine (loopback)")
+               for p in launch.preflight(launcher_config(*s3_here)))
+    assert not any("loopback" in p for p in launch.preflight(launcher_config(*s3_here, "storage.enabled=false")))
     # each passed here and failed on the cluster after its paid setup (found by an audit): a judge model litellm
     # can't place (the remote job's own preflight refuses it), and documents in a folder .skyignore leaves out
     assert any(p.startswith("judge.model=gemini-2.5-flashh: litellm can't tell which provider serves it")

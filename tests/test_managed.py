@@ -47,6 +47,8 @@ class FakeJobs:
         monkeypatch.setattr(sky, "get", self.answer)
         for name in ("launch", "tail_logs", "down"):  # the cluster path must not be taken
             monkeypatch.setattr(sky, name, lambda *a, _n=name, **k: self.calls.append((_n,)))
+        # its jobs run on this machine: S3 on its loopback (moto, s3_endpoint) reaches them
+        monkeypatch.setattr(launch, "on_this_machine_only", lambda host: False)
 
     def launch(self, task, name=None, **kwargs):
         self.calls.append(("jobs.launch", task, name))

@@ -162,20 +162,27 @@ def no_backup_warning(config: Any) -> Optional[str]:
 LOOPBACK = re.compile(r"^(localhost|127(\.\d+){3}|0\.0\.0\.0|::1?)$", re.IGNORECASE)
 
 
+def on_this_machine_only(host: str) -> bool:
+    """``host`` names this machine's loopback: a cluster that connects there reaches itself."""
+    return LOOPBACK.match(host) is not None
+
+
 def loopback_problems(config: Any) -> list[str]:
-    """A judge or teacher on this machine: the cluster would reach itself there, and fail after its paid setup.
-    (A loopback S3 endpoint fails on the cluster before any model loads, at the bucket check.)"""
+    """A judge, teacher or S3 endpoint on this machine: the cluster would reach itself there, and fail after its paid
+    provisioning and setup (S3 at the bucket check, before any model loads; the others at the first call)."""
     from urllib.parse import urlsplit
 
     endpoints = [("judge.api_base", getattr(config.judge, "api_base", None)),
                  ("sft.teacher.api_base", getattr(getattr(config.sft, "teacher", None), "api_base", None))]
+    if config.storage.enabled:
+        endpoints.append(("storage.endpoint_url", config.storage.endpoint_url))
     problems = []
     for key, url in endpoints:
         try:
             host = urlsplit(url).hostname if url else None
         except ValueError:
             host = None
-        if host and LOOPBACK.match(host):
+        if host and on_this_machine_only(host):
             problems.append(f"{key}={url} is on this machine (loopback): the cluster can't reach it; give an address "
                             "the cluster can reach (a public host name, or a tunnel's)")
     return problems

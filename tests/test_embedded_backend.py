@@ -571,6 +571,25 @@ def test_endpoint_reads_content_parts_and_null_content_as_text(session):
     assert image.status_code == 422 and "image_url" in image.text and "only text parts" in image.text
 
 
+def test_the_choices_of_requests_with_neighbouring_seeds_are_not_shared(session):
+    """The n choices were drawn with seed, seed+1, ...: a client asking again with the next seed (best-of-n through
+    summrl.serve) got n - 1 of the same candidates back (an audit). The first choice keeps the seed itself."""
+    backend, model, _, _ = session
+    url = f"{model.inference_base_url}/chat/completions"
+    headers = {"Authorization": f"Bearer {model.inference_api_key}"}
+
+    def choices(seed: int, n: int) -> list[str]:
+        body = {"model": model.get_inference_name(), "messages": [{"role": "user", "content": "Name three colors."}],
+                "max_tokens": 8, "seed": seed, "n": n, "temperature": 1.0}
+        reply = httpx.post(url, json=body, headers=headers, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return [c["message"]["content"] for c in reply.json()["choices"]]
+
+    first, second = choices(1, 3), choices(2, 3)
+    assert not set(first) & set(second), (first, second)
+    assert choices(1, 1) == first[:1] and choices(2, 1) == second[:1]
+
+
 def test_packed_training_forward_reproduces_sampling_logprobs(loop, session):
     """The shared-prompt packing mask and completion-only logits give the sampler's own logprobs."""
     backend, model, docs, _ = session

@@ -32,7 +32,7 @@ from summrl.backends.seed import Seed
 from summrl.backends.stops import Stop, stop_sequences
 from summrl.errors import run_async
 from summrl.prompt import content_text
-from summrl.rollout import Burst
+from summrl.rollout import Burst, sample_seed
 
 log = logging.getLogger(__name__)
 
@@ -309,8 +309,11 @@ def build_app(
             top_p=1.0 if request.top_p is None else request.top_p,
             response_format=response_format,
         )
-        # A seed fixes the row's draws whatever else is batched with it; the n choices get seed, seed+1, ...
-        seeds = [None if request.seed is None else request.seed + i for i in range(request.n)]
+        # A seed fixes the row's draws whatever else is batched with it. The first choice gets the seed, the others
+        # seeds hashed from (seed, i): with seed + i, requests with seeds 1 and 2 shared n - 1 choices, so a client
+        # asking again with the next seed got mostly the same candidates (vLLM draws a request's n from one generator)
+        seeds = [None if request.seed is None else request.seed if i == 0 else sample_seed(request.seed, i)
+                 for i in range(request.n)]
         if request.stream:
             events: asyncio.Queue = asyncio.Queue()
             futures = [batcher.enqueue(prompt, params, names[request.model], seed, request.summrl_burst,

@@ -198,9 +198,15 @@ def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_
                                "serve.temperature: is 0 (greedy), so serve.best_of_n=4 would sample one summary 4 times"),
                               # it said the run had been trained with it, and then a torch traceback for a device
                               ("backend=skypilot", "backend: backend=skypilot can't serve a checkpoint; serve it"),
-                              ("+backend.device=cuda:7", "backend.device=cuda:7: torch sees ")]:
+                              ("+backend.device=cuda:7", "backend.device=cuda:7: torch sees "),
+                              ("backend=local_gpu judge=local serve.best_of_n=2 serve.selector=ruler",
+                               "judge=local uses the embedded model: serve with backend=embedded")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             validate_serve(compose("serve", [run, *override.split()]))
+    # with no judge to ask (one sample, or the length selector), the run's judge=local was refused on vLLM all the same
+    for override in ("backend=local_gpu judge=local", "backend=local_gpu judge=local serve.best_of_n=2 "
+                     "serve.selector=length"):
+        assert validate_serve(compose("serve", [run, *override.split()])).train.backend.kind == "local_gpu"
     result = subprocess.run([sys.executable, "-m", "summrl.serve", run, "backend.device=cpu"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
@@ -743,6 +749,25 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
             assert error(client.post("/v1/chat/completions", headers=key, content=lone), 400) == (
                 "bad request: the body escapes a lone UTF-16 surrogate (e.g. \\ud83d), which is no character: send "
                 "whole characters")  # it was a 500 with a traceback, from the backend's client
+            # numbers JSON can't write, and arrays nested past Python's recursion limit: each was a 500 (an audit)
+            for text, said in (("NaN", "NaN is not a JSON number"), ("Infinity", "Infinity is not a JSON number"),
+                               ("1e400", "1e400 is out of a number's range")):
+                body = b'{"model": "r@1", "messages": [{"role": "user", "content": "hi"}], "temperature": %s}' % (
+                    text.encode())
+                assert error(client.post("/v1/chat/completions", headers=key, content=body), 400) == (
+                    f"bad request: the body is not JSON ({said})")
+            deep = b'{"model": "r@1", "messages": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+            assert error(client.post("/v1/chat/completions", headers=key, content=deep), 400) == (
+                "bad request: the body is not JSON")
+            # flags the backend reads as truthy: "yes" gave logprobs
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "logprobs": "yes"}),
+                         400) == "bad request: logprobs: must be true or false, got 'yes'"
+            assert error(client.post("/v1/chat/completions", headers=key, json={
+                **chat, "stream": True, "stream_options": {"include_usage": 1}}), 400) == (
+                "bad request: stream_options.include_usage: must be true or false, got 1")
+            assert error(client.post("/v1/chat/completions", headers=key, json={
+                **chat, "stream": True, "stream_options": "usage"}), 400) == (
+                "bad request: stream_options: must be an object, got 'usage'")
 
             def streamed(reply: Reply) -> list:
                 fake.script.append(reply)

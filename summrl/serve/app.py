@@ -364,6 +364,22 @@ CHAT_FIELDS = ("model", "messages", "n", "max_tokens", "max_completion_tokens", 
 STOP = TypeAdapter(Optional[Stop])
 
 
+class NotJson(ValueError):
+    """A number JSON has no way to write (NaN, Infinity, one past a float's range): Python's json reads them, and the
+    backend's client then failed to send them (a 500)."""
+
+
+def not_json(constant: str) -> float:
+    raise NotJson(f"{constant} is not a JSON number")
+
+
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotJson(f"{text} is out of a number's range")
+    return value
+
+
 CHAT_ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's newer name for system
 
 
@@ -517,13 +533,14 @@ def build_app(service: Service) -> FastAPI:
     async def chat(request: Request, authorization: Optional[str] = Header(default=None)) -> dict:
         authorize(authorization)
         try:
-            body = json.loads(await read_body(request))
+            body = json.loads(await read_body(request), parse_constant=not_json, parse_float=finite_float)
             json.dumps(body, ensure_ascii=False).encode()  # a lone surrogate escape parses, and failed later as a 500
         except UnicodeEncodeError:
             raise HTTPException(400, detail="bad request: the body escapes a lone UTF-16 surrogate (e.g. \\ud83d), "
                                             "which is no character: send whole characters") from None
-        except ValueError:
-            raise HTTPException(400, detail="bad request: the body is not JSON") from None
+        except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep (a 500)
+            said = f" ({e})" if isinstance(e, NotJson) else ""
+            raise HTTPException(400, detail=f"bad request: the body is not JSON{said}") from None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             raise HTTPException(400, detail="bad request: messages: a non-empty list of chat messages is required")
         if body.get("stream") is not None and not isinstance(body["stream"], bool):
@@ -554,6 +571,13 @@ def build_app(service: Service) -> FastAPI:
                                       or (key != "seed" and integer and value < 1)):
                 kind = "an integer" if key == "seed" else "an integer of at least 1" if integer else "a number"
                 raise HTTPException(400, detail=f"bad request: {key}: must be {kind}, got {value!r}")
+        options = body.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            raise HTTPException(400, detail=f"bad request: stream_options: must be an object, got {options!r}")
+        flags = {"logprobs": body.get("logprobs"), "stream_options.include_usage": (options or {}).get("include_usage")}
+        for key, value in flags.items():  # read as truthy by the backend: "yes" gave logprobs
+            if value is not None and not isinstance(value, bool):
+                raise HTTPException(400, detail=f"bad request: {key}: must be true or false, got {value!r}")
         messages = chat_messages(body["messages"])
         model = body.get("model")
         if not service.serves(model):  # before the queue: an unknown model is a 404 now, not a 429 or a wait

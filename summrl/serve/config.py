@@ -134,7 +134,8 @@ def validate_serve(cfg: DictConfig) -> ServeConfig:
         for name in missing_keys(train.judge):
             raise ConfigError(f"serve.selector={s.selector} ranks the samples with the judge ({train.judge.model}), "
                               f"whose key {name} is not set: export it or put it in .env, or use serve.selector=length")
-    if train.judge.kind in EMBEDDED_JUDGES and train.backend.kind != "embedded":
+    judged = s.best_of_n > 1 and s.selector in ("ruler", "rubric")  # else no judge is built
+    if judged and train.judge.kind in EMBEDDED_JUDGES and train.backend.kind != "embedded":
         raise ConfigError(f"judge={train.judge.kind} uses the embedded model: serve with backend=embedded, or choose "
                           "another judge")
     text = str(schema.step).strip().lower()

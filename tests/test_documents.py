@@ -98,6 +98,43 @@ def test_a_folder_is_read_with_relative_paths_as_ids_html_and_pdf_included_and_o
     assert all(not d.questions for d in loaded.documents)
 
 
+def test_a_pipe_is_skipped_and_what_cant_be_read_is_named_not_passed_over(tmp_path, monkeypatch):
+    """An audit: a named pipe with a readable suffix blocked the run for ever; a folder the run's user may not list
+    was left out without a word (8 of 10 documents); a file it may not read was a PermissionError traceback. (Root
+    reads everything, so the permission errors are raised here as the system raises them for another user.)"""
+    import os
+
+    folder = tmp_path / "docs"
+    shutil.copytree(FIXTURE, folder)
+    os.mkfifo(folder / "pipe.txt")
+    loaded = read(dataset(folder))
+    assert len(loaded.documents) == 10 and dict(loaded.skipped_files) == {"pipe.txt": "not a regular file"}
+    (folder / "pipe.txt").unlink()
+    scandir = os.scandir
+
+    def no_listing(path="."):
+        if Path(path).name == "incidents":
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", no_listing)
+    with pytest.raises(DataError, match=re.escape("incidents: can't be read (Permission denied): fix its "
+                                                  f"permissions, or move it out of dataset.path={folder}")):
+        read(dataset(folder))
+    monkeypatch.setattr(os, "scandir", scandir)
+    read_bytes = Path.read_bytes
+
+    def no_reading(path):
+        if path.name == "hiring-memo.md":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", no_reading)
+    with pytest.raises(DataError, match=re.escape("hiring-memo.md: can't be read (Permission denied): fix its "
+                                                  "permissions, or remove it")):
+        read(dataset(folder))
+
+
 def test_duplicate_documents_are_kept_once_and_reported(tmp_path):
     folder = tmp_path / "docs"
     shutil.copytree(FIXTURE, folder)
@@ -412,7 +449,7 @@ def test_what_question_writing_paid_before_it_failed_stays_in_the_runs_record(tm
     assert spent > 0 and len(server.requests) > 1
 
 
-def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, capsys, caplog):
+def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, capsys, caplog, monkeypatch):
     import logging
 
     from summrl.data.__main__ import main
@@ -422,6 +459,12 @@ def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, c
             f"dataset.questions.cache_dir={tmp_path / 'q'}", "dataset.max_document_tokens=null"]
     main(["inspect", *args])
     assert "summrl: questions: 10 documents to write questions for (0 cached), offline" in capsys.readouterr().out
+    # it calls nothing: a paid judge's estimate needs no key (it ended in a config error before the estimate)
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    main(["inspect", *args, "judge=gemini_flash"])
+    out = capsys.readouterr().out
+    assert "summrl: questions: 10 documents to write questions for (0 cached): judge gemini/gemini-2.5-flash" in out
+    assert "writing them needs GEMINI_API_KEY (the judge's key): export it, or put it in .env" in out
     main(["prepare", *args])
     out = capsys.readouterr().out
     assert "prepared 10 documents" in out and "10 written now, 0 from the cache" in out

@@ -28,6 +28,7 @@ from summrl.config import compose, validate
 from summrl.data import load_splits
 from summrl.data.documents import policy_token_counter
 from summrl.errors import ConfigError, Failure, end, exit_on, run_async, stop_signal
+from summrl.judges import missing_keys
 
 log = logging.getLogger("summrl.data")
 
@@ -82,10 +83,12 @@ async def inspect(config) -> None:
     print(f"summrl: questions: {given} documents bring their own; {len(need)} need them written "
           f"({dataset.questions.per_document} each, {dataset.questions.unanswerable_share:.0%} unanswerable"
           f"{', checked open and closed book' if dataset.questions.check else ', unchecked'})")
-    bank = splits.question_bank(config)
+    bank = splits.question_bank(config, lookup_only=True)  # it calls nothing: the estimate needs no key
     client = bank.writer.client
     pending, calls = splits.plan(bank, need, client.model if client is not None else None)
     print(splits.describe(calls, len(pending), len(need) - len(pending)))
+    if pending and (missing := missing_keys(config.judge)):
+        print(f"summrl: questions: writing them needs {missing[0]} (the judge's key): export it, or put it in .env")
     print_rubric_plans(rubric.plans(config, [*val, *train]))
 
 

@@ -124,7 +124,14 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     """Every file under ``folder`` (broken links included, to be listed), linked folders followed, as a user who
     linked one in expects (Path.rglob left them out unlisted); a real folder is read once, so a link loop ends."""
     files, skipped, seen = [], [], {os.path.realpath(folder)}
-    for root, folders, names in os.walk(folder, followlinks=True):
+
+    def unreadable(error: OSError) -> None:  # os.walk passed over a folder it can't list: its documents left unsaid
+        where = Path(error.filename or folder)
+        relative = where.relative_to(folder).as_posix() if where != folder and folder in where.parents else str(where)
+        raise DataError(f"{relative}: can't be read ({error.strerror or error}): fix its permissions, or move it out of "
+                        f"dataset.path={folder}")
+
+    for root, folders, names in os.walk(folder, onerror=unreadable, followlinks=True):
         folders.sort()  # one order on every machine: the first path to a folder names its documents
         for name in list(folders):
             if name.startswith("."):  # not walked (its files would be skipped as hidden): nor taken as read, so a
@@ -150,6 +157,9 @@ def _read_folder(folder: Path) -> Loaded:
             continue
         if any(part.startswith(".") for part in path.relative_to(folder).parts):
             skipped.append((relative, "hidden"))
+            continue
+        if not path.is_file():  # a named pipe blocked the read for ever; a socket or device is no document either
+            skipped.append((relative, "not a regular file"))
             continue
         if path.suffix.lower() not in READABLE:
             skipped.append((relative, f"not {'/'.join(s.lstrip('.') for s in READABLE)}"))
@@ -183,8 +193,16 @@ def _utf8(data: bytes, where: str, also: str = "", by_line: bool = False) -> str
                         f"UTF-8, e.g. iconv -f latin1 -t utf-8{also}") from None
 
 
+def read_bytes(path: Path, where: str) -> bytes:
+    """The file's bytes, or a DataError naming it (a file the run's user may not read was a traceback)."""
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{where}: can't be read ({e.strerror or e}): fix its permissions, or remove it") from None
+
+
 def _file_text(path: Path, relative: str) -> str:
-    data = path.read_bytes()
+    data = read_bytes(path, relative)
     suffix = path.suffix.lower()
     if suffix in PDF_SUFFIXES:
         text = _pdf_text(path, relative)
@@ -272,7 +290,7 @@ def read_jsonl(path: Path) -> list[Row]:
     """The objects of a .jsonl file, one a line (blank lines skipped), each a :class:`Row` that knows its line. A line
     that is not a JSON object, or a file that is not UTF-8, is a DataError naming the line."""
     rows = []
-    text = _utf8(path.read_bytes(), str(path), by_line=True)
+    text = _utf8(read_bytes(path, str(path)), str(path), by_line=True)
     # "\n" alone ends a line: str.splitlines also splits at U+2028, U+2029 and U+0085, which JSON writers
     # (json.dumps(ensure_ascii=False), pandas' to_json) leave unescaped inside strings
     for number, line in enumerate(text.split("\n"), 1):
@@ -319,7 +337,7 @@ def _table_rows(path: Path) -> tuple[list[Row], list[str]]:
     import pandas as pd
 
     parquet = path.suffix.lower() == ".parquet"
-    text = None if parquet else _utf8(path.read_bytes(), str(path), by_line=True)  # a CSV's encoding named as a .jsonl's
+    text = None if parquet else _utf8(read_bytes(path, str(path)), str(path), by_line=True)  # named as a .jsonl's
     if text is not None:
         _csv_fields(text, path)
     try:

@@ -24,6 +24,8 @@ import re
 MONTHS = ("january february march april may june july august september october november december "
           "jan feb mar apr jun jul aug sep sept oct nov dec").split()
 WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+# Date words that are also everyday English ("they may vote", "march past", "mar the view"): dates only capitalized
+EVERYDAY = frozenset({"may", "march", "mar"})
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")
 _LIST_MARKER = re.compile(r"^(\s*(?:[-*•>]\s*)?)\d{1,3}[.)](?=\s)", re.M)
 _WORD = re.compile(r"[^\W\d_][^\W\d_'’]*")  # a word of letters, of any script ("Ramón", "Москва")
@@ -72,7 +74,7 @@ def names(text: str) -> list[str]:
         for match in _WORD.finditer(line):
             word = _stem(match.group())
             lower = word.lower()
-            if lower in MONTHS or lower in WEEKDAYS:
+            if (lower in MONTHS or lower in WEEKDAYS) and (lower not in EVERYDAY or word[0].isupper()):
                 found[word] = None
                 continue
             if heading:

@@ -28,6 +28,9 @@ FAITHFUL = "Ruth Okafor opened the Hollis Footbridge in March 2024; it cost 2.1 
         ("It cost 2,100,000 dollars and took 18 months.", ["2100000"]),
         ("The bridge opened. Dunmore built it; NASA helped.", ["NASA"]),  # a sentence's first word is no name
         ("**Summary:** the footbridge opened in march.", []),  # case is ignored; markup too
+        # date words that are everyday English count only capitalized: "may" was an invented date (an audit)
+        ("The council may vote on a toll, which could mar the opening.", []),
+        ("It opened in May.", ["May"]),
         # layout is not a fact: list markers, headings, a hyphenated compound of a known name
         ("Key points:\n1. The Hollis Footbridge opened.\n2. It cost 2.1 million dollars.", []),
         ("## Overview\nOpening Ceremony\nA Hollis-based firm built it.", []),

@@ -88,6 +88,17 @@ def test_all_matching_answers_need_one_call(fake, secret_env):
     assert len(fake.requests) == 1
 
 
+def test_superscripts_and_units_written_as_marks_are_graded_not_matched():
+    """NFKC wrote 10⁸ as 108 and 10² as 102, and 5" lost its mark as punctuation: "3 x 108" matched the gold "3 x 10⁸"
+    and was marked correct with no grading call (an audit). Such answers have no key: they are graded."""
+    from summrl.judges.llm import normalize
+
+    for marked, plain in (("3 x 10⁸", "3 x 108"), ("10² km", "102 km"), ("H₂O", "H2O"), ('5"', "5"), ("6′", "6")):
+        assert normalize(marked) == "" and normalize(plain) != "", (marked, plain)  # either way round: graded
+    assert normalize("ＲＵＴＨ OKAFOR.") == normalize("Ruth Okafor") == "ruth okafor"  # full width still matches
+    assert normalize("2,100 people") == normalize("2100 people")
+
+
 def test_answers_that_differ_in_a_sign_a_currency_or_another_script_are_graded_not_matched(fake, secret_env):
     """The no-call shortcut once kept only [a-z0-9]: "€5 million" matched "£5 million", "3%" matched "-3%", and any
     answer in Chinese matched any Chinese gold, all marked correct without a grading call."""

@@ -34,9 +34,15 @@ _PUNCTUATION = frozenset(".,;:!?'\"()[]{}…“”‘’«»。、「」『』�
 def normalize(text: str) -> str:
     """An answer reduced to what decides a match with no grading call: NFKC (full-width forms), case-folded,
     "2,100" read as "2100", sentence punctuation dropped. Only an equal non-empty result skips the grader, so a
-    stricter key costs a call, never a wrong verdict."""
+    stricter key costs a call, never a wrong verdict. An answer with a superscript or subscript ("10⁸", "H₂O") has no
+    key (""): NFKC wrote 10⁸ as 108, and a quote mark after a digit (5" for inches) was dropped as punctuation."""
+    if any(unicodedata.decomposition(c).startswith(("<super>", "<sub>")) for c in text) or _DIGIT_MARK.search(text):
+        return ""
     tokens = _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
     return " ".join(t.replace(",", "") if t[0].isdigit() else t for t in tokens if t not in _PUNCTUATION)
+
+
+_DIGIT_MARK = re.compile(r"\d\s*['\"′″’”]")  # a unit written as a mark: 5' (feet), 5" (inches), 40′
 
 
 ANSWER_PROMPT = """Using only this summary, answer each question briefly. If the summary lacks the answer, write "{unanswerable}".

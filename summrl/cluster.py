@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
+
+from summrl.errors import exit_on
 
 DEFAULT_CLUSTER = "summrl"
 
@@ -24,6 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("summrl: skypilot is not installed: pip install -e '.[cloud]'", file=sys.stderr)
         return 2
+    try:
+        return _command(sky, args)
+    except Exception as e:  # SkyPilot refusing (its API server, credentials): one line and its code, as summrl.sweep
+        exit_on(e)
+
+
+def _command(sky: Any, args: argparse.Namespace) -> int:
     if args.command == "status":
         records = sky.get(sky.status(cluster_names=[args.name] if args.name else None))
         if not records:

@@ -290,6 +290,10 @@ async def train_step(session: Session, documents: Sequence[Document], step: int)
                                     seed_key=(session.config.seed, "train", step))
     started = time.perf_counter()
     config = session.config
+    # ART's packing shuffles the completions and rows with the global random (LoRA dropout draws from torch's): seeded
+    # from the step, so a resumed run trains step k as the uninterrupted one did. The state was what the steps before
+    # it in this process had left (seeded once, at an epoch's start), and a resume's update differed.
+    seed_everything(sample_seed(config.seed, "update", step))
     lr = algorithm.learning_rate(config.algorithm, config.model.lr, step, config.trainer.max_steps)
     # Ctrl-C or SIGTERM: the update is finished and recorded, and the caller stops after it
     result, stopped = await finish_despite_a_signal(lambda: session.backend.train(

@@ -625,7 +625,7 @@ def test_a_launch_on_the_users_documents_reads_them_once(cloud_env, tmp_path, mo
     assert len(reads) == 1
 
 
-def test_cluster_command_takes_down_and_tails_the_named_cluster(monkeypatch, capsys):
+def test_cluster_command_takes_down_and_tails_the_named_cluster(monkeypatch, capsys, caplog):
     from summrl import cluster
 
     fake = FakeSky(monkeypatch, exit_code=100)
@@ -643,6 +643,17 @@ def test_cluster_command_takes_down_and_tails_the_named_cluster(monkeypatch, cap
         assert cluster.main([command, "nope"]) == 2
         assert capsys.readouterr().err == ("summrl: there is no cluster nope (python -m summrl.cluster status lists "
                                            "the clusters)\n")
+
+    def unreachable(*args, **kwargs):  # SkyPilot's API server down: a traceback, where summrl.sweep says one line
+        raise sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580")
+
+    for command, call in (("status", "status"), ("down", "down"), ("logs", "tail_logs")):
+        monkeypatch.setattr(sky, call, unreachable)
+        with pytest.raises(SystemExit) as stopped:
+            cluster.main([command, "summrl"])
+        assert stopped.value.code == 8  # SkyPilot's
+        assert "summrl: SkyPilot error: " in capsys.readouterr().err + "".join(
+            r.getMessage() for r in caplog.records)
 
     from sky.schemas.api.responses import StatusResponse
     from sky.utils.status_lib import ClusterStatus

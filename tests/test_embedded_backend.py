@@ -672,6 +672,12 @@ def test_train_updates_lora_skips_flat_groups_and_checkpoints(loop, session):
     for t in groups[1].trajectories:
         t.reward = 0.4  # no variance: no signal
     assert has_reward_variance(groups[0]) and not has_reward_variance(groups[1])
+    # ART's rule, which its trainable count (data/step_num_groups_trainable) follows: rounding apart is apart
+    from art.metrics_taxonomy import _group_is_trainable
+
+    rounding = art.TrajectoryGroup([t.model_copy(update={"reward": r}) for t, r in
+                                    zip(groups[0].trajectories, (0.1 + 0.2, 0.3, 0.3, 0.1 + 0.2))])
+    assert has_reward_variance(rounding) and _group_is_trainable(rounding)
     step_before = loop.run_until_complete(model.get_step())
     before = backend.engine.lora_state()
     result = loop.run_until_complete(backend.train(model, groups, learning_rate=1e-3))

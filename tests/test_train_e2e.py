@@ -154,10 +154,12 @@ def test_weighted_qa_plus_rubric_trains_offline_on_your_documents_and_logs_terms
     assert json.loads((run_dir / "result.json").read_text())["val_history"] == saved["val_history"]
 
 
-def test_the_same_seed_trains_the_same_adapter(shared_run, tmp_path, tiny_weights):
-    """Steps 1-2 of the shared run, run again from scratch on a fresh judge: the same rollouts (seeded per step,
-    document and index), the same RULER scores and updates, so the same step-2 adapter and val scores. The sweep's
-    repeat (test_compare) trains nothing, so this is what guards a reproducible update."""
+def test_the_same_seed_trains_the_same_adapter_also_across_a_resume(shared_run, tmp_path, tiny_weights):
+    """Steps 1-2 of the shared run, run again from scratch on a fresh judge, stopped after step 1 and resumed: the same
+    rollouts (seeded per step, document and index), the same RULER scores and updates, so the same step-2 adapter and
+    val scores. ART's packing shuffles with the global random, which a resumed invocation had in another state: its
+    step 2 trained on the rows in another order (an audit). The sweep's repeat (test_compare) trains nothing, so this
+    is what guards a reproducible update."""
     from summrl.testing import FakeLLM
     from tests.conftest import SHARED_ARGS, SHARED_SECRET
 
@@ -165,10 +167,12 @@ def test_the_same_seed_trains_the_same_adapter(shared_run, tmp_path, tiny_weight
     assert sum(r.get("data/step_num_groups_trainable", 0) for r in first["history"]) > 0  # the updates had a signal
     args = [a for a in SHARED_ARGS if not a.startswith("storage.")]
     with FakeLLM() as judge:
-        again = run_cli([*args, tiny_weights, f"judge.api_base={judge.base_url}", f"judge.cache_dir={tmp_path / 'cache'}",
-                         "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT,
-                        env={"FAKE_JUDGE_KEY": SHARED_SECRET})
-    assert again.returncode == 0, again.stderr[-3000:]
+        for steps in (1, 2):
+            again = run_cli([*args, tiny_weights, f"judge.api_base={judge.base_url}",
+                             f"judge.cache_dir={tmp_path / 'cache'}", f"trainer.max_steps={steps}",
+                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env={"FAKE_JUDGE_KEY": SHARED_SECRET})
+            assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming at step 1 of 2" in again.stdout + again.stderr
     weights = load_file(tmp_path / "run" / "art" / "summrl" / "models" / "shared" / "checkpoints" / "0002"
                         / "adapter_model.safetensors")
     assert weights.keys() == first["lora_step2"].keys()

@@ -445,6 +445,9 @@ def _check_calls(client: Any, at: str) -> None:
     """The call settings every LLM client has (judge, teacher): a semaphore of 0 would wait forever, a negative
     backoff would retry at once."""
     _require(client.max_concurrency > 0, f"{at}.max_concurrency", f"must be > 0, got {client.max_concurrency}")
+    # "" read as off, silently: a resumed run then paid again for every reply it had cached
+    _require(getattr(client, "cache_dir", None) != "", f"{at}.cache_dir",
+             "is empty: name a folder, or null to keep no cache of replies")
     _require(client.timeout_s > 0, f"{at}.timeout_s", f"must be > 0, got {client.timeout_s}")
     _require(client.max_retries >= 0, f"{at}.max_retries", f"must be >= 0, got {client.max_retries}")
     for key in ("retry_base_s", "retry_max_s"):
@@ -1388,10 +1391,10 @@ def check(config: Config) -> None:
     """The rules that span fields and groups."""
     check_val_qa(config.reward, config.trainer)
     if "ruler" in reward_kinds(config.reward) and config.judge.kind == "lexical":
-        raise ConfigError(
-            "reward=ruler needs an LLM judge, got judge=lexical: use judge=gemini_flash, judge=openai_compatible, "
-            "judge=embedded, or judge=local (offline: lexical QA grading, the embedded model for RULER)"
-        )
+        offline = (", judge=embedded, or judge=local (offline: lexical QA grading, the embedded model for RULER)"
+                   if config.backend.kind == "embedded" else "")  # the embedded judges run on backend=embedded only
+        raise ConfigError(f"a RULER reward (reward=ruler, or a ruler term or base of the reward) needs an LLM judge, got "
+                          f"judge=lexical: use judge=gemini_flash, judge=openai_compatible{offline}")
     if config.judge.kind in EMBEDDED_JUDGES and config.backend.kind != "embedded":
         raise ConfigError(f"judge={config.judge.kind} uses the embedded backend's model; got "
                           f"backend.kind={config.backend.kind}: use backend=embedded or another judge")
@@ -1468,7 +1471,8 @@ def check(config: Config) -> None:
                                     ("wait_for_documents_s", t.wait_for_documents_s, 0.0)):
             _require(value == default, f"trainer.{key}",
                      f"is {value}, but only dataset=inbox reads it (how many newly recorded documents a run needs); "
-                     f"got dataset={config.dataset.kind}: remove it, or use dataset=inbox")
+                     f"got dataset={getattr(config.dataset, 'name', config.dataset.kind)}: remove it, or use "
+                     "dataset=inbox")
     # ART 0.5.18's train_sft raises NotImplementedError in dedicated mode: refused before the teacher is paid
     dedicated = config.model.gpus == 2 and config.backend.kind in ("local_gpu", "skypilot")
     _require(config.sft.kind == "none" or not dedicated, "sft", f"sft={config.sft.kind} with model={config.model.name} (model.gpus=2, ART's dedicated mode): ART "

@@ -422,10 +422,11 @@ def test_a_sweeps_job_with_a_bad_config_fails_on_its_own_and_the_others_go_on(cl
                           text=True, timeout=300, env={**os.environ, "SKY_RUNTIME_DIR": str(SKY_RUNTIME)})
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     bad = json.loads((sweep / "0" / "result.json").read_text())
-    assert bad["error_kind"] == "config" and bad["error"].startswith("config error: reward=ruler needs an LLM judge")
+    assert bad["error_kind"] == "config" and bad["error"].startswith(
+        "config error: a RULER reward (reward=ruler, or a ruler term or base of the reward) needs an LLM judge")
     log = (sweep / "1" / "train.log").read_text()
     assert re.search(r"warning: job 0 of the sweep \(judge=lexical reward=ruler backend.dry_run=True\) has a config "
-                     r"error, so it will fail on its own and is priced \$0: reward=ruler needs an LLM judge", log), log
+                     r"error, so it will fail on its own and is priced \$0: a RULER reward .* needs an LLM judge", log), log
     assert "summrl: dry run: cluster summrl-1" in log  # it went on (a dry run writes no result.json)
 
 

@@ -39,10 +39,20 @@ def test_every_group_option_composes_against_its_schema(group, option):
 
 
 def test_ruler_needs_an_llm_judge():
-    with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge.*judge=local"):
+    with pytest.raises(ConfigError, match=r"a RULER reward \(reward=ruler, or a ruler term or base of the reward\) "
+                                          r"needs an LLM judge.*judge=local"):
         compose_config([*LOCAL, "judge=lexical", "reward=ruler"])
-    with pytest.raises(ConfigError, match="reward=ruler needs an LLM judge"):
+    with pytest.raises(ConfigError, match="a RULER reward .* needs an LLM judge"):  # it named reward=ruler, not given
         compose_config([*LOCAL, "judge=lexical", "reward=length_penalized", "reward.base=ruler"])
+    # the embedded judges are offered only where they run: on a cloud GPU the next check refused them
+    with pytest.raises(ConfigError, match="judge=openai_compatible$"):
+        compose_config(["judge=lexical", "reward=ruler"])
+    # "" read as no cache: a resume paid again for every reply (an audit); null is the way to say it
+    with pytest.raises(ConfigError, match="judge.cache_dir: is empty: name a folder, or null"):
+        compose_config([*LOCAL, "judge=gemini_flash", "judge.cache_dir=''"])
+    assert compose_config([*LOCAL, "judge=gemini_flash", "judge.cache_dir=null"]).judge.cache_dir is None
+    with pytest.raises(ConfigError, match="got dataset=repliqa_sample: remove it"):  # the option, not its kind
+        compose_config([*LOCAL, "trainer.min_new_documents=2"])
     # the local experiment's judge pairs lexical QA grading with the embedded model for RULER
     assert compose_config([*LOCAL, "reward=ruler"]).judge.kind == "local"
 

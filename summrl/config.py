@@ -1393,8 +1393,8 @@ def check(config: Config) -> None:
     if "ruler" in reward_kinds(config.reward) and config.judge.kind == "lexical":
         offline = (", judge=embedded, or judge=local (offline: lexical QA grading, the embedded model for RULER)"
                    if config.backend.kind == "embedded" else "")  # the embedded judges run on backend=embedded only
-        raise ConfigError(f"a RULER reward (reward=ruler, or a ruler term or base of the reward) needs an LLM judge, got "
-                          f"judge=lexical: use judge=gemini_flash, judge=openai_compatible{offline}")
+        raise ConfigError("a RULER reward (reward=ruler, or a ruler term or base of the reward) needs an LLM judge, "
+                          f"got judge=lexical: use judge=gemini_flash, judge=openai_compatible{offline}")
     if config.judge.kind in EMBEDDED_JUDGES and config.backend.kind != "embedded":
         raise ConfigError(f"judge={config.judge.kind} uses the embedded backend's model; got "
                           f"backend.kind={config.backend.kind}: use backend=embedded or another judge")

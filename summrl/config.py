@@ -33,7 +33,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandat
 
 from summrl.errors import ConfigError
 from summrl.prompt import PROMPTS
-from summrl.secrets import name_secret_variables, secret_key_name, url_secret
+from summrl.secrets import SECRET_NAME, name_secret_variables, secret_key_name, url_secret
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the config tree Hydra composes
 
@@ -1225,6 +1225,9 @@ def typed_key(command: str) -> bool:
 
 KEY_LIKE = re.compile(r"(AIza|hf_|ghp_|gho_|ghs_|github_pat_|AKIA|ASIA)\w{12,}"
                       r"|(?=[A-Za-z0-9]*[a-z])(?=[A-Za-z0-9]*[A-Z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]{32,}")
+# In a ``*_env`` setting, also a provider's short prefix and a long run (Groq's gsk_..., Fireworks' fw_..., Replicate's
+# r8_...) and a long hex key: shaped like variable names, they were taken as one and echoed in "export gsk_...".
+ENV_KEY_LIKE = re.compile(rf"{KEY_LIKE.pattern}|[a-z][a-z0-9]{{0,5}}_[A-Za-z0-9]{{20,}}|[0-9a-fA-F]{{32,}}")
 
 
 def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
@@ -1267,7 +1270,7 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
             raise ConfigError(f"{path}: must name the environment variable that holds the key, as it is, not an "
                               f"interpolation: set {path}=MY_KEY")
         if path.endswith("_env") and isinstance(raw, str):
-            if not VARIABLE_NAME.fullmatch(raw) or KEY_LIKE.fullmatch(raw):
+            if not VARIABLE_NAME.fullmatch(raw) or ENV_KEY_LIKE.fullmatch(raw):
                 raise ConfigError(f"{path}: must name the environment variable that holds the key (letters, digits "
                                   f"and _), not hold the key itself: export MY_KEY=<the key> and set {path}=MY_KEY")
             named.append(raw)
@@ -1299,6 +1302,11 @@ def refuse_secrets(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
         key, _, values = override.lstrip("~+").partition("=")
         refuse_typed_secret(key, values)
         refuse_url(key, values)
+        variable = key.removeprefix("hydra.job.env_set.")
+        if variable != key and (variable in named or SECRET_NAME.search(variable)) and values and "${" not in values:
+            # the variable a *_env setting names (judge.api_key_env=MY_JUDGE_KEY), which no key-like name gave away
+            raise ConfigError(f"{key}: a secret typed here is saved with the run (.hydra/hydra.yaml): export "
+                              f"{variable} in your shell (or put it in .env) instead; the job inherits the environment")
     name_secret_variables(named)
 
 

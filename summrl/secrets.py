@@ -29,8 +29,10 @@ def secret_key_name(path: str) -> bool:
     return bool(SECRET_KEY.search(path.rsplit(".", 1)[-1]))
 
 
-# A URL's query parameters that carry a credential (Google's ?key=, signed URLs' sig=, ?access_token=)
-SECRET_PARAM = r"(?:api[_-]?)?key|(?:access|auth|id)?[_-]?token|auth|sig|signature|password|passwd|secret"
+# A URL's query parameters that carry a credential: any name with one of these words in it (Google's ?key=, signed
+# URLs' sig= and X-Amz-Signature=, ?access_token=, ?api_token=, ?client_secret=, ?x-api-key=). A list of whole names
+# let ?api_token= and S3's presigned X-Amz-Security-Token= through, saved and logged as typed.
+SECRET_PARAM = r"[\w.-]*?(?:key|token|secret|sig|signature|credential|password|passwd|auth)[\w.-]*"
 URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 MASK = "***"
 _named: set[str] = set()  # variables the config names as holding a key (judge.api_key_env=JUDGE_KEY)

@@ -590,6 +590,14 @@ PLANTED = "QSECRET-9f3a"  # a credential no message, log or file may show
     # a benchmark model entry names its key with api_key_env (the fix said HF_TOKEN)
     # settings with no api_key_env of their own: the fix named model.api_key_env, which does not exist
     (f"model.weights='https://example.org/m.gguf?token={PLANTED}'", "model.weights", "that the tool reads itself"),
+    # query names outside a list of whole names: saved in .hydra/, result.json, W&B and the rubric cache (an audit)
+    (f"judge.api_base='https://llm.example.com/v1?api_token={PLANTED}'", "judge.api_base", "judge.api_key_env"),
+    (f"judge.api_base='https://llm.example.com/v1?x-api-key={PLANTED}'", "judge.api_base", "judge.api_key_env"),
+    (f"model.weights='https://b.s3.amazonaws.com/m.gguf?X-Amz-Security-Token={PLANTED}&X-Amz-Signature=ab'",
+     "model.weights", "that the tool reads itself"),
+    # keys shaped like variable names: Groq's, and a hex key (taken as names, and echoed in "export gsk_...")
+    ("judge.api_key_env=gsk_PLANTEDk3Jd8sLq0ZxW2vN7bT5yR1mQ4pA6cE9hU0iO3gF8", "judge.api_key_env", "MY_KEY=<the key>"),
+    ("judge.api_key_env=d41d8cd98f00b204e9800998ecf8427ed41d8cd9", "judge.api_key_env", "MY_KEY=<the key>"),
 ])
 def test_a_secret_in_the_config_is_refused_naming_the_key_and_where_a_key_goes_never_the_secret(override, key, fix,
                                                                                              monkeypatch):
@@ -665,6 +673,12 @@ def test_the_cli_refuses_a_secret_before_hydra_writes_the_run_or_sweep_folder(tm
         "summrl: config error: hydra.job.env_set.WANDB_API_KEY: a secret typed here is saved with the run "
         "(.hydra/hydra.yaml): export WANDB_API_KEY in your shell (or put it in .env) instead; the job inherits the "
         "environment"]
+    # a variable the judge's key is read from, whatever its name (it passed: no KEY/TOKEN in the name of the setting)
+    named = run_cli([*LOCAL, "judge=openai_compatible", "judge.api_key_env=MY_JUDGE",
+                     f"+hydra.job.env_set.MY_JUDGE={PLANTED}", f"hydra.run.dir={run}"], cwd=ROOT, timeout=120)
+    assert named.returncode == 2 and named.stderr.strip().splitlines()[-1].startswith(
+        "summrl: config error: hydra.job.env_set.MY_JUDGE: a secret typed here is saved with the run")
+    assert PLANTED not in named.stdout + named.stderr
     assert not run.exists() and not sweep.exists()
 
 

@@ -137,7 +137,7 @@ class Service:
 
     def _selector(self) -> Any:
         s, train = self.config.serve, self.config.train
-        if s.best_of_n == 1 or s.selector == "length":
+        if not s.judged:
             return None
         from summrl.judges import build_judge, embedded_endpoint
 

@@ -58,6 +58,11 @@ class ServeSection:
         _require(self.reload in RELOAD, "serve.reload", f"must be off or auto, got {self.reload!r}")
         _require(self.reload_check_s > 0, "serve.reload_check_s", f"must be > 0, got {self.reload_check_s}")
 
+    @property
+    def judged(self) -> bool:
+        """A judge ranks each request's samples: best-of-n with the ruler or rubric selector (length needs none)."""
+        return self.best_of_n > 1 and self.selector != "length"
+
 
 @dataclass
 class ServeSchema:
@@ -125,17 +130,16 @@ def validate_serve(cfg: DictConfig) -> ServeConfig:
         for problem in device_problems(train.backend.device):
             raise ConfigError(problem)
     s = schema.serve
-    if s.best_of_n > 1 and s.selector == "ruler" and train.judge.kind == "lexical":
+    if s.judged and s.selector == "ruler" and train.judge.kind == "lexical":
         raise ConfigError("serve.selector=ruler ranks the samples with an LLM judge; the run's judge is lexical: choose "
                           "judge=local (offline), judge=gemini_flash, or serve.selector=length")
-    if s.best_of_n > 1 and s.selector in ("ruler", "rubric"):  # else every request samples N, then falls back
+    if s.judged:  # else every request samples N, then falls back
         from summrl.judges import missing_keys
 
         for name in missing_keys(train.judge):
             raise ConfigError(f"serve.selector={s.selector} ranks the samples with the judge ({train.judge.model}), "
                               f"whose key {name} is not set: export it or put it in .env, or use serve.selector=length")
-    judged = s.best_of_n > 1 and s.selector in ("ruler", "rubric")  # else no judge is built
-    if judged and train.judge.kind in EMBEDDED_JUDGES and train.backend.kind != "embedded":
+    if s.judged and train.judge.kind in EMBEDDED_JUDGES and train.backend.kind != "embedded":
         raise ConfigError(f"judge={train.judge.kind} uses the embedded model: serve with backend=embedded, or choose "
                           "another judge")
     text = str(schema.step).strip().lower()

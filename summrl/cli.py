@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from summrl.config import config_error, refuse_secrets
 from summrl.errors import ConfigError, Failure, full_errors, stop_signal, stopped_by
+from summrl.keys import load_env_file
 from summrl.secrets import redact_text
 
 
@@ -41,6 +42,7 @@ def run(main: Callable[[], object]) -> NoReturn:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if any(prints_config(arg) for arg in sys.argv[1:]):
         sys.stdout = _Redacted(sys.stdout)
+    load_env_file()  # before Hydra composes: ${oc.env:X} may read an X that only .env sets
     try:
         try:
             main()

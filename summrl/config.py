@@ -1119,6 +1119,10 @@ def config_error(e: BaseException, prefix: str = "") -> ConfigError:
             return new_key(key, cause.parent_node, str(e))  # not in the node yet (a term's setting its preset omits)
         return unknown_key(key, schema)
     message = str(cause.msg).splitlines()[0]
+    unset = re.search(r"Environment variable '([^']+)' not found", message)  # ${oc.env:X} with X set nowhere
+    if unset:
+        return ConfigError(f"{key}: reads ${{oc.env:{unset[1]}}}, and {unset[1]} is not set: export it or put it in "
+                           f".env (or give a default: ${{oc.env:{unset[1]},<default>}})")
     if isinstance(cause, MissingMandatoryValue):
         return ConfigError(f"{key}: needs a value ({message})")
     return ConfigError(f"{key}: {message} (check the value's type in {name})")

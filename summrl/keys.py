@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import Any
+
+
+def load_env_file() -> None:
+    """Keys (and any other variable) from ``.env``: the nearest one in the folder a command runs from or a folder above
+    it, else the checkout's root. Loaded before Hydra composes the config, so ``${oc.env:X}`` reads an X that only
+    ``.env`` sets. A variable already in the environment wins."""
+    from dotenv import find_dotenv, load_dotenv
+
+    load_dotenv(find_dotenv(usecwd=True) or Path(__file__).resolve().parents[1] / ".env")
 
 
 @functools.lru_cache(maxsize=None)

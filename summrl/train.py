@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import hydra
-from dotenv import load_dotenv
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
@@ -51,7 +50,6 @@ def load_config(cfg: DictConfig) -> Config:
     if chosen is not None and chosen != config.sft.kind:
         raise ConfigError(f"sft.kind: is fixed by the option (sft=...): got {config.sft.kind!r} with sft={chosen}; "
                           f"choose it with sft={config.sft.kind}")
-    load_dotenv()  # keys may live in .env; they are read from the environment, never from config
     if hydra_cfg.mode == RunMode.MULTIRUN:
         # Unnamed, a sweep's jobs are named for its folder: ${now} is read as each job starts, so each job had its own
         # time, and no one run.name resumed them all.

@@ -372,6 +372,22 @@ def test_cli_fails_with_a_clear_message(args, message, tmp_path):
     assert not (tmp_path / "run" / "art").exists()  # nothing was loaded or trained
 
 
+def test_dotenv_in_the_folder_a_command_runs_from_is_read_before_the_config_is_composed(tmp_path):
+    """.env was loaded after the config was validated, and looked for beside summrl's own files only: ${oc.env:X} with
+    X set in .env failed as unset, and a .env in the user's project folder (summrl installed elsewhere) was not read."""
+    (tmp_path / ".env").write_text("SUMMRL_DOTENV_STEPS=-7\n")
+    steps = "trainer.max_steps=${oc.env:SUMMRL_DOTENV_STEPS}"
+    result = run_cli(["experiment=local", steps, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert "trainer.max_steps: must be > 0, got -7" in result.stderr  # the value .env holds, read and validated
+
+    unset = run_cli(["experiment=local", "trainer.max_steps=${oc.env:SUMMRL_SET_NOWHERE}",
+                     f"hydra.run.dir={tmp_path}/run"], cwd=ROOT, timeout=60)
+    assert unset.returncode == 2
+    assert ("trainer.max_steps: reads ${oc.env:SUMMRL_SET_NOWHERE}, and SUMMRL_SET_NOWHERE is not set: export it or "
+            "put it in .env") in unset.stderr
+
+
 def test_a_missing_judge_key_fails_before_anything_loads(tmp_path):
     result = run_cli(["experiment=local", "judge=gemini_flash", "storage.enabled=true", f"hydra.run.dir={tmp_path}/run"],
                      cwd=ROOT, timeout=60, env={"GEMINI_API_KEY": "", "BACKUP_BUCKET": ""})

@@ -14,7 +14,6 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dotenv import load_dotenv
 
 from summrl import cli
 from summrl.benchmark.config import check_keys, check_trainer_overrides, same_command, validate_benchmark
@@ -29,7 +28,6 @@ def main(cfg: DictConfig) -> None:
         check_trainer_overrides(task_overrides(HydraConfig.get()))
         config = validate_benchmark(cfg, dict(HydraConfig.get().runtime.choices))
         rerun = same_command(config, task_overrides(HydraConfig.get()))
-        load_dotenv()  # keys may live in .env; they are read from the environment, never from config
         check_keys(config)
         os.environ.setdefault("TQDM_DISABLE", "1")
         for name in ("LiteLLM", "LiteLLM Router", "httpx"):  # one line per call at INFO under Hydra's logging

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from summrl.errors import exit_on
 from summrl.job import jsonl_rows, read_result, write_atomic, write_result
+from summrl.keys import load_env_file
 from summrl.storage import fetch_file
 
 COLUMNS = ("job", "run", "managed job", "state", "step", "last val", "recoveries", "$ so far")
@@ -172,9 +173,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("command", choices=["status", "pull", "cancel"])
     parser.add_argument("folder", type=Path, help="a sweep folder (multirun/<date>/<time>) or one run's folder")
     args = parser.parse_args(argv)
-    from dotenv import load_dotenv
-
-    load_dotenv()  # AWS_* and BACKUP_BUCKET, as the jobs read them
+    load_env_file()  # AWS_* and BACKUP_BUCKET, as the jobs read them
     if not args.folder.is_dir():
         print(f"summrl: {args.folder} is not a folder", file=sys.stderr)
         return 2

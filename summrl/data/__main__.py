@@ -21,14 +21,13 @@ import logging
 import sys
 import time
 
-from dotenv import load_dotenv
-
 from summrl import logs
 from summrl.config import compose, validate
 from summrl.data import load_splits
 from summrl.data.documents import policy_token_counter
 from summrl.errors import ConfigError, Failure, end, exit_on, run_async, stop_signal
 from summrl.judges import missing_keys
+from summrl.keys import load_env_file
 
 log = logging.getLogger("summrl.data")
 
@@ -41,6 +40,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)  # a missing or unknown command: its usage and exit code 2
     command, overrides = args.command, args.overrides
     logs.console()
+    load_env_file()  # keys, and any ${oc.env:X} of the overrides, as for training
     try:
         # no run folder: nothing is trained (run.dir would name Hydra's, which only a run has)
         config = validate(compose("train", [*overrides, "run.dir=.", "run.name=data"], return_hydra_config=True))
@@ -48,7 +48,6 @@ def main(argv: list[str]) -> None:
             raise ConfigError("dataset=inbox: summrl.data reads dataset=documents or repliqa; a run's inbox is read, "
                               "and its questions written, by `python -m summrl.train run.name=<name> dataset=inbox` "
                               "(see the README's \"Keep it learning\")")
-        load_dotenv()  # keys may live in .env, as for training
         run_async(inspect(config) if command == "inspect" else prepare(config))
     except KeyboardInterrupt:  # Ctrl-C while writing: what was written (and paid for) is in the caches
         end(Failure("interrupted", f"stopped ({stop_signal()}); the questions and rubrics written so far are cached: "

@@ -17,7 +17,6 @@ import socket
 
 import hydra
 import uvicorn
-from dotenv import load_dotenv
 from omegaconf import DictConfig
 
 from summrl import cli
@@ -95,7 +94,6 @@ async def serve(config, sock: socket.socket) -> None:
 @hydra.main(config_path="../../conf", config_name="serve", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
-        load_dotenv()  # first: the judge's key may be there (validate_serve checks it)
         config = validate_serve(cfg)
         key_env = config.serve.api_key_env
         if key_env and not os.environ.get(key_env):

@@ -82,6 +82,16 @@ def test_a_reply_with_a_raw_newline_inside_a_string_is_read_without_a_retry(fake
     assert len(fake.requests) == 1  # no retry
 
 
+def test_a_fenced_reply_with_prose_around_it_is_read_without_a_retry(fake, secret_env):
+    """A judge that ignores response_format may write a line before its fenced JSON and one after: at temperature 0
+    each retry got the same reply, so the call failed every attempt, paid each time."""
+    answers = json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]}, indent=1)
+    fake.script = [Reply(f"Here are the answers:\n\n```json\n{answers}\n```\nLet me know if you need more.")]
+    judge = LLMJudge(client(fake))
+    assert grade(judge) == [True, True, True]
+    assert len(fake.requests) == 1 and judge.client.usage.failures == 0
+
+
 def test_all_matching_answers_need_one_call(fake, secret_env):
     fake.script = [Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "unanswerable"]}))]
     assert grade(LLMJudge(client(fake))) == [True, True, True]

@@ -423,10 +423,15 @@ class JudgeClient:
 
 
 def strip_fences(text: str) -> str:
-    """A reply's JSON without the Markdown fence (```json ... ```) a model may wrap it in."""
+    """A reply's JSON without the Markdown fence (```json ... ```) a model may wrap it in, and without the prose a model
+    may write around that fence ("Here are the answers:"). Bare JSON is read as it is: a fence inside one of its
+    strings (a summary quoting code) is not the reply."""
     text = text.strip()
-    match = re.match(r"^```(?:json)?\s*(.*?)\s*```$", text, re.S)
-    return match.group(1) if match else text
+    if text.startswith(("{", "[")):
+        return text
+    match = (re.match(r"^```(?:json)?\s*(.*?)\s*```$", text, re.S)
+             or re.search(r"^```(?:json)?[ \t]*\n(.*?)\n[ \t]*```[ \t]*$", text, re.S | re.M))
+    return match.group(1).strip() if match else text
 
 
 def list_of(reply: Any, key: str, n: int, types: Union[type, tuple[type, ...]]) -> list:

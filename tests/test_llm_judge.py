@@ -254,6 +254,30 @@ def test_replies_are_cached_on_disk_across_clients(fake, secret_env, tmp_path):
     assert second.client.usage.cached_calls == calls and second.client.usage.calls == 0
 
 
+def test_an_identical_call_in_flight_is_paid_for_once(fake, secret_env, tmp_path):
+    """Two QA terms of a weighted reward (each its own client) ask the same answering call at once: both missed the
+    cache, as neither reply was in it yet, and both were paid. The second now waits for the first's reply; a failed
+    call fails both, and a cancelled one leaves the other to ask for itself."""
+    fake.script = [Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]}))]
+    judges = [LLMJudge(client(fake, cache_dir=str(tmp_path / "cache"))) for _ in range(2)]
+
+    async def both():
+        return await asyncio.gather(*(j.grade("Ruth Okafor opened it.", DOC.questions) for j in judges))
+
+    assert asyncio.run(both()) == [[True, True, True]] * 2
+    assert len(fake.requests) == 1
+    assert [j.client.usage.cached_calls for j in judges] == [0, 1]
+
+    fake.requests.clear()
+    fake.script = [Reply(status=400)]  # a client error: not retried, the call fails
+    results = asyncio.run(_grade_all(judges, "Other text."))
+    assert len(fake.requests) == 1 and all(isinstance(r, JudgeError) for r in results)
+
+
+async def _grade_all(judges, summary):
+    return await asyncio.gather(*(j.grade(summary, DOC.questions) for j in judges), return_exceptions=True)
+
+
 def test_a_cache_past_its_size_limit_evicts_no_paid_reply(fake, secret_env, tmp_path):
     """diskcache's default evicted the oldest replies of a cache past 1 GiB, to be paid for again. A cache that has
     reached its limit looks the same at a limit of 1 byte (stored in the cache, as an earlier opening left it)."""

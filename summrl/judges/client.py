@@ -300,6 +300,20 @@ class JudgeClient:
             except ReplyShapeError:  # cached before this check existed: ask again
                 pass
 
+        asked = _ASKED.get(key)
+        if asked is not None:  # the same call is in flight (another reward term, another client): its reply will do
+            outcome = await asyncio.shield(asked)
+            if isinstance(outcome, JudgeError):
+                raise outcome
+            try:
+                value = check(outcome) if outcome is not None else None
+            except ReplyShapeError:
+                value = None
+            if value is not None:
+                self.usage.cached_calls += 1
+                return value
+        parsed_reply: list[Any] = []
+
         def parse(text: str) -> Any:
             # strict=False: a raw tab or newline inside a string (models write them) is read, not retried; at
             # temperature 0 each retry gets the same reply, so it failed every time (a benchmark row left undone)
@@ -307,9 +321,22 @@ class JudgeClient:
             value = check(parsed)
             if self._cache is not None:
                 self._cache[key] = json.dumps(parsed)
+            parsed_reply.append(parsed)
             return value
 
-        return await self._with_retries(messages, params, parse)
+        ours = _ASKED.setdefault(key, asyncio.get_running_loop().create_future())
+        outcome: Any = None  # None: the callers waiting on this call ask for themselves
+        try:
+            value = await self._with_retries(messages, params, parse)
+            outcome = parsed_reply[-1]
+            return value
+        except JudgeError as e:
+            outcome = e
+            raise
+        finally:
+            if _ASKED.get(key) is ours:
+                del _ASKED[key]
+                ours.set_result(outcome)
 
     async def complete_text(self, messages: list[dict], *, max_tokens: int, temperature: float,
                             check: Optional[Callable[[str], Any]] = None) -> tuple[Any, Optional[str]]:
@@ -420,6 +447,12 @@ class JudgeClient:
         if spent is not None:  # one caller's own share of a client many share (summrl.serve's requests)
             spent[0] += cost
         return cost
+
+
+# Calls in flight, by cache key, so that an identical call asked meanwhile (two QA terms of one weighted reward answer
+# the same summary's questions; each has its own client) waits for the reply instead of paying for it again. Each
+# waiter gets the parsed reply (its own check applies), the call's JudgeError, or None (cancelled: it asks itself).
+_ASKED: dict[str, asyncio.Future] = {}
 
 
 def strip_fences(text: str) -> str:

@@ -69,6 +69,32 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def planned_jobs(folder: Path) -> list[list[str]]:
+    """The overrides of each job a sweep folder's ``multirun.yaml`` planned, in job order, expanded as Hydra's basic
+    sweeper expands them ([]: no such file, or another sweeper)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    path = folder / "multirun.yaml"
+    if not path.is_file():
+        return []
+    try:
+        hydra = OmegaConf.load(path).hydra
+        if hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+            return []
+        params = [f"{k}={v}" for k, v in (hydra.sweeper.get("params") or {}).items()]
+        parsed = OverridesParser.create().parse_overrides([*params, *hydra.overrides.task])
+        return [redact(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except Exception as e:  # an edited or foreign file: the jobs on disk are still reported
+        print(f"summrl: warning: can't read the planned jobs from {path} ({type(e).__name__}): the jobs "
+              "that never started are not listed", file=sys.stderr)
+        return []
+
+
 def peak_rss_gb() -> float:
     """This process's peak resident size in GB: what a run needs of the machine's memory.
 

@@ -29,7 +29,7 @@ import pandas as pd
 
 from summrl.compare import MIN_PAIRS, Interval, advice, holm, mean_ci, paired, per_doc
 from summrl.config import OPERATIONAL, AlgorithmConfig
-from summrl.job import (RESULT_FILE, JobInfo, jsonl_rows, override_key, read_result, scale_settings,
+from summrl.job import (RESULT_FILE, JobInfo, jsonl_rows, override_key, planned_jobs, read_result, scale_settings,
                         val_sampling)
 from summrl.secrets import redact
 
@@ -99,29 +99,6 @@ def configuration_name(overrides: list[str], with_preset: bool) -> str:
     name = JobInfo(overrides=overrides).name
     preset = presets(overrides) if with_preset else []
     return ",".join([*preset, *([name] if name != "defaults" else [])]) or "defaults"
-
-
-def planned_jobs(folder: Path) -> list[list[str]]:
-    """The overrides of each job a sweep folder's ``multirun.yaml`` planned, in job order, expanded as Hydra's basic
-    sweeper expands them ([]: no such file, or another sweeper)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    path = folder / "multirun.yaml"
-    if not path.is_file():
-        return []
-    try:
-        hydra = OmegaConf.load(path).hydra
-        if hydra.sweeper.get("_target_") != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
-            return []
-        params = [f"{k}={v}" for k, v in (hydra.sweeper.get("params") or {}).items()]
-        parsed = OverridesParser.create().parse_overrides([*params, *hydra.overrides.task])
-        return [redact(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-    except Exception as e:  # an edited or foreign file: the jobs on disk are still reported
-        print(f"summrl.report: warning: can't read the planned jobs from {path} ({type(e).__name__}): the jobs "
-              "that never started are not listed", file=sys.stderr)
-        return []
 
 
 def _unread(job_dir: Path) -> dict:

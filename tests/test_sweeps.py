@@ -112,3 +112,30 @@ def test_optuna_searches_the_learning_rate_with_trials_in_parallel_joblib_proces
     lrs = [float(next(o for o in outcome["overrides"] if o.startswith("model.lr="))[len("model.lr="):])
            for outcome in outcomes]  # each trial's sampled value reached its job
     assert len(set(lrs)) == 2 and all(1e-4 <= lr <= 1e-3 for lr in lrs)
+
+    # The same sweep resumed in its folder with another sampler seed draws other learning rates: job N resumed trial
+    # N's run (model.lr may change on a single run's resume), trained nothing, and gave Optuna its old score as the new
+    # trial's, so the "best" learning rate was one never trained. Refused, before anything loads.
+    command = [a.replace("sampler.seed=1", "sampler.seed=2") for a in result.args[3:]]
+    again = run_cli(command, cwd=ROOT, timeout=300)
+    assert again.returncode != 0
+    assert "job 0 of this sweep resumes the run in" in again.stderr and "OptunaSweeper draws its values anew" in again.stderr
+    assert [json.loads((sweep / j / "result.json").read_text()) for j in ("0", "1")] == outcomes  # records kept
+
+
+def test_a_sweep_resumed_with_its_values_moved_is_refused_before_anything_loads(tmp_path):
+    """The basic sweeper resumed in its folder with an edited list: job 0 is now model.lr=0.0001 and its folder holds
+    the run trained with 0.0002. It took that run as its own and reported its score for the other value."""
+    sweep = tmp_path / "multirun"
+    for num, lr in enumerate(("0.0002", "0.0001")):  # the two jobs' records, as a stopped sweep left them
+        (sweep / str(num)).mkdir(parents=True)
+        (sweep / str(num) / "result.json").write_text(json.dumps({
+            "run_name": f"abl-{num}", "status": "interrupted", "attempts": [{"started": "2026-12-07T10:00:00"}],
+            "overrides": ["experiment=local", "run.name=abl", f"model.lr={lr}"]}))
+    result = run_cli(["-m", "experiment=local", "run.name=abl", "model.lr=0.0001,0.0002", f"hydra.sweep.dir={sweep}"],
+                     cwd=ROOT, timeout=120)
+    assert result.returncode == 1
+    assert (f"job 0 of this sweep resumes the run in {sweep}/0, trained with model.lr=0.0002 (now model.lr=0.0001): "
+            "the sweep's values changed, so its jobs moved") in result.stderr
+    assert f"job 1 of this sweep resumes the run in {sweep}/1, trained with model.lr=0.0001" in result.stderr
+    assert not (sweep / "0" / "art").exists() and not (sweep / "1" / "art").exists()  # nothing loaded or trained

@@ -323,6 +323,37 @@ def submit_sweep(tmp_path, fake, seeds=(1, 2, 3)):
     return folder
 
 
+def test_a_sweep_rerun_in_its_folder_submits_again_only_the_jobs_that_ended(cloud_env, monkeypatch, tmp_path,
+                                                                              s3_endpoint):
+    """The same managed sweep command rerun with its hydra.sweep.dir submitted every job a second time (six billed
+    jobs, two per run, backing up to one S3 folder), and each job folder's record kept only the new id, so summrl.sweep
+    could no longer see or cancel the first three."""
+    from sky.jobs.state import ManagedJobStatus
+    from sky.schemas.api.responses import ManagedJobRecord
+
+    from summrl.errors import ConfigError
+
+    fake = FakeJobs(monkeypatch)
+    fake.endpoint = s3_endpoint
+    s3(s3_endpoint).create_bucket(Bucket="runs")
+    folder = submit_sweep(tmp_path, fake)
+    fake.records = {41: ManagedJobRecord(job_id=41, status=ManagedJobStatus.RUNNING, recovery_count=0, job_duration=9.0),
+                    42: ManagedJobRecord(job_id=42, status=ManagedJobStatus.FAILED, recovery_count=0, job_duration=9.0)}
+    with pytest.raises(ConfigError, match=r"run abl-0: managed job 41 \(summrl-abl-0\), submitted from .*, is RUNNING: "
+                                          r"submitting it again would start a second billed job"):
+        submit_sweep(tmp_path, fake, seeds=(1,))
+    assert len(fake.launched()) == 3
+    assert json.loads((folder / "0" / "result.json").read_text())["managed_job"]["id"] == 41  # its record kept
+
+    for num, seed in ((1, 2), (2, 3)):  # 42 failed, and 43 is no longer in SkyPilot's queue: both ended
+        config = managed_config(f"seed={seed}", f"storage.endpoint_url={fake.endpoint}")
+        config.run.name, config.run.dir = f"abl-{num}", str(folder / str(num))
+        record = RunRecord(config.run.dir)
+        record.job.overrides, record.job.sweep, record.job.num = [f"seed={seed}"], "2026-11-23_10-00-00", num
+        run_on_cluster(config, [f"seed={seed}"], num, record)
+    assert [c[2] for c in fake.launched()][3:] == ["summrl-abl-1", "summrl-abl-2"]
+
+
 def test_sweep_status_pull_cancel_then_report(cloud_env, monkeypatch, tmp_path, s3_endpoint, capsys):
     from sky.jobs.state import ManagedJobStatus
     from sky.schemas.api.responses import ManagedJobRecord

@@ -16,6 +16,7 @@ import shlex
 import time
 from typing import Any, Optional
 
+from summrl.errors import ConfigError
 from summrl.job import RunRecord
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ def submit(config: Any, task: Any, name: str, estimate: Any, record: Optional[Ru
     import sky
 
     record = record or RunRecord(config.run.dir)
+    check_not_running(record)
     log.info(f"summrl: submitting run {config.run.name} as managed job {name}")
     request = sky.jobs.launch(task, name=name)
     try:
@@ -57,6 +59,30 @@ def submit(config: Any, task: Any, name: str, estimate: Any, record: Optional[Ru
     log.info(f"summrl: submitted managed job {job_id} ({name}); it runs and recovers without this terminal. "
              f"See it with `python -m summrl.sweep status {shlex.quote(str(where))}` or `sky jobs logs {job_id}`")
     return managed
+
+
+def check_not_running(record: RunRecord) -> None:
+    """A run folder whose managed job has not ended is not submitted again: the same sweep command rerun in its folder
+    (or a run's command after Ctrl-C left its logs) submitted a second billed job that backed up to the same S3
+    folder, and its record replaced the only one of the first job here, so summrl.sweep no longer saw or cancelled it.
+    A job that ended (or that SkyPilot's queue no longer holds) may be submitted again."""
+    from summrl.cloud.sweep import ended, field, queue  # SkyPilot's queue, read as `summrl.sweep status` reads it
+
+    earlier = record.earlier.get("managed_job")
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("id"), int):
+        return
+    job_id = earlier["id"]
+    records = queue([job_id])  # None: the jobs controller has stopped, so every job has ended
+    found = None if records is None else records.get(job_id)
+    if found is None or ended(found):
+        return
+    state = field(found, "status")
+    where = shlex.quote(str(record.run_dir.parent if record.job.sweep else record.run_dir))
+    raise ConfigError(f"run {earlier.get('backup', {}).get('run_name') or record.run_dir.name}: managed job {job_id} "
+                      f"({earlier.get('name')}), submitted from {record.run_dir}, is {getattr(state, 'value', state)}: "
+                      "submitting it again would start a second billed job backing up to the same S3 folder. Follow "
+                      f"it with `python -m summrl.sweep status {where}`, or cancel it first (`python -m summrl.sweep "
+                      f"cancel {where}`) to submit it again")
 
 
 def follow(name: str, job_id: int) -> Optional[int]:

@@ -111,11 +111,28 @@ def validate_export(cfg: DictConfig) -> ExportConfig:
     if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not (target / "export.json").is_file())):
         raise ConfigError(f"export.dir: {target} exists and is not an earlier export (no export.json); choose a new or "
                           "empty folder")
+    if extra := not_exported(target):
+        raise ConfigError(f"export.dir: {target} holds {len(extra)} file(s) the earlier export did not write "
+                          f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}): an export replaces the whole "
+                          "folder, so they would be deleted; move them out, or choose a new folder")
     if section.push_to_hub is not None:
         check_hub(section.push_to_hub)
     check_checkpoint_files(run.checkpoint(step), step)
     return ExportConfig(run=run, step=step, chosen=text if text in ("best", "latest") else "asked", train=train,
                         dir=target, dtype=dtype, push_to_hub=section.push_to_hub, private=section.private)
+
+
+def not_exported(target: Path) -> list[str]:
+    """The files in an earlier export's folder that its export.json does not list: a GGUF converted from merged/, a
+    clone's .git. The export replaced the whole folder, and deleted them."""
+    if not (target / "export.json").is_file():
+        return []
+    try:
+        listed = set(json.loads((target / "export.json").read_text()).get("files") or {})
+    except (OSError, ValueError, AttributeError):  # an export.json cut short or edited: nothing is known to be ours
+        listed = set()
+    held = {p.relative_to(target).as_posix() for p in target.rglob("*") if not p.is_dir()}
+    return sorted(held - listed - {"export.json"})
 
 
 def check_checkpoint_files(checkpoint: Path, step: int) -> None:

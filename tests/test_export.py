@@ -119,6 +119,24 @@ def test_export_writes_the_adapter_the_merged_model_and_a_record(trained, export
     assert modes == dict.fromkeys(modes, oct(0o666 & ~umask)), "the merged model was written 0600"
 
 
+def test_an_export_into_an_earlier_one_holding_the_users_own_files_is_refused(trained, exported, tmp_path):
+    """A GGUF converted from merged/, or a clone of the pushed Hub repo (.git, .gitattributes): the export replaced
+    the whole folder and deleted them, exit 0, without a word."""
+    from summrl.errors import ConfigError
+    from summrl.export import validate_export
+
+    out = tmp_path / "out"
+    shutil.copytree(exported.folder, out)
+    (out / "summarizer-q4_k_m.gguf").write_text("converted")
+    (out / ".git").mkdir()
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    overrides = [f"run_dir={trained}", "step=2", f"export.dir={out}"]
+    with pytest.raises(ConfigError, match=r"holds 2 file\(s\) the earlier export did not write \(.git/HEAD, "
+                                          r"summarizer-q4_k_m.gguf\): an export replaces the whole folder"):
+        validate_export(compose("export", overrides))
+    assert (out / "summarizer-q4_k_m.gguf").is_file() and (out / ".git" / "HEAD").is_file()
+
+
 def test_an_export_replaces_the_earlier_one_and_clears_what_a_killed_export_left(trained, exported, tmp_path):
     """A killed export left its finished or half-built ``.<dir>.partial-<pid>`` (a merged model's worth of disk, never
     reused: a rerun has another pid) and, killed while swapping, the earlier export moved aside."""
@@ -127,6 +145,8 @@ def test_an_export_replaces_the_earlier_one_and_clears_what_a_killed_export_left
     out = tmp_path / "out"
     shutil.copytree(exported.folder, out)  # an earlier export, with a file this one does not write
     (out / "earlier.txt").write_text("the earlier export")
+    earlier = json.loads((out / "export.json").read_text())
+    (out / "export.json").write_text(json.dumps({**earlier, "files": {**earlier["files"], "earlier.txt": 18}}))
     for stale in (".out.partial-999991", ".out.old-999992"):
         shutil.copytree(exported.folder / "merged", tmp_path / stale / "merged")
     (tmp_path / ".out.partial-mine").mkdir()  # not an export's leftover (no pid): kept

@@ -551,6 +551,8 @@ RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "d
                       "trainer.prompt", "trainer.max_words", "trainer.val_rollouts_per_doc", "trainer.val_temperature",
                       "trainer.val_qa_max_chars", "trainer.val_qa_forbid_han",
                       "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.", "sft.kind")
+# What online learning (dataset=inbox) must keep of the run it goes on from: the adapter's model and the prompt it serves.
+RESUMED_ONLINE = ("model.base_model", "model.weights", "model.lora.", "trainer.prompt", "trainer.max_words")
 # ART's iterate_dataset finds where a resume goes on from the step and groups_per_step: another group count went on
 # from another document, training some twice in the epoch and skipping others. sft.kind: a run trained with SFT
 # resumed without counted the SFT checkpoint as a GRPO step, and one trained without it resumed with it ran SFT on top
@@ -563,29 +565,32 @@ def check_resumed_as_trained(config: Config, record: RunRecord) -> None:
     earlier = record.earlier.get("config")
     if not isinstance(earlier, dict) or not (record.earlier.get("attempts") or record.earlier.get("val_history")):
         return
-    if config.dataset.kind == "inbox":  # online learning goes on from any run, with its own val set and its judge
-        return
+    # online learning goes on from any run, with its own val set and its judge: only its model and prompt must be the
+    # run's (another LoRA rank wrote the inbox's questions, paid, then failed to load the adapter with a traceback)
+    online = config.dataset.kind == "inbox"
     now = flat_config(config, record.job)
     # a record from before trainer.val_qa_* existed: the rules its val QA was measured with (not a setting removed)
     earlier = {**val_qa_settings(earlier), **earlier}
 
     def fixed(key: str) -> bool:
-        return (any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMED_AS_TRAINED)
+        return (any(key == k or (k.endswith(".") and key.startswith(k))
+                    for k in (RESUMED_ONLINE if online else RESUMED_AS_TRAINED))
                 and not key.endswith(OPERATIONAL))
 
     # keys both configs have: a setting added or removed by another summrl version is not a change of the run's
     changed = [k for k in sorted(set(now) & set(earlier)) if fixed(k) and str(now[k]) != str(earlier[k])]
     # another option of a group (reward=qa, now length_penalized) is named as such, not by each of its settings
-    groups = [g for g in ("dataset", "model", "reward", "judge", "sft")
+    groups = [g for g in (("model",) if online else ("dataset", "model", "reward", "judge", "sft"))
               if g in earlier and g in now and now[g] != earlier[g]]
     changed = groups + [k for k in changed if k.split(".")[0] not in groups]
     # trainer.val_temperature=null draws the val summaries at trainer.temperature: another one is other val draws
     # (where both records have the setting, as above)
     key = "trainer.val_temperature"
-    if key in now and key in earlier and key not in changed and val_sampling(now) != val_sampling(earlier):
+    if (not online and key in now and key in earlier and key not in changed
+            and val_sampling(now) != val_sampling(earlier)):
         changed.append("trainer.temperature")
     size = "dataset.train_size"
-    if size in now and size in earlier and str(now[size]) != str(earlier[size]) and not changed:
+    if not online and size in now and size in earlier and str(now[size]) != str(earlier[size]) and not changed:
         log.warning(f"summrl: warning: {size}={now[size]}, trained with {earlier[size]}: the train documents are "
                     "shuffled again for the new size, so this epoch may train some documents twice and others not")
     if changed:

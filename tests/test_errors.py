@@ -981,8 +981,18 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
                                                  "trainer.val_qa_forbid_han=false"]), RunRecord(tmp_path, ruler))
     write_result(tmp_path, earlier)
     # online learning (dataset=inbox) goes on from any run, with its own val set (test_serve's online loop)
-    check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset=inbox", "seed=3"]),
-                             RunRecord(tmp_path, JobInfo(choices={"dataset": "inbox"})))
+    inbox = JobInfo(choices={"dataset": "inbox"})
+    check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset=inbox", "seed=3",
+                                             "trainer.groups_per_step=3", "trainer.temperature=0.5"]),
+                             RunRecord(tmp_path, inbox))
+    # but on the run's adapter: another LoRA rank (the run's model overrides left out) wrote the inbox's questions,
+    # paid, then failed to load the adapter with a traceback (found by this stop's inbox audit)
+    with pytest.raises(ConfigError, match=r"trained with model.lora.r=16 \(now 4\): its checkpoints"):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset=inbox", "model.lora.r=4"]),
+                                 RunRecord(tmp_path, inbox))
+    with pytest.raises(ConfigError, match=r"trained with trainer.prompt=facts \(now summary_rl\)"):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "dataset=inbox",
+                                                 "trainer.prompt=summary_rl"]), RunRecord(tmp_path, inbox))
 
 
 def test_a_resume_refused_by_a_config_error_leaves_the_completed_run_completed(tmp_path):

@@ -452,6 +452,26 @@ def _check_calls(client: Any, at: str) -> None:
     _require(client.max_retries >= 0, f"{at}.max_retries", f"must be >= 0, got {client.max_retries}")
     for key in ("retry_base_s", "retry_max_s"):
         _require(getattr(client, key) >= 0, f"{at}.{key}", f"must be >= 0, got {getattr(client, key)}")
+    check_api_base(getattr(client, "api_base", None), f"{at}.api_base")
+
+
+def check_api_base(url: Optional[str], at: str) -> None:
+    """An OpenAI-compatible server's base URL: http(s)://host[:port][/path]. One without its scheme (localhost:8000/v1)
+    was taken, and every call failed as a connection error after the model loaded and val ran, retried and backed off,
+    with "rerun the same command" for a fix."""
+    if url is None or str(url).startswith("${"):
+        return
+    from urllib.parse import urlsplit
+
+    from summrl.secrets import redact_text
+
+    try:
+        parts = urlsplit(str(url))
+        fine = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number
+        fine = False
+    _require(fine, at, f"must be an http:// or https:// URL with a host, e.g. http://localhost:8000/v1; "
+                       f"got {redact_text(str(url))!r}")
 
 
 @dataclass

@@ -88,6 +88,9 @@ def hand_table(rows: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
 def test_bad_entries_fail_before_anything_runs(tmp_path):
     with pytest.raises(ConfigError, match=r"benchmark.models\[0\]: 'gpt4' is not a litellm model id"):
         compose_benchmark(["experiment=local", "benchmark.models=[gpt4]"], tmp_path)
+    with pytest.raises(ConfigError, match=r"benchmark.models\[0\].api_base: must be an http:// or https:// URL"):
+        compose_benchmark(["experiment=local", "benchmark.models=[{model: openai/m, api_base: 'localhost:8000/v1'}]"],
+                          tmp_path)
     with pytest.raises(ConfigError, match="benchmark.run_dir: .* is not a folder"):
         compose_benchmark(["experiment=local", f"benchmark.run_dir={tmp_path / 'none'}"], tmp_path)
     (tmp_path / "empty").mkdir()

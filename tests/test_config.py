@@ -51,6 +51,15 @@ def test_ruler_needs_an_llm_judge():
     with pytest.raises(ConfigError, match="judge.cache_dir: is empty: name a folder, or null"):
         compose_config([*LOCAL, "judge=gemini_flash", "judge.cache_dir=''"])
     assert compose_config([*LOCAL, "judge=gemini_flash", "judge.cache_dir=null"]).judge.cache_dir is None
+    # a server's URL without its scheme was taken: every call failed as a connection error once the model had loaded
+    # and val had run, with "rerun the same command" for a fix (found by this stop's SFT audit)
+    for key, extra in (("judge.api_base", ["judge=openai_compatible"]),
+                       ("sft.teacher.api_base", ["sft=distill", "sft.teacher.model=openai/served"])):
+        for url in ("localhost:8000/v1", "http://:8000/v1", "http://host:port/v1"):
+            with pytest.raises(ConfigError, match=rf"^{key}: must be an http:// or https:// URL with a host, e.g. "
+                                                  rf"http://localhost:8000/v1; got '{url}'$"):
+                compose_config([*LOCAL, *extra, f"{key}={url}"])
+        assert compose_config([*LOCAL, *extra, f"{key}=http://localhost:8000/v1"]) is not None
     with pytest.raises(ConfigError, match="got dataset=repliqa_sample: remove it"):  # the option, not its kind
         compose_config([*LOCAL, "trainer.min_new_documents=2"])
     # the local experiment's judge pairs lexical QA grading with the embedded model for RULER

@@ -19,7 +19,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from summrl.backends import BackendUnavailable, check_local_gpu, device_problems
 from summrl.data import DataError, resolve_path
-from summrl.config import EMBEDDED_JUDGES, ModelConfig, StorageConfig, TrainerConfig, reward_kinds, typed_config
+from summrl.config import (EMBEDDED_JUDGES, ModelConfig, StorageConfig, TrainerConfig, check_api_base, reward_kinds,
+                           typed_config)
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.keys import missing_model_keys
@@ -198,6 +199,7 @@ def _model_entry(where: str, value: Any) -> ModelEntry:
         raise ConfigError(f"{where}.{unknown[0]} is not a setting of a model entry; valid keys: {', '.join(sorted(MODEL_KEYS))}")
     model = value["model"].strip()
     _check_litellm_id(where, model)
+    check_api_base(value.get("api_base"), f"{where}.api_base")
     return ModelEntry(model=model, label=str(value.get("label") or model), api_base=value.get("api_base"),
                       api_key_env=value.get("api_key_env"))
 

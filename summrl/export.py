@@ -150,7 +150,7 @@ def check_checkpoint_files(checkpoint: Path, step: int) -> None:
 
 def check_hub(repo_id: str) -> None:
     """The repo id's form and a token (HF_TOKEN, or a cached ``hf auth login``), checked offline."""
-    from huggingface_hub import get_token
+    from huggingface_hub import constants, get_token
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
@@ -163,6 +163,10 @@ def check_hub(repo_id: str) -> None:
     if not get_token():
         raise ConfigError(f"export.push_to_hub={repo_id}: no Hugging Face token; export HF_TOKEN=<a write token> or "
                           "run `hf auth login`, or leave export.push_to_hub unset to export locally only")
+    if constants.HF_HUB_OFFLINE:  # read once at import, from HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE)
+        raise ConfigError(f"export.push_to_hub={repo_id}: HF_HUB_OFFLINE is set, so the Hub can't be reached (the push "
+                          "ended in a traceback after the whole export); unset it to push, or leave "
+                          "export.push_to_hub unset to export locally only")
 
 
 class PushFailed(ExpectedFailure):

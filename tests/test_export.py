@@ -382,7 +382,8 @@ def test_an_export_dir_that_cant_be_written_is_one_line_and_exit_2_before_any_mo
 
 
 def test_push_to_hub_without_a_token_fails_before_any_work(trained, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env["HF_HOME"] = str(tmp_path / "hf")  # no cached login either
     process = export_cli([f"run_dir={trained}", "step=2", f"export.dir={tmp_path / 'out'}",
                           "export.push_to_hub=me/summarizer"], cwd=tmp_path, env=env)
@@ -392,6 +393,17 @@ def test_push_to_hub_without_a_token_fails_before_any_work(trained, tmp_path):
         "or run `hf auth login`, or leave export.push_to_hub unset to export locally only"]
     assert not (tmp_path / "out").exists() and "summrl: export:" not in process.stdout
 
+    # HF_HUB_OFFLINE (natural for a tool that runs offline): the push ended in a traceback after the whole export
+    process = export_cli([f"run_dir={trained}", "step=2", f"export.dir={tmp_path / 'out'}",
+                          "export.push_to_hub=me/summarizer"], cwd=tmp_path,
+                         env={**env, "HF_TOKEN": "hf_planted_token_for_the_test", "HF_HUB_OFFLINE": "1"})
+    assert process.returncode == 2
+    assert process.stderr.strip().splitlines() == [
+        "summrl: config error: export.push_to_hub=me/summarizer: HF_HUB_OFFLINE is set, so the Hub can't be reached "
+        "(the push ended in a traceback after the whole export); unset it to push, or leave export.push_to_hub unset to "
+        "export locally only"]
+    assert not (tmp_path / "out").exists()
+
 
 def test_push_to_hub_uploads_the_export_folder(trained, tmp_path, monkeypatch):
     """The upload at its boundary: HfApi's calls recorded instead of sent. Step 2, saved in bfloat16."""
@@ -400,8 +412,11 @@ def test_push_to_hub_uploads_the_export_folder(trained, tmp_path, monkeypatch):
 
     from summrl.export import export, validate_export
 
+    from huggingface_hub import constants
+
     token = "hf_planted_0123456789abcdef"
     monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # a machine set offline: the upload is recorded anyway
     calls = []
     monkeypatch.setattr(HfApi, "create_repo", lambda self, **kw: calls.append(("create_repo", kw)))
 

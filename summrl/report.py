@@ -325,7 +325,10 @@ def plot_curves(bands: dict[str, tuple[str, list[tuple[int, Interval]]]], metric
 def matching_configuration(table: pd.DataFrame, results: dict, baseline: str) -> str:
     """The one configuration whose jobs have every override of ``baseline`` (e.g. 'reward=qa'), as a command-line
     override or as a config group's choice (so that 'algorithm=grpo' matches jobs that left the default)."""
-    wanted = set(shlex.split(baseline))
+    try:
+        wanted = set(shlex.split(baseline))
+    except ValueError as e:  # a stray quote: a traceback
+        raise ReportError(f"summrl.report: --baseline {baseline!r}: {e}; write it as an override, e.g. reward=qa") from None
     matches = set()
     for job, configuration in zip(table.job, table.configuration):
         result = results[job]
@@ -336,7 +339,13 @@ def matching_configuration(table: pd.DataFrame, results: dict, baseline: str) ->
         raise ReportError(f"summrl.report: --baseline {baseline!r} matches {len(matches)} configurations "
                           f"({', '.join(sorted(matches)) or 'none'}); configurations: "
                           f"{', '.join(sorted(set(table.configuration)))}")
-    return matches.pop()
+    chosen = matches.pop()
+    if not (table[table.configuration == chosen].status == "completed").any():
+        # its failed jobs' seeds read as "only in this arm": an empty paired table that sent the user to add seeds
+        raise ReportError(f"summrl.report: --baseline {baseline!r} names {chosen}, which has no completed job (its "
+                          f"jobs: {', '.join(sorted(set(table[table.configuration == chosen].status)))}): nothing to "
+                          "compare with; rerun or resume its jobs, or name another baseline")
+    return chosen
 
 
 def paired_table(table: pd.DataFrame, results: dict, metric: str, baseline: str,

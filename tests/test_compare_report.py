@@ -191,6 +191,23 @@ def test_the_baseline_is_matched_by_group_choice_and_unpaired_jobs_are_named(swe
     assert "seed 3 only in this arm" in paired.loc["reward=ruler"].note
 
 
+def test_a_baseline_with_no_completed_job_or_a_stray_quote_is_one_line(sweep, tmp_path):
+    """The baseline's jobs all failed: exit 0 and a paired table of 0 seeds whose note ("seed 1, 2 only in this arm")
+    sent the user to add seeds. A stray quote in --baseline: a ValueError traceback (found by this stop's audit)."""
+    from summrl.job import read_result
+
+    for num in (0, 1):  # reward=qa's two seeds
+        write_result(sweep / str(num), {**read_result(sweep / str(num)), "status": "failed", "error": "config: ..."})
+    done = report(sweep, tmp_path / "out", "reward=qa")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "summrl.report: --baseline 'reward=qa' names reward=qa, which has no completed job (its jobs: failed): nothing "
+        "to compare with; rerun or resume its jobs, or name another baseline"]
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+    done = report(sweep, tmp_path / "out", "reward='qa")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "summrl.report: --baseline \"reward='qa\": No closing quotation; write it as an override, e.g. reward=qa"]
+
+
 def test_curve_bands_are_over_seeds_or_over_documents(sweep, tmp_path):
     from summrl.report import collect, curve_bands, write_report
 

@@ -300,7 +300,8 @@ class JudgeClient:
             except ReplyShapeError:  # cached before this check existed: ask again
                 pass
 
-        asked = _ASKED.get(key)
+        flight = (asyncio.get_running_loop(), key)  # a future is awaited on its own event loop only
+        asked = _ASKED.get(flight)
         if asked is not None:  # the same call is in flight (another reward term, another client): its reply will do
             outcome = await asyncio.shield(asked)
             if isinstance(outcome, JudgeError):
@@ -324,7 +325,8 @@ class JudgeClient:
             parsed_reply.append(parsed)
             return value
 
-        ours = _ASKED.setdefault(key, asyncio.get_running_loop().create_future())
+        ours = asyncio.get_running_loop().create_future()
+        _ASKED.setdefault(flight, ours)  # (one asked meanwhile, by a caller that fell through above, stays the one)
         outcome: Any = None  # None: the callers waiting on this call ask for themselves
         try:
             value = await self._with_retries(messages, params, parse)
@@ -334,9 +336,9 @@ class JudgeClient:
             outcome = e
             raise
         finally:
-            if _ASKED.get(key) is ours:
-                del _ASKED[key]
-                ours.set_result(outcome)
+            if _ASKED.get(flight) is ours:
+                del _ASKED[flight]
+            ours.set_result(outcome)
 
     async def complete_text(self, messages: list[dict], *, max_tokens: int, temperature: float,
                             check: Optional[Callable[[str], Any]] = None) -> tuple[Any, Optional[str]]:
@@ -452,7 +454,7 @@ class JudgeClient:
 # Calls in flight, by cache key, so that an identical call asked meanwhile (two QA terms of one weighted reward answer
 # the same summary's questions; each has its own client) waits for the reply instead of paying for it again. Each
 # waiter gets the parsed reply (its own check applies), the call's JudgeError, or None (cancelled: it asks itself).
-_ASKED: dict[str, asyncio.Future] = {}
+_ASKED: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future] = {}
 
 
 def strip_fences(text: str) -> str:

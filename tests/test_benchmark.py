@@ -952,6 +952,41 @@ def test_a_benchmark_whose_name_defaulted_says_to_resume_with_that_name(tmp_path
     assert same_command(config, ["experiment=local", "benchmark.name=mine"]) == "the same command"
 
 
+def scored_row(out_dir) -> None:
+    from summrl.benchmark.rows import Row, RowStore
+
+    RowStore(out_dir / "rows.csv").append([Row(
+        model="m", step=None, document_id="d1", rollout=0, score=0.5, reward=0.5, correct="[1, 0]", questions=2, words=3,
+        hallucinated=0, chars=12, model_calls=1, model_cost_usd=0.0, judge_calls=1, judge_cost_usd=0.0, ranking_calls=0,
+        summary="one summary")])
+
+
+def test_a_judge_or_reward_fixed_before_any_row_was_scored_scores_the_kept_summaries(tmp_path):
+    """A judge that failed every call (a mistyped api_base) was recorded with the folder at the first run: the fixed
+    judge was refused ("holds rows scored with another judge", with no row scored), and the paid summaries could be
+    scored only by buying them again under a new benchmark.name (found by this stop's benchmark audit)."""
+    from summrl.benchmark.runner import IDENTITY_FILE, check_identity, identity, record_identity
+
+    broken = compose_benchmark(["experiment=local", "judge=openai_compatible",
+                                "judge.api_base=http://127.0.0.1:9/v1"], tmp_path)
+    record_identity(tmp_path, check_identity(tmp_path, broken))
+    fixed = compose_benchmark(["experiment=local", "judge=openai_compatible", "judge.api_base=http://127.0.0.1:8/v1",
+                               "reward=length_penalized"], tmp_path)
+    record_identity(tmp_path, check_identity(tmp_path, fixed))
+    saved = json.loads((tmp_path / IDENTITY_FILE).read_text())
+    assert saved["judge"]["api_base"] == "http://127.0.0.1:8/v1" and saved["reward"] == identity(fixed)["reward"]
+    with pytest.raises(ConfigError, match=r"another prompt"):  # what made the kept summaries stays checked
+        check_identity(tmp_path, compose_benchmark(["experiment=local", "judge=openai_compatible",
+                                                    "judge.api_base=http://127.0.0.1:8/v1", "reward=length_penalized",
+                                                    "trainer.prompt=summary_rl"], tmp_path))
+    scored_row(tmp_path)  # once a row is scored, the judge that scored it is the folder's
+    with pytest.raises(ConfigError, match=r"holds rows scored with another judge \(judge.api_base: "
+                                          r"\"http://127.0.0.1:8/v1\" there, \"http://127.0.0.1:9/v1\" here"):
+        check_identity(tmp_path, compose_benchmark(["experiment=local", "judge=openai_compatible",
+                                                    "judge.api_base=http://127.0.0.1:9/v1",
+                                                    "reward=length_penalized"], tmp_path))
+
+
 def test_a_resumed_folder_takes_other_operational_settings_and_refuses_another_embedded_judge(tmp_path):
     """The folder's identity held the question budget and caches, so raising dataset.questions.max_cost_usd refused
     the resume; and it held nothing of the embedded judge's model, so another model= judged the same folder's rows
@@ -970,6 +1005,8 @@ def test_a_resumed_folder_takes_other_operational_settings_and_refuses_another_e
                                                 "judge.max_concurrency=2"], tmp_path))
     other = compose_benchmark([*base, "model.weights=null", "model.base_model=HuggingFaceTB/SmolLM2-360M-Instruct"],
                               tmp_path)
+    check_identity(tmp_path, other)  # no row scored yet: nothing was judged by the first judge
+    scored_row(tmp_path)
     with pytest.raises(ConfigError, match=r"holds rows scored with another judge \(judge.policy_model: .*SmolLM2-360M"):
         check_identity(tmp_path, other)
     saved = json.loads((tmp_path / IDENTITY_FILE).read_text())

@@ -365,6 +365,9 @@ def sources(config: BenchmarkConfig) -> dict[str, dict]:
     return out
 
 
+SCORED_BY = ("judge", "reward")  # the sections that score the kept summaries, and make none of them
+
+
 def check_identity(out_dir: Path, config: BenchmarkConfig) -> Optional[dict]:
     """Refuses a folder whose rows were made otherwise (ConfigError). Returns what benchmark.json should now hold
     (None: it holds it already), written by ``record_identity`` once the run goes ahead: a run the cost guard stops
@@ -380,6 +383,11 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> Optional[dict]:
             saved["prompt"] = {"style": PROMPT_BEFORE_THE_OPTION, **saved["prompt"]}
         if isinstance(saved.get("dataset"), dict) and "train_size" not in mine["dataset"]:
             saved["dataset"].pop("train_size", None)  # recorded before it was left out: it plays no part in val
+        # Before any row is scored, the judge and the reward may change: a judge that failed every call (a mistyped
+        # api_base) was recorded at the first run, and its fix was refused, the paid summaries kept but never scored.
+        unscored = not RowStore(out_dir / "rows.csv").done
+        rescored = [s for s in SCORED_BY if unscored and saved.get(s) != mine[s]]
+        saved.update({s: mine[s] for s in rescored})
         for section in mine:
             if saved.get(section) != mine[section]:
                 theirs, ours = saved.get(section), mine[section]
@@ -396,8 +404,10 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> Optional[dict]:
                 raise ConfigError(f"{out_dir} holds rows labelled {label!r} made by {json.dumps(known[label])}, not "
                                   f"{json.dumps(source)}: give this one another label (its entry's label), or pick a "
                                   "new benchmark.name")
-        return {**saved, "sources": {**known, **labels}} if any(label not in known for label in labels) else None
+        grown = any(label not in known for label in labels)
+        return {**saved, "sources": {**known, **labels}} if grown or rescored else None
     return {**mine, "sources": labels}
+
 
 
 def record_identity(out_dir: Path, record: Optional[dict]) -> None:

@@ -78,11 +78,24 @@ def hand_table(rows: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
             continue
         sd = math.sqrt(sum((x - mean) ** 2 for x in per_doc) / (n - 1))
         half = T_975[n - 1] * sd / math.sqrt(n)
-        out[model] = (100 * mean, 100 * (mean - half), 100 * (mean + half))
+        out[model] = (100 * mean, max(0.0, 100 * (mean - half)), min(100.0, 100 * (mean + half)))  # a share: clipped
     return out
 
 
 # ----------------------------------------------------------------------------------------- config checks
+
+
+def test_the_answered_shares_interval_stays_within_0_and_100():
+    """The t interval over 3 documents scored 0.8, 0.6, 0.8 read [44.6, 102.0] % answered (found by this stop's
+    benchmark audit)."""
+    from summrl.benchmark.summary import summarize
+
+    rows = pd.DataFrame([{"model": "a", "step": None, "document_id": d, "rollout": r, "score": s, "reward": s,
+                          "words": 10, "hallucinated": 0, "model_cost_usd": 0.0, "judge_cost_usd": 0.0}
+                         for d, s in (("d1", 0.8), ("d2", 0.6), ("d3", 0.8)) for r in (0, 1)])
+    (line,) = summarize(rows).itertuples()
+    assert line.answered_pct == pytest.approx(73.333, abs=1e-3)
+    assert line.ci_low_pct == pytest.approx(44.65, abs=0.05) and line.ci_high_pct == 100.0
 
 
 def test_bad_entries_fail_before_anything_runs(tmp_path):

@@ -67,6 +67,25 @@ def test_rollout_through_the_openai_client_returns_a_trainable_trajectory(loop, 
     assert model.inference_base_url.startswith("http://127.0.0.1:")
 
 
+def test_logprob_bytes_of_tokens_that_hold_part_of_a_character_join_into_the_text(loop, session):
+    """OpenAI's logprobs ``bytes`` are each token's own bytes. Each token was decoded alone, so one holding part of an
+    emoji's or a CJK character's UTF-8 came back as U+FFFD's bytes, and joined they were not the reply (found by this
+    stop's endpoint audit). Greedy replies end in the prompt's characters, checked through the server as well."""
+    backend, model, docs, _ = session
+    engine = backend.engine
+    text = "Repeat: 😀 日本語 café"
+    tokens = engine.tokenizer.encode(text, add_special_tokens=False)
+    assert any("\ufffd" in engine.tokenizer.decode([t]) for t in tokens)  # some hold part of a character
+    assert bytes(b for t in tokens for b in engine.token_bytes(t)) == text.encode("utf-8")
+    client = model.openai_client()
+    reply = loop.run_until_complete(client.chat.completions.create(
+        model=model.get_inference_name(), messages=[{"role": "user", "content": f"Say exactly: {text}"}],
+        temperature=0, max_tokens=16, logprobs=True))
+    choice = reply.choices[0]
+    content = [t for t in choice.logprobs.content if int(t.token.split(":")[1]) not in engine.eos_ids]
+    assert bytes(b for t in content for b in t.bytes).decode("utf-8", errors="replace") == choice.message.content
+
+
 def test_a_summary_budget_past_the_context_is_refused_before_generating_as_the_server_would_refuse_it(loop, session):
     """check_context (run by training once the model loads) and the server agree on the longest prompt's room."""
     from summrl.errors import ConfigError

@@ -707,6 +707,16 @@ class Engine:
         and cannot be streamed: a piece's clean-up depends on the tokens after it.)"""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
+    def token_bytes(self, token: int) -> list[int]:
+        """The token's own bytes, as OpenAI's logprobs ``bytes`` are: joined, they are the reply's UTF-8. A token that
+        holds part of a character (an emoji, CJK) decoded alone is U+FFFD; a byte-level BPE token's characters map
+        back to its bytes (GPT-2's table)."""
+        table = _byte_level_table(self.tokenizer)
+        piece = self.tokenizer.convert_ids_to_tokens(token)
+        if table is not None and isinstance(piece, str) and piece and all(c in table for c in piece):
+            return [table[c] for c in piece]
+        return list(self.tokenizer.decode([token], clean_up_tokenization_spaces=False).encode("utf-8"))
+
     # ------------------------------------------------------------------ training
 
     def train_packed(self, packed: dict, config: Any, dev_config: dict,
@@ -1056,3 +1066,13 @@ def clip_counts(inputs: dict, new_logprobs: torch.Tensor, dev_config: dict) -> t
 def round_up(value: int, multiple: int) -> int:
     return int(math.ceil(value / multiple) * multiple)
 
+
+@functools.lru_cache(maxsize=4)
+def _byte_level_table(tokenizer: Any) -> Optional[dict[str, int]]:
+    """Byte-level BPE's character for each byte, reversed (None: another kind of tokenizer)."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if type(decoder).__name__ != "ByteLevel":
+        return None
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}

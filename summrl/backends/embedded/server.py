@@ -377,8 +377,7 @@ def _chat_response(engine: Engine, request: ChatRequest, prompt: list[int], resu
                     {
                         "token": f"token_id:{token}",
                         "logprob": logprob,
-                        "bytes": list(engine.tokenizer.decode([token], clean_up_tokenization_spaces=False)
-                                       .encode("utf-8")),
+                        "bytes": engine.token_bytes(token),
                         "top_logprobs": [],
                     }
                     for token, logprob in zip(result.token_ids, result.logprobs)

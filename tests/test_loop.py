@@ -47,6 +47,9 @@ def test_json_schema_strings_get_a_length_bound():
     props = bounded["$defs"]["S"]["properties"]
     assert props["explanation"]["maxLength"] == 300 and props["id"]["maxLength"] == 5 and "maxLength" not in props["kind"]
     assert "maxLength" not in schema["$defs"]["S"]["properties"]["explanation"]  # the caller's schema is untouched
+    # a schema's own minLength past the bound: it was refused as "minLength 400 is greater than maxLength 300"
+    assert bound_strings({"type": "string", "minLength": 400}, 300) == {"type": "string", "minLength": 400,
+                                                                       "maxLength": 400}
 
 
 def group_of(n: int) -> "art.TrajectoryGroup":

@@ -185,6 +185,9 @@ def split_whole(loaded: Loaded, dataset: Any) -> tuple[list[Document], list[Docu
     another limit, or skip for split, moves no other document between val and train (it reshuffled them, putting
     documents one run trained on in the next one's val). The sizes count documents as read; one skipped for its
     length leaves its side a document short."""
+    if loaded.read_ids and not loaded.documents:  # (summrl.data inspect ended in a traceback, prepare "prepared 0")
+        raise DataError(f"the documents in {loaded.source} are all over dataset.max_document_tokens="
+                        f"{dataset.max_document_tokens} and skipped: raise the limit, or set dataset.long_documents=split")
     groups = {source_id(g[0].id): g for g in by_source(loaded.documents)}
     val_ids, train_ids = split(loaded.read_ids or list(groups), dataset, loaded.source)
     val = [d for i in val_ids for d in groups.get(i, [])]

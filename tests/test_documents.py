@@ -1368,6 +1368,18 @@ def test_train_documents_all_skipped_for_length_are_named_so_not_as_a_question_c
                                         r"skipped: raise the limit"):
         asyncio.run(load(config_for(folder, tmp_path, *limits, f"dataset.seed={seed}")))
 
+    # Every document over it: summrl.data inspect ended in a min() traceback, and prepare said "prepared 0 documents"
+    # of a dataset training refuses (found by this stop's README audit)
+    (folder / "short.md").write_text("The Orchard Street library reopened on May 3, 2025. " * 20)
+    for command in ("inspect", "prepare"):
+        result = subprocess.run([sys.executable, "-m", "summrl.data", command, "experiment=local", "dataset=documents",
+                                 f"dataset.path={folder}", *limits], cwd=ROOT, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"summrl: config error: the documents in {folder} are all over dataset.max_document_tokens=60 and "
+            "skipped: raise the limit, or set dataset.long_documents=split")
+
 
 def test_question_settings_that_leave_no_answerable_question_are_refused_naming_them():
     """per_document=1 with unanswerable_share=0.6 asks for one unanswerable question a document: every document was

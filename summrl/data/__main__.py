@@ -70,12 +70,12 @@ async def inspect(config) -> None:
         return
     count = policy_token_counter(config.model)
     loaded = splits.read_documents(config, count)
+    val, train = splits.split_whole(loaded, dataset)  # (refuses a dataset whose documents are all skipped)
     lengths = splits.token_lengths(loaded.documents, count)
     limit = dataset.max_document_tokens
     print(f"summrl: token lengths ({config.model.base_model}'s tokenizer): min {lengths['min']}, median "
           f"{lengths['median']:g}, max {lengths['max']}; limit {limit if limit else 'none'}"
           + (f", {loaded.long['over_limit']} documents were over it" if limit else ""))
-    val, train = splits.split_whole(loaded, dataset)
     print(f"summrl: split (dataset.seed={dataset.seed}): {len(val)} val, {len(train)} train")
     given = sum(bool(d.questions) for d in loaded.documents)
     need = splits.needing_questions(val, train, splits.needs_questions(config, True))

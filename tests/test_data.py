@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -191,3 +192,35 @@ def test_a_bad_size_from_the_environment_names_the_variable(monkeypatch):
         compose_config(["dataset=repliqa"])
     with pytest.raises(ConfigError, match=r"got 'xyz'$"):  # given on the command line: no variable named
         compose_config(["dataset=repliqa", "dataset.train_size=xyz"])
+
+
+def test_the_hub_out_of_reach_is_a_network_error_naming_the_host_not_a_config_error(tmp_path, monkeypatch):
+    """With no network, dataset=repliqa failed as a config error (exit 2) whose cause read "RuntimeError: Cannot send a
+    request, as the client has been closed": datasets' retries drop the connection error (found by this stop's README
+    audit). With HF_HUB_OFFLINE set, the real load_dataset, in the real entry point: exit 5."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    result = subprocess.run([sys.executable, "-m", "summrl.train", "experiment=local", "dataset=repliqa",
+                             "dataset.train_size=4", "dataset.val_size=2", f"hydra.run.dir={tmp_path / 'run'}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert result.returncode == 5, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "summrl: network error: could not load ServiceNow/repliqa split repliqa_0: HF_HUB_OFFLINE is set, so "
+        "huggingface.co is not asked: unset it, or download it once and set dataset.files=[path/to/repliqa_0.parquet]")
+
+    from huggingface_hub import constants
+
+    from summrl.data.repliqa import hub_unreachable
+
+    def no_name(host, port, *args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "getaddrinfo", no_name)
+    assert hub_unreachable() == ("can't reach huggingface.co (Name or service not known): check the network "
+                                 "connection (or HTTPS_PROXY)")

@@ -141,6 +141,11 @@ def _load_rows(files: list[str] | None, hf_path: str, hf_split: str) -> tuple[li
     try:
         dataset = load_dataset(hf_path, split=hf_split)
     except Exception as e:  # the hub is unreachable or the split is wrong
+        if unreachable := hub_unreachable():  # (datasets' retries drop the connection error: "not cached in None")
+            from summrl.errors import NetworkError
+
+            raise NetworkError(f"could not load {hf_path} split {hf_split}: {unreachable}, or download it once and set "
+                               "dataset.files=[path/to/repliqa_0.parquet]") from e
         raise DataError(
             f"could not load {hf_path} split {hf_split} from the Hugging Face hub ({type(e).__name__}: {e}). "
             "Behind a firewall, download it once and set dataset.files=[path/to/repliqa_0.parquet]."
@@ -149,6 +154,26 @@ def _load_rows(files: list[str] | None, hf_path: str, hf_split: str) -> tuple[li
     if missing:
         raise DataError(f"{hf_path}/{hf_split}: missing column(s) {', '.join(missing)}")
     return list(dataset), f"{hf_path}/{hf_split}"
+
+
+def hub_unreachable() -> str:
+    """Why the Hugging Face hub can't be reached from here, with the fix ("" when it can be, as far as a name lookup
+    tells)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    from summrl.errors import NETWORK_FIX
+
+    host = urlsplit(constants.ENDPOINT).hostname or "huggingface.co"
+    if constants.HF_HUB_OFFLINE:
+        return f"HF_HUB_OFFLINE is set, so {host} is not asked: unset it"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as e:
+        return f"can't reach {host} ({e.strerror or e}): {NETWORK_FIX}"
+    return ""
 
 
 def all_documents(dataset: "RepliqaDatasetConfig") -> list[Document]:

@@ -77,6 +77,29 @@ def content_text(content: Any) -> Any:
     return "\n".join(p["text"] for p in content)
 
 
+# OpenAI chat parameters no summrl server implements (summrl.serve, the embedded endpoint): refused by name where set,
+# as a client relying on them would get text it did not ask for (top_logprobs: its alternatives are not kept)
+UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "frequency_penalty",
+                    "presence_penalty", "best_of", "top_logprobs", "parallel_tool_calls", "reasoning_effort",
+                    "modalities", "audio", "prediction", "web_search_options")
+
+
+def unsupported_chat(body: dict) -> list[str]:
+    """The UNSUPPORTED_CHAT parameters ``body`` sets (an empty or zero one asks for nothing)."""
+    return [k for k in UNSUPPORTED_CHAT if body.get(k) not in (None, [], {}, False, 0)]
+
+
+CHAT_ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's newer name for system
+
+
+def chat_role(role: Any) -> str:
+    """A message's role as the chat template reads it (developer as system); ValueError for one outside CHAT_ROLES:
+    a role like "robot" went into the template and was sampled from."""
+    if role not in CHAT_ROLES:
+        raise ValueError(f"must be one of {', '.join(CHAT_ROLES)} (this server has no tools), got {role!r}")
+    return "system" if role == "developer" else role
+
+
 _UNSPACED_CHAR = re.compile(f"[{UNSPACED}]")
 
 

@@ -86,6 +86,31 @@ def test_logprob_bytes_of_tokens_that_hold_part_of_a_character_join_into_the_tex
     assert bytes(b for t in content for b in t.bytes).decode("utf-8", errors="replace") == choice.message.content
 
 
+def test_the_endpoint_reads_developer_as_system_and_refuses_what_it_does_not_implement(loop, session):
+    """logit_bias, tools and presence_penalty were accepted and ignored (the reply was not what was asked for), and a
+    developer message became a turn of its own after SmolLM2's default system prompt: 45 prompt tokens where the
+    system message gave 23 (found by this stop's endpoint audit). summrl.serve refuses the same parameters."""
+    backend, model, docs, _ = session
+    client = model.openai_client()
+
+    async def ask(role="system", **kwargs):
+        return await client.chat.completions.create(
+            model=model.get_inference_name(), temperature=0, max_tokens=1,
+            messages=[{"role": role, "content": "Answer briefly."}, {"role": "user", "content": "Name a color."}],
+            **kwargs)
+
+    system, developer = (loop.run_until_complete(ask(role)) for role in ("system", "developer"))
+    assert developer.usage.prompt_tokens == system.usage.prompt_tokens
+    for extra, named in (({"logit_bias": {"33": -100}}, "logit_bias"), ({"presence_penalty": 1.5}, "presence_penalty"),
+                         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                           "tool_choice": "required"}, "tools, tool_choice")):
+        with pytest.raises(openai.UnprocessableEntityError, match=f"{named}: not supported by this endpoint"):
+            loop.run_until_complete(ask(**extra))
+    with pytest.raises(openai.UnprocessableEntityError, match="must be one of system, user, assistant, developer"):
+        loop.run_until_complete(ask("robot"))
+    assert loop.run_until_complete(ask(presence_penalty=0)).choices  # a zero asks for nothing
+
+
 def test_a_summary_budget_past_the_context_is_refused_before_generating_as_the_server_would_refuse_it(loop, session):
     """check_context (run by training once the model loads) and the server agree on the longest prompt's room."""
     from summrl.errors import ConfigError

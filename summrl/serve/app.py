@@ -40,7 +40,8 @@ from summrl.data.documents import PART
 from summrl.data.tokenizer import load_tokenizer
 from summrl.inbox import Recorder
 from summrl.judges.client import REQUEST_COST
-from summrl.prompt import SummaryPrompt, chat_token_ids, content_text, word_count
+from summrl.prompt import (UNSUPPORTED_CHAT, SummaryPrompt, chat_role, chat_token_ids, content_text, unsupported_chat,
+                           word_count)
 from summrl.rewards.base import Missing
 from summrl.secrets import redact_text
 from summrl.serve.config import ServeConfig
@@ -347,12 +348,6 @@ def _refused_parameter(e: Any) -> Exception:
 ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 503: "server_error"}
 
 
-# OpenAI chat parameters this server does not implement: refused by name (top_logprobs: its alternatives are not kept)
-UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "frequency_penalty",
-                    "presence_penalty", "best_of", "top_logprobs", "parallel_tool_calls", "reasoning_effort",
-                    "modalities", "audio", "prediction", "web_search_options")
-
-
 # The chat fields this server reads, and OpenAI's that change nothing in a reply (user, metadata, store, ...). Any other
 # (vLLM's top_k, min_p, min_tokens, ignore_eos, repetition_penalty) is refused by name: forwarded to no backend, it
 # was dropped without a word.
@@ -380,27 +375,24 @@ def finite_float(text: str) -> float:
     return value
 
 
-CHAT_ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's newer name for system
-
-
 def chat_messages(messages: list) -> list[dict]:
     """A chat's messages as the chat template reads them: text content (OpenAI's text parts, a line each), one of
-    CHAT_ROLES (developer as system). Anything else is a 400 naming the message: a role like "robot" or "tool" went
+    prompt.CHAT_ROLES (developer as system). Anything else is a 400 naming the message: a role like "robot" or "tool" went
     into the template and was sampled from, and text parts, which OpenAI's clients send, were refused."""
     out = []
     for i, message in enumerate(messages):
         where = f"bad request: messages.{i}"
         if not isinstance(message, dict):
             raise HTTPException(400, detail=f"{where}: must be an object with role and content")
-        role, content = message.get("role"), message.get("content")
-        if role not in CHAT_ROLES:
-            raise HTTPException(400, detail=f"{where}.role: must be one of {', '.join(CHAT_ROLES)} (this server has "
-                                            f"no tools), got {role!r}")
         try:
-            content = content_text(content)
+            role = chat_role(message.get("role"))
+        except ValueError as e:
+            raise HTTPException(400, detail=f"{where}.role: {e}") from None
+        try:
+            content = content_text(message.get("content"))
         except ValueError as e:
             raise HTTPException(400, detail=f"{where}.content: {e}") from None
-        out.append({**message, "role": "system" if role == "developer" else role, "content": content})
+        out.append({**message, "role": role, "content": content})
     return out
 
 
@@ -552,7 +544,7 @@ def build_app(service: Service) -> FastAPI:
         except ValidationError as e:
             raise HTTPException(400, detail=f"bad request: stop: {e.errors()[0]['msg']}") from None
         # said, not silently dropped: a client relying on them would get text they did not ask for
-        unsupported = [k for k in UNSUPPORTED_CHAT if body.get(k) not in (None, [], {}, False, 0)]
+        unsupported = unsupported_chat(body)
         unsupported += sorted(k for k in body if k not in CHAT_FIELDS and k not in UNSUPPORTED_CHAT)
         if unsupported:
             raise HTTPException(400, detail=f"bad request: {', '.join(unsupported)}: not supported by this server "

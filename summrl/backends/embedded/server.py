@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Request
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from summrl.backends.disconnect import POLL_S, EventStream, unless_disconnected
 from summrl.backends.embedded.compute import on_compute_thread
@@ -31,7 +31,7 @@ from summrl.backends.embedded.engine import Completion, Engine, Rows, SamplingPa
 from summrl.backends.seed import Seed
 from summrl.backends.stops import Stop, stop_sequences
 from summrl.errors import run_async
-from summrl.prompt import content_text
+from summrl.prompt import chat_role, content_text, unsupported_chat
 from summrl.rollout import Burst, sample_seed
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,13 @@ class Message(BaseModel):
     content: str  # the chat template reads text: OpenAI's other forms of it are read as text below
 
     model_config = {"extra": "allow"}
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def as_template_role(cls, role: Any) -> Any:
+        """developer as system (SmolLM2's template wrote its default system prompt, then a "developer" turn); another
+        role is a 422 naming it."""
+        return chat_role(role)
 
     @field_validator("content", mode="before")
     @classmethod
@@ -69,6 +76,16 @@ class ChatRequest(BaseModel):
     summrl_burst: Optional[Burst] = None  # an extension: wait for the burst's other rows (each choice is a row)
 
     model_config = {"extra": "allow"}
+
+    @model_validator(mode="before")
+    @classmethod
+    def implemented(cls, body: Any) -> Any:
+        """OpenAI's parameters this endpoint does not implement (logit_bias, tools, presence_penalty, ...) are a 422
+        naming them: they were accepted and ignored, and the reply was not what was asked for. top_logprobs has its
+        own 400 below."""
+        if isinstance(body, dict) and (named := [k for k in unsupported_chat(body) if k != "top_logprobs"]):
+            raise ValueError(f"{', '.join(named)}: not supported by this endpoint")
+        return body
 
     @property
     def stops(self) -> tuple[str, ...]:

@@ -50,6 +50,8 @@ def test_json_schema_strings_get_a_length_bound():
     # a schema's own minLength past the bound: it was refused as "minLength 400 is greater than maxLength 300"
     assert bound_strings({"type": "string", "minLength": 400}, 300) == {"type": "string", "minLength": 400,
                                                                        "maxLength": 400}
+    # a nullable string was left unbounded (JSON Schema applies maxLength to the string alone)
+    assert bound_strings({"type": ["string", "null"]}, 300) == {"type": ["string", "null"], "maxLength": 300}
 
 
 def group_of(n: int) -> "art.TrajectoryGroup":

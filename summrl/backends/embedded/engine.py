@@ -1021,7 +1021,9 @@ def bound_strings(schema: Any, max_chars: int) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {key: bound_strings(value, max_chars) for key, value in schema.items()}
-    if out.get("type") == "string" and "maxLength" not in out and "enum" not in out and "const" not in out:
+    kind = out.get("type")
+    stringy = kind == "string" or (isinstance(kind, list) and "string" in kind)  # ["string", "null"] too
+    if stringy and "maxLength" not in out and "enum" not in out and "const" not in out:
         # never below the schema's own minLength: {"minLength": 400} was refused as minLength > maxLength 300
         min_length = out.get("minLength")
         out["maxLength"] = max(max_chars, min_length) if isinstance(min_length, int) else max_chars

@@ -23,6 +23,7 @@ import shlex
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence, Union
+from urllib.parse import urlsplit
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -33,7 +34,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandat
 
 from summrl.errors import ConfigError
 from summrl.prompt import PROMPTS
-from summrl.secrets import SECRET_NAME, name_secret_variables, secret_key_name, url_secret
+from summrl.secrets import SECRET_NAME, name_secret_variables, redact_text, secret_key_name, url_secret
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the config tree Hydra composes
 
@@ -461,10 +462,6 @@ def check_api_base(url: Optional[str], at: str) -> None:
     with "rerun the same command" for a fix."""
     if url is None or str(url).startswith("${"):
         return
-    from urllib.parse import urlsplit
-
-    from summrl.secrets import redact_text
-
     try:
         parts = urlsplit(str(url))
         fine = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0

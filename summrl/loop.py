@@ -551,7 +551,7 @@ RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "d
                       "trainer.prompt", "trainer.max_words", "trainer.val_rollouts_per_doc", "trainer.val_temperature",
                       "trainer.val_qa_max_chars", "trainer.val_qa_forbid_han",
                       "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.", "sft.kind")
-# What online learning (dataset=inbox) must keep of the run it goes on from: the adapter's model and the prompt it serves.
+# What online learning (dataset=inbox) must keep of the run it goes on from: its adapter's model, the prompt it serves.
 RESUMED_ONLINE = ("model.base_model", "model.weights", "model.lora.", "trainer.prompt", "trainer.max_words")
 # ART's iterate_dataset finds where a resume goes on from the step and groups_per_step: another group count went on
 # from another document, training some twice in the epoch and skipping others. sft.kind: a run trained with SFT

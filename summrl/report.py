@@ -328,7 +328,8 @@ def matching_configuration(table: pd.DataFrame, results: dict, baseline: str) ->
     try:
         wanted = set(shlex.split(baseline))
     except ValueError as e:  # a stray quote: a traceback
-        raise ReportError(f"summrl.report: --baseline {baseline!r}: {e}; write it as an override, e.g. reward=qa") from None
+        raise ReportError(f"summrl.report: --baseline {baseline!r}: {e}; write it as an override, e.g. "
+                          "reward=qa") from None
     matches = set()
     for job, configuration in zip(table.job, table.configuration):
         result = results[job]

@@ -187,7 +187,8 @@ def split_whole(loaded: Loaded, dataset: Any) -> tuple[list[Document], list[Docu
     length leaves its side a document short."""
     if loaded.read_ids and not loaded.documents:  # (summrl.data inspect ended in a traceback, prepare "prepared 0")
         raise DataError(f"the documents in {loaded.source} are all over dataset.max_document_tokens="
-                        f"{dataset.max_document_tokens} and skipped: raise the limit, or set dataset.long_documents=split")
+                        f"{dataset.max_document_tokens} and skipped: raise the limit, or set "
+                        "dataset.long_documents=split")
     groups = {source_id(g[0].id): g for g in by_source(loaded.documents)}
     val_ids, train_ids = split(loaded.read_ids or list(groups), dataset, loaded.source)
     val = [d for i in val_ids for d in groups.get(i, [])]

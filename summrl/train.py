@@ -27,8 +27,7 @@ from summrl.cloud.launch import run_from_hydra
 from summrl.config import Config, validate
 from summrl.errors import (KINDS, ConfigError, Failure, classify, end, exit_on, full_errors, run_async,
                            stop_signal)
-from summrl.job import BASIC_SWEEPER, JobInfo, RunRecord, override_key, planned_jobs, read_result
-from summrl.secrets import redact
+from summrl.job import JobInfo, RunRecord, check_same_job, read_result
 from summrl.preflight import check
 
 log = logging.getLogger("summrl.train")  # not __name__: run as __main__, it would miss the summrl logger
@@ -98,33 +97,6 @@ def check_folder_holds_this_run(config: Config, hydra_cfg) -> None:
     raise ConfigError(f"run.name={config.run.name}: the run folder {config.run.dir} holds run {other} (its "
                       f"result.json); to resume that run, add run.name={name}, or give this one its own folder "
                       f"({where}=...)")
-
-
-def check_same_job(hydra_cfg, earlier: dict) -> None:
-    """A sweep resumed in its folder gives job N the run its job N trained: the same job only where the values the
-    sweep varies are that run's. Optuna draws its trials anew (job N is another trial), and an edited sweep list moves
-    the jobs: either way the job took a run trained with other values (model.lr, which a single run's resume may
-    change) and reported its score as its own. The basic sweeper's varied keys are read from multirun.yaml; for a
-    sweeper that draws its values, every override must be the run's."""
-    if not isinstance(earlier.get("overrides"), list):  # a record from before overrides were kept
-        return
-    before = {override_key(o): o for o in earlier["overrides"]}
-    now = {override_key(o): o for o in redact(list(hydra_cfg.overrides.task))}
-    basic = hydra_cfg.sweeper.get("_target_") == BASIC_SWEEPER
-    if basic:
-        plan = [{override_key(o): o for o in job} for job in planned_jobs(Path(hydra_cfg.sweep.dir))]
-        varied = {k for job in plan for k in job if len({j.get(k) for j in plan}) > 1}
-    else:
-        varied = set(now) | set(before)
-    changed = [k for k in sorted(varied) if now.get(k) != before.get(k)]
-    if changed:
-        said = ", ".join(f"{before.get(k) or f'{k} unset'} (now {now.get(k) or 'unset'})" for k in changed[:4])
-        why = ("the sweep's values changed, so its jobs moved" if basic else
-               f"{hydra_cfg.sweeper.get('_target_', 'this sweeper').rsplit('.', 1)[-1]} draws its values anew, so a job "
-               "number names another trial")
-        raise ConfigError(f"job {hydra_cfg.job.num} of this sweep resumes the run in {hydra_cfg.runtime.output_dir}, "
-                          f"trained with {said}: {why}. Start the sweep in a new folder (hydra.sweep.dir=...), or "
-                          "resume that run with its own values")
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")

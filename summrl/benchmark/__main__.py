@@ -14,7 +14,6 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-
 from summrl import cli
 from summrl.benchmark.config import check_keys, check_trainer_overrides, same_command, validate_benchmark
 from summrl.errors import Failure, end, exit_on, run_async, stop_signal

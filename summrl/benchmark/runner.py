@@ -385,9 +385,11 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> Optional[dict]:
             saved["dataset"].pop("train_size", None)  # recorded before it was left out: it plays no part in val
         # Before any row is scored, the judge and the reward may change: a judge that failed every call (a mistyped
         # api_base) was recorded at the first run, and its fix was refused, the paid summaries kept but never scored.
-        unscored = not RowStore(out_dir / "rows.csv").done
-        rescored = [s for s in SCORED_BY if unscored and saved.get(s) != mine[s]]
-        saved.update({s: mine[s] for s in rescored})
+        rescored = [s for s in SCORED_BY if saved.get(s) != mine[s]]
+        if rescored and not RowStore(out_dir / "rows.csv").done:
+            saved.update({s: mine[s] for s in rescored})
+        else:
+            rescored = []
         for section in mine:
             if saved.get(section) != mine[section]:
                 theirs, ours = saved.get(section), mine[section]
@@ -407,7 +409,6 @@ def check_identity(out_dir: Path, config: BenchmarkConfig) -> Optional[dict]:
         grown = any(label not in known for label in labels)
         return {**saved, "sources": {**known, **labels}} if grown or rescored else None
     return {**mine, "sources": labels}
-
 
 
 def record_identity(out_dir: Path, record: Optional[dict]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from summrl.compare import mean_ci
@@ -50,8 +51,8 @@ def summarize(rows: pd.DataFrame, order: list[tuple[str, object]] | None = None,
             "summaries": len(group),
             "answered_pct": 100 * float(by_doc.mean()),
             # a share of questions: the t interval of few documents ran past it ([44.6, 102.0] over 3 documents)
-            "ci_low_pct": 100 * max(ci.low, 0.0) if ci.low == ci.low else ci.low,
-            "ci_high_pct": 100 * min(ci.high, 1.0) if ci.high == ci.high else ci.high,
+            "ci_low_pct": 100 * float(np.clip(ci.low, 0.0, 1.0)),  # (NaN, one document, stays NaN)
+            "ci_high_pct": 100 * float(np.clip(ci.high, 0.0, 1.0)),
             "mean_reward": float(group["reward"].mean()),
             "mean_words": float(group["words"].mean()),
             "hallucination_pct": 100 * float(group["hallucinated"].mean()),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 from summrl.data.document import UNANSWERABLE, Document, Question, resolve_path, rubric_list
 from summrl.data.documents import Row, cell_text, frame_rows, not_text, read_jsonl
 from summrl.data.split import DataError, split
+from summrl.errors import NETWORK_FIX, NetworkError
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,6 @@ def _load_rows(files: list[str] | None, hf_path: str, hf_split: str) -> tuple[li
         dataset = load_dataset(hf_path, split=hf_split)
     except Exception as e:  # the hub is unreachable or the split is wrong
         if unreachable := hub_unreachable():  # (datasets' retries drop the connection error: "not cached in None")
-            from summrl.errors import NetworkError
-
             raise NetworkError(f"could not load {hf_path} split {hf_split}: {unreachable}, or download it once and set "
                                "dataset.files=[path/to/repliqa_0.parquet]") from e
         raise DataError(
@@ -163,8 +162,6 @@ def hub_unreachable() -> str:
     from urllib.parse import urlsplit
 
     from huggingface_hub import constants
-
-    from summrl.errors import NETWORK_FIX
 
     host = urlsplit(constants.ENDPOINT).hostname or "huggingface.co"
     if constants.HF_HUB_OFFLINE:

@@ -377,8 +377,8 @@ def finite_float(text: str) -> float:
 
 def chat_messages(messages: list) -> list[dict]:
     """A chat's messages as the chat template reads them: text content (OpenAI's text parts, a line each), one of
-    prompt.CHAT_ROLES (developer as system). Anything else is a 400 naming the message: a role like "robot" or "tool" went
-    into the template and was sampled from, and text parts, which OpenAI's clients send, were refused."""
+    prompt.CHAT_ROLES (developer as system). Anything else is a 400 naming the message: a role like "robot" or "tool"
+    went into the template and was sampled from, and text parts, which OpenAI's clients send, were refused."""
     out = []
     for i, message in enumerate(messages):
         where = f"bad request: messages.{i}"

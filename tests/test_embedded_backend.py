@@ -104,9 +104,9 @@ def test_the_endpoint_reads_developer_as_system_and_refuses_what_it_does_not_imp
     for extra, named in (({"logit_bias": {"33": -100}}, "logit_bias"), ({"presence_penalty": 1.5}, "presence_penalty"),
                          ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
                            "tool_choice": "required"}, "tools, tool_choice")):
-        with pytest.raises(openai.UnprocessableEntityError, match=f"{named}: not supported by this endpoint"):
+        with pytest.raises(openai.BadRequestError, match=f"{named}: not supported by this endpoint"):
             loop.run_until_complete(ask(**extra))
-    with pytest.raises(openai.UnprocessableEntityError, match="must be one of system, user, assistant, developer"):
+    with pytest.raises(openai.BadRequestError, match="must be one of system, user, assistant, developer"):
         loop.run_until_complete(ask("robot"))
     assert loop.run_until_complete(ask(presence_penalty=0)).choices  # a zero asks for nothing
 
@@ -281,7 +281,7 @@ def test_a_stop_sequence_ends_the_reply_before_it_streamed_or_not(loop, session)
     assert stopped.usage.completion_tokens < whole.usage.completion_tokens  # it stopped generating there
     pieces, finish = loop.run_until_complete(streamed())
     assert "".join(pieces) == text[:middle] and finish == "stop"
-    with pytest.raises(openai.UnprocessableEntityError, match="at most 4 sequences"):  # (summrl.serve: a 400)
+    with pytest.raises(openai.BadRequestError, match="at most 4 sequences"):  # as summrl.serve refuses it
         loop.run_until_complete(client.chat.completions.create(**ask, stop=["a", "b", "c", "d", "e"]))
 
 
@@ -586,7 +586,13 @@ def test_endpoint_checks_key_and_model_name(session):
     body = {"model": model.get_inference_name(), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     assert httpx.post(url, json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
     unknown = httpx.post(url, json={**body, "model": "nope"}, headers={"Authorization": f"Bearer {model.inference_api_key}"})
-    assert unknown.status_code == 404 and model.get_inference_name() in unknown.text
+    assert unknown.status_code == 404 and model.get_inference_name() in unknown.json()["error"]["message"]
+    # a bad field is OpenAI's 400 with an error object, not FastAPI's 422 {"detail": [...]}, and n is bounded as
+    # OpenAI bounds it (each choice is a row of the engine's batch)
+    many = httpx.post(url, json={**body, "n": 129}, headers={"Authorization": f"Bearer {model.inference_api_key}"})
+    assert many.status_code == 400, many.text
+    assert many.json()["error"]["type"] == "invalid_request_error"
+    assert many.json()["error"]["message"] == "bad request: n: Input should be less than or equal to 128"
     listed = httpx.get(f"{model.inference_base_url}/models", headers={"Authorization": f"Bearer {model.inference_api_key}"})
     assert model.get_inference_name() in {m["id"] for m in listed.json()["data"]}
 
@@ -612,7 +618,7 @@ def test_endpoint_reads_content_parts_and_null_content_as_text(session):
                     {"role": "user", "content": "again"})
     assert with_null.status_code == 200, with_null.text
     image = ask({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]})
-    assert image.status_code == 422 and "image_url" in image.text and "only text parts" in image.text
+    assert image.status_code == 400 and "image_url" in image.text and "only text parts" in image.text
 
 
 def test_the_choices_of_requests_with_neighbouring_seeds_are_not_shared(session):
@@ -825,7 +831,7 @@ def test_json_schema_replies_are_grammar_constrained(loop, session):
         loop.run_until_complete(model.openai_client().chat.completions.create(
             model=backend.model_config.base_model, messages=[{"role": "user", "content": "Hi."}], max_tokens=4,
             response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "objekt"}}}))
-    assert refused.value.body["detail"] == ("response_format: json_schema.schema can't be compiled to a grammar: "
+    assert refused.value.body["message"] == ("response_format: json_schema.schema can't be compiled to a grammar: "
                                             "Unsupported type \"objekt\"")
 
 

@@ -27,10 +27,10 @@ from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, TypeAdapter, ValidationError, field_validator
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from summrl.backends import takes_burst_tags
 from summrl.backends.disconnect import EventStream, unless_disconnected
+from summrl.backends.openai_errors import BAD_REQUEST, error_response, openai_errors
 from summrl.backends.seed import Seed
 from summrl.backends.stops import Stop
 from summrl.checkpoints import checkpoint_steps, resolve_step
@@ -280,7 +280,7 @@ class Service:
             if e.status_code not in (400, 422):
                 raise
             refused = _refused_parameter(e)
-            if isinstance(refused, HTTPException) and "context" in str(refused.detail):
+            if "context" in str(refused.detail):
                 raise HTTPException(413, detail=f"document: {tokens} tokens; {refused.detail}; split it") from None
             raise refused from None
         samples = [c.message.content or "" for c in response.choices]
@@ -335,17 +335,12 @@ class Service:
         return -negative_index, float(reward), None, cost
 
 
-def _refused_parameter(e: Any) -> Exception:
+def _refused_parameter(e: Any) -> HTTPException:
     """The backend's refusal of a parameter the client passed through (openai.APIStatusError, 400 or 422) as this
-    server's 400: FastAPI's 422 lists the fields (the embedded server), vLLM's 400 carries a message."""
+    server's 400, with the backend's message: the embedded server's in OpenAI's shape, vLLM's its own."""
     body = e.body if isinstance(e.body, dict) else {}
-    if isinstance(body.get("detail"), list):
-        return RequestValidationError(body["detail"])
-    return HTTPException(400, detail=f"bad request: {body.get('detail') or body.get('message') or e.message}")
-
-
-# OpenAI's error types, by status: its clients read the error's message and type.
-ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 503: "server_error"}
+    message = str(body.get("message") or body.get("detail") or e.message)
+    return HTTPException(400, detail=f"{BAD_REQUEST}{message.removeprefix(BAD_REQUEST)}")
 
 
 # The chat fields this server reads, and OpenAI's that change nothing in a reply (user, metadata, store, ...). Any other
@@ -402,13 +397,6 @@ def max_body_bytes(serve: Any) -> int:
     return max(64 * serve.max_document_tokens, 1 << 20)
 
 
-def error_response(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
-    """Every error in one shape, OpenAI's: {"error": {"message", "type", "code"}}."""
-    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
-                        headers=headers)
-
-
 class Unexpected:
     """Any other exception of a request: the client gets it in OpenAI's shape, the log one masked line, and the server
     goes on. Not an ``exception_handler(Exception)``: Starlette runs that one in its outermost middleware, which raises
@@ -443,15 +431,7 @@ def build_app(service: Service) -> FastAPI:
     # no /docs, /redoc or /openapi.json: they answered without the bearer key
     app = FastAPI(title="summrl serve", docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
-                             for e in error.errors())
-        return error_response(400, f"bad request: {problems}")
-
-    @app.exception_handler(StarletteHTTPException)  # FastAPI's own and the router's (404, 405) alike
-    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        return error_response(error.status_code, str(error.detail), error.headers)
+    openai_errors(app)
 
     app.add_middleware(Unexpected)
 

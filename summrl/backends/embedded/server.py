@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from summrl.backends.disconnect import POLL_S, EventStream, unless_disconnected
 from summrl.backends.embedded.compute import on_compute_thread
 from summrl.backends.embedded.engine import Completion, Engine, Rows, SamplingParams
+from summrl.backends.openai_errors import openai_errors
 from summrl.backends.seed import Seed
 from summrl.backends.stops import Stop, stop_sequences
 from summrl.errors import run_async
@@ -35,6 +36,9 @@ from summrl.prompt import chat_role, content_text, unsupported_chat
 from summrl.rollout import Burst, sample_seed
 
 log = logging.getLogger(__name__)
+
+
+MAX_N = 128  # choices a request may ask for, as OpenAI bounds n: each is a row of the engine's batch and cache
 
 
 class Message(BaseModel):
@@ -47,14 +51,14 @@ class Message(BaseModel):
     @classmethod
     def as_template_role(cls, role: Any) -> Any:
         """developer as system (SmolLM2's template wrote its default system prompt, then a "developer" turn); another
-        role is a 422 naming it."""
+        role is a 400 naming it."""
         return chat_role(role)
 
     @field_validator("content", mode="before")
     @classmethod
     def as_text(cls, content: Any) -> Any:
-        """Text parts and null as the chat template reads them (they were refused with 422); an image part is a 422
-        naming its type."""
+        """Text parts and null as the chat template reads them (they were refused); an image part is a 400 naming its
+        type."""
         return content_text(content)
 
 
@@ -65,7 +69,7 @@ class ChatRequest(BaseModel):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     temperature: Optional[float] = Field(None, ge=0, le=2)  # OpenAI's bounds, as trainer.temperature's
     top_p: Optional[float] = Field(None, gt=0, le=1)
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=MAX_N)
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = None
     seed: Optional[Seed] = None  # checked here: a bad one would fail every request batched with it
@@ -80,7 +84,7 @@ class ChatRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def implemented(cls, body: Any) -> Any:
-        """OpenAI's parameters this endpoint does not implement (logit_bias, tools, presence_penalty, ...) are a 422
+        """OpenAI's parameters this endpoint does not implement (logit_bias, tools, presence_penalty, ...) are a 400
         naming them: they were accepted and ignored, and the reply was not what was asked for. top_logprobs has its
         own 400 below."""
         if isinstance(body, dict) and (named := [k for k in unsupported_chat(body) if k != "top_logprobs"]):
@@ -282,6 +286,7 @@ def build_app(
 ) -> FastAPI:
     """``served_models()`` maps each name this server answers to whether it uses the LoRA adapter."""
     app = FastAPI(title="summrl embedded inference")
+    openai_errors(app)  # (FastAPI's shape and 422 for a bad field were not what OpenAI's clients expect)
     # FastAPI keeps its endpoints in a module-level cache, so these routes outlive the app. They reach the engine
     # through ``serving``, which InferenceServer.stop empties: a sweep's next job must not keep this one's weights.
     serving: dict[str, Any] = {"engine": engine, "batcher": batcher, "served_models": served_models}

@@ -28,6 +28,11 @@ def test_content_words_drop_stop_words_and_normalize():
         ("OPENED BY RUTH, the mayor.", "Ruth Okafor", False),  # 1 of 2 words < 0.6
         ("The answer is yes, it passed.", "Yes", True),  # no content word: phrase match
         ("It did not pass.", "Yes", False),
+        # "may" is a stop word, but May beside a number is a month, as March is: June 2023 was taken for May 2023
+        ("The bridge reopened in June 2023.", "May 2023", False),
+        ("The bridge reopened in March 2023.", "March 2023", True),
+        ("The bridge reopened on 5 May 2023.", "May 5, 2023", True),
+        ("It may rain, and the bridge may close.", "It may close", True),  # phrase-free: "close" is the content
     ],
 )
 def test_answerable_questions(summary, answer, expected):

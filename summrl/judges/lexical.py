@@ -51,14 +51,19 @@ def tokens(text: str) -> list[str]:
 
 def content_words(text: str) -> set[str]:
     words = set()
-    for token in tokens(text):
+    found = tokens(text)
+    for i, token in enumerate(found):
         token = token.replace(",", "")  # 2,100 -> 2100
-        if token in STOP_WORDS:
+        if token in STOP_WORDS and not (token == "may" and _beside_number(found, i)):  # "May 5, 2023": a month
             continue
         if len(token) > 3 and token.endswith("s") and not token.endswith("ss") and not token[0].isdigit():
             token = token[:-1]  # libraries ~ library is out of reach; parks ~ park is enough here
         words.add(token)
     return words
+
+
+def _beside_number(found: list[str], i: int) -> bool:
+    return any(found[j][:1].isdigit() for j in (i - 1, i + 1) if 0 <= j < len(found))
 
 
 def _phrase(text: str) -> str:

@@ -939,9 +939,14 @@ class TeacherConfig:
     max_retries: int = 5  # on 429, 5xx and timeouts (an empty reply: once); backoff with jitter, Retry-After honoured
     retry_base_s: float = 1.0
     retry_max_s: float = 30.0
+    # A hard budget for the teacher's calls in one invocation, retries included: an estimate over it is refused before
+    # any call, and the collection stops once a call would pass it (what was written is kept). null: none.
+    max_cost_usd: Optional[float] = None
 
     def __post_init__(self) -> None:
         _check_calls(self, "sft.teacher")
+        _require(self.max_cost_usd is None or self.max_cost_usd >= 0, "sft.teacher.max_cost_usd",
+                 f"must be >= 0 or null (no limit), got {self.max_cost_usd}")
 
 
 @dataclass

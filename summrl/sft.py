@@ -37,7 +37,7 @@ from summrl.cost import Calls, Work, confirmed, estimate, needs_confirmation, re
 from summrl.data import Document
 from summrl.errors import ExpectedFailure, finish_despite_a_signal
 from summrl.job import append_jsonl, jsonl_rows, write_json
-from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError
+from summrl.judges.client import SPEND_GUARD, CallBudget, JudgeClient, JudgeError, ReplyShapeError
 from summrl.keys import model_key_names
 from summrl.rewards import Missing
 from summrl.prompt import SummaryPrompt
@@ -192,6 +192,8 @@ class Teacher:
                                   max_concurrency=t.max_concurrency, timeout_s=t.timeout_s, max_retries=t.max_retries,
                                   retry_base_s=t.retry_base_s, retry_max_s=t.retry_max_s)
         self.earlier = teacher_usage(self.folder)
+        budget = t.max_cost_usd
+        self.budget = None if budget is None else CallBudget(self.client, budget, "sft.teacher.max_cost_usd")
 
     def usage(self) -> dict[str, float]:
         now = self.client.usage
@@ -201,11 +203,14 @@ class Teacher:
         """(the summary, its finish_reason). ``burst`` is for the embedded policy's batcher; a teacher's server
         batches as it will."""
         t = self.trainer
+        guarded = SPEND_GUARD.set(self.budget.guard) if self.budget is not None else None
         try:
             return await self.client.complete_text(SummaryPrompt.of(t).messages(document),
                                                    max_tokens=t.max_summary_tokens, temperature=t.temperature,
                                                    check=non_empty())
         finally:
+            if guarded is not None:  # (the judge's calls that score the summaries are not the teacher's)
+                SPEND_GUARD.reset(guarded)
             write_json(self.folder / USAGE, self.usage())
 
 
@@ -261,6 +266,11 @@ def confirm_cost(config: Config, train_docs: Sequence[Document]) -> None:
     plan = render(lines, calls, 0).split("\n", 1)[1]
     log.info(f"summrl: sft plan: {calls} teacher summaries for {sum(n > 0 for n in to_buy.values())} documents "
              f"({sum(len(v) for v in written.values())} already written), {len(pending)} documents to score\n{plan}")
+    budget = s.teacher.max_cost_usd
+    if budget is not None and (teacher.usd is None or teacher.usd > budget):  # (estimate() filled in its calls)
+        raise CostNotConfirmed(f"sft.teacher.max_cost_usd={budget:g}: the teacher's estimate is {teacher.price()}, "
+                               "over the budget; nothing was called. Raise the budget, or buy fewer summaries "
+                               "(sft.samples_per_doc, sft.max_docs)")
     if s.confirm and needs_confirmation(lines) and not confirmed():
         raise CostNotConfirmed("sft: the teacher's cost was not confirmed; nothing was called "
                                "(sft.confirm=false skips the question)")
@@ -362,6 +372,12 @@ async def collect(config: Config, model: Optional[art.Model], reward: Any, train
     finally:
         if backup is not None:
             await backup.save_sft(force=True)
+    stopped = [doc_id for doc_id, kind in failed.items() if kind == "teacher SpendStopped"]
+    if stopped:
+        spent = writer.client.usage.cost_usd
+        raise SFTError(f"sft.teacher.max_cost_usd={s.teacher.max_cost_usd:g} reached (${spent:.4f} spent): "
+                       f"{len(stopped)} of {len(docs)} documents still need summaries; every summary written is kept "
+                       f"in {folder}, so a rerun pays only for the rest")
     if failed:
         kinds = ", ".join(f"{kind} x{n}" for kind, n in Counter(failed.values()).most_common())
         first = " ".join(first_error[0].split())[:300]

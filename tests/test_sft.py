@@ -755,6 +755,29 @@ def test_a_distill_run_whose_judge_failed_records_the_teachers_spend(tmp_path, t
     assert (record["sft"]["teacher_calls"], record["sft"]["incomplete"]) == (paid, True)
 
 
+def test_the_teachers_budget_refuses_an_estimate_over_it_and_stops_the_collection_within_it(tmp_path):
+    """sft.teacher.max_cost_usd: an estimate over it calls nothing; a teacher whose replies run far past the estimate's
+    max_summary_tokens is stopped once another call would pass it, and what it wrote is kept (no budget held the
+    teacher: only the question writer had one)."""
+    from summrl.sft import SUMMARIES, USAGE, CostNotConfirmed, SFTError, collect, confirm_cost
+    from summrl.testing import FakeLLM, Reply
+
+    with FakeLLM() as teacher:
+        teacher.script.extend(Reply("word " * 400) for _ in range(20))  # 400 tokens a reply; 8 were estimated
+        paid = ["sft.teacher.model=gpt-4o-mini", "sft.max_docs=4", "trainer.max_summary_tokens=8"]
+        over = distill_config(tmp_path, teacher, *paid, "sft.teacher.max_cost_usd=0.00001")
+        with pytest.raises(CostNotConfirmed, match=r"sft.teacher.max_cost_usd=1e-05: the teacher's estimate is \$0\.0"):
+            confirm_cost(over, train_split(over))
+        config = distill_config(tmp_path, teacher, *paid, "sft.teacher.max_cost_usd=0.001")
+        confirm_cost(config, train_split(config))  # the estimate fits
+        with pytest.raises(SFTError, match=r"sft.teacher.max_cost_usd=0.001 reached \(\$0\.000.*a rerun pays only"):
+            asyncio.run(collect(config, None, lexical_reward(config), train_split(config)))
+        calls = len(teacher.requests)
+    usage = json.loads((tmp_path / "sft" / USAGE).read_text())
+    assert 1 <= usage["calls"] == calls < 8 and 0 < usage["cost_usd"] <= 0.001
+    assert len(lines(tmp_path / "sft" / SUMMARIES)) == calls  # each paid summary is kept
+
+
 def test_grpo_after_sft_starts_from_fresh_adam_moments_as_arts_trainer_does(tmp_path, tiny_weights):
     """Found by an audit: SFT and GRPO shared one AdamW state, so GRPO's first update went on with SFT's moments and
     bias correction (optimizer step 4 after 3 SFT batches; ART clears the state at the switch, step 1): its update

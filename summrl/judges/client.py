@@ -15,6 +15,7 @@ constrain the JSON replies of the judge prompts (QA, grading, rubrics).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import hashlib
 import json
@@ -24,7 +25,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncContextManager, Awaitable, Callable, Optional, Union
+from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Optional, Union
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
@@ -64,6 +65,46 @@ class SpendStopped(JudgeError):
 # document's calls to dataset.questions.max_cost_usd with it.
 SPEND_GUARD: contextvars.ContextVar[Optional[Callable[[], AsyncContextManager[None]]]] = contextvars.ContextVar(
     "summrl_spend_guard", default=None)
+
+
+class CallBudget:
+    """A hard $ budget over one client's calls, retries too, as a ``SPEND_GUARD``: a call is made once what the
+    client has spent, plus the price of the dearest call so far for each call in flight and for this one, fits the
+    budget; until then it waits for calls in flight to end, and with none in flight and no room it is SpendStopped,
+    naming ``setting``. Until a call's price is known, calls are made one at a time."""
+
+    def __init__(self, client: "JudgeClient", budget: float, setting: str) -> None:
+        self.client, self.budget, self.setting = client, budget, setting
+        self.dearest: Optional[float] = None
+        self.in_flight = 0
+        self.changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def guard(self) -> AsyncIterator[None]:
+        async with self.changed:
+            while self.in_flight and (self.dearest is None or self.client.usage.cost_usd
+                                      + (self.in_flight + 1) * self.dearest > self.budget):
+                await self.changed.wait()
+            spent = self.client.usage.cost_usd
+            if spent + (self.dearest or 0.0) > self.budget:
+                raise SpendStopped(f"{self.setting}={self.budget:g} reached (${spent:.4f} spent): no room for another "
+                                   "call")
+            self.in_flight += 1
+        outer, own = REQUEST_COST.get(), [0.0]
+        token = REQUEST_COST.set(own)
+        answered = False
+        try:
+            yield
+            answered = True
+        finally:
+            REQUEST_COST.reset(token)
+            if outer is not None:
+                outer[0] += own[0]
+            async with self.changed:
+                self.in_flight -= 1
+                if answered or own[0] > 0:  # (a call that failed unpaid says nothing of the price)
+                    self.dearest = max(self.dearest or 0.0, own[0])
+                self.changed.notify_all()
 
 
 class ReplyShapeError(ValueError):

@@ -39,7 +39,7 @@ from summrl.judges import Judge, build_judge, embedded_endpoint
 from summrl.missing_rewards import MissingRewards, MissingRewardsError  # noqa: F401  (the error is raised from here)
 from summrl.prompt import SummaryPrompt
 from summrl.rewards import Missing, Reward, Score, build_reward, build_val_reward, check_documents
-from summrl.rollout import Burst, check_context, in_request_order, rollout, sample_seed, summary_of
+from summrl.rollout import Burst, check_context, check_packing, in_request_order, rollout, sample_seed, summary_of
 from summrl.secrets import redact_text
 from summrl.splits import Splits, val_digest
 from summrl.splits import load as load_documents
@@ -670,6 +670,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         session = await open_session(config, tracker)
         if config.backend.kind == "embedded":  # its engine has loaded: the policy's context is known
             check_context(session.backend.engine, [*val, *train_docs], SummaryPrompt.of(t), t.max_summary_tokens)
+            check_packing(session.backend.engine, train_docs, SummaryPrompt.of(t), t.max_summary_tokens,
+                          t.rollouts_per_group, config.backend.packed_sequence_length)
         step = await session.model.get_step()
         if said := unrecorded_checkpoint(config, step):
             log.warning(said)

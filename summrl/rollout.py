@@ -102,6 +102,31 @@ def check_context(engine: Any, documents: Sequence[Document], prompt: SummaryPro
             + ", or shorten the documents (dataset.max_document_tokens for dataset=documents)")
 
 
+def check_packing(engine: Any, documents: Sequence[Document], prompt: SummaryPrompt, max_tokens: int, rollouts: int,
+                  packed_length: Optional[int]) -> None:
+    """Refuse a ``backend.packed_sequence_length`` that a group of full-length summaries can't fit: the longest train
+    prompt once, then ``rollouts`` summaries of up to ``max_tokens``, each with the prompt's last token (ART's
+    tokenization counts it in each completion, whose first logprob it predicts). The step that met such a group refused it (its
+    update would be of nothing) after the rollouts and judge calls were paid for; checked here, as ``check_context``
+    is, once the model loads. Only the documents whose bytes could overflow are tokenized, as there."""
+    if packed_length is None or not documents:
+        return
+    completions = rollouts * (max_tokens + 1) - 1
+    instructions = len(engine.encode_chat(prompt.messages(replace(documents[0], text=""))))
+    near = [d for d in documents if instructions + len(d.text.encode()) + 16 + completions > packed_length]
+    if not near:
+        return
+    longest, document = max(((len(engine.encode_chat(prompt.messages(d))), d) for d in near),
+                            key=lambda pair: pair[0])
+    if longest + completions > packed_length:
+        raise ConfigError(
+            f"backend.packed_sequence_length={packed_length}: a group can pack into {longest + completions} tokens "
+            f"(the longest prompt, document {document.id}, {longest} tokens once, then trainer.rollouts_per_group="
+            f"{rollouts} summaries of up to trainer.max_summary_tokens={max_tokens}), and a group that does not fit is "
+            f"not trained: set it to {-(-(longest + completions) // 128) * 128} or more, or null (each step's longest "
+            "group, rounded up to 128)")
+
+
 def in_request_order(groups: list[art.TrajectoryGroup]) -> list[art.TrajectoryGroup]:
     """Each group's rollouts in the order they were asked for (``sample``), not the order they finished in.
 

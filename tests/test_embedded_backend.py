@@ -668,6 +668,7 @@ def test_a_packed_sequence_length_a_group_does_not_fit_is_refused_not_an_update_
     """ART leaves out a group longer than backend.packed_sequence_length (truncate_long_results=False): the step
     trained nothing (lora_B stayed 0, grad_norm 0) and was recorded as trained (found by an audit)."""
     from summrl.errors import ConfigError
+    from summrl.rollout import check_packing
 
     backend, model, docs, _ = session
     groups = loop.run_until_complete(art.gather_trajectory_groups(
@@ -683,6 +684,17 @@ def test_a_packed_sequence_length_a_group_does_not_fit_is_refused_not_an_update_
             backend._pack(groups)
         backend.config.packed_sequence_length = 4096
         assert backend._pack(groups)["tokens"].shape == (1, 4096)  # one that fits: as set
+        # checked once the model loads (loop.train), before any rollout is paid for: the longest prompt once, then
+        # rollouts_per_group summaries of max_summary_tokens; a group of full-length summaries at that length packs
+        worst = len(backend.engine.encode_chat(FACTS.messages(docs[3]))) + 2 * (4 + 1) - 1  # as ART packs it
+        check_packing(backend.engine, [docs[3]], FACTS, 4, 2, worst)
+        with pytest.raises(ConfigError, match=rf"^backend.packed_sequence_length={worst - 1}: a group can pack into "
+                                              rf"{worst} tokens \(the longest prompt, document {docs[3].id}, .* set it "
+                                              rf"to {-(-worst // 128) * 128} or more, or null"):
+            check_packing(backend.engine, [docs[3]], FACTS, 4, 2, worst - 1)
+        backend.config.packed_sequence_length = worst
+        assert all(len(t.messages_and_choices[-1].logprobs.content) == 4 for t in groups[0].trajectories)
+        assert backend._pack(groups)["tokens"].shape == (1, worst)
     finally:
         backend.config.packed_sequence_length = setting
 

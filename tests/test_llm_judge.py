@@ -92,6 +92,15 @@ def test_a_fenced_reply_with_prose_around_it_is_read_without_a_retry(fake, secre
     assert len(fake.requests) == 1 and judge.client.usage.failures == 0
 
 
+def test_bare_json_with_a_line_after_it_is_read_without_a_retry(fake, secret_env):
+    """Bare JSON then "I hope this helps!" was refused as extra data: retried, paid for, and failed every attempt."""
+    answers = json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "UNANSWERABLE"]})
+    fake.script = [Reply(f"{answers}\nI hope this helps! {{see above}}")]
+    judge = LLMJudge(client(fake))
+    assert grade(judge) == [True, True, True]
+    assert len(fake.requests) == 1 and judge.client.usage.failures == 0
+
+
 def test_all_matching_answers_need_one_call(fake, secret_env):
     fake.script = [Reply(json.dumps({"answers": ["Ruth Okafor", "March 14, 2024", "unanswerable"]}))]
     assert grade(LLMJudge(client(fake))) == [True, True, True]
@@ -586,6 +595,26 @@ def test_ruler_scores_out_of_range_or_nan_are_retried_not_taken_as_rewards(fake,
     fake.script = [reply(-1, 0.5)]
     (first, _) = asyncio.run(ruler_reward(fake).score_group(DOC, ["one", "two"]))
     assert isinstance(first, Missing) and "RULER scores must lie in [0, 1], got [-1.0]" in first.error
+
+
+def test_ruler_scores_that_are_not_numbers_are_retried_and_a_cut_off_reply_is_not(fake, secret_env):
+    """ART's model read true as 1.0 and "0" as 0.0; and a reply cut off at max_tokens was asked again and paid for
+    at every attempt (at temperature 0 it is cut at the same place), ending as a ValidationError."""
+    def reply(*values, **kwargs):
+        return Reply(json.dumps({"scores": [{"trajectory_id": str(i + 1), "explanation": "", "score": v}
+                                            for i, v in enumerate(values)]}), **kwargs)
+
+    fake.script = [reply(True, "0"), reply(0.9, 0.1)]
+    reward = RulerReward(client(fake, max_retries=2), rubric="r", prompt=FACTS)
+    assert [s.reward for s in asyncio.run(reward.score_group(DOC, ["one", "two"]))] == [0.9, 0.1]
+    assert len(fake.requests) == 2 and reward.client.usage.retries == 1
+    cut = Reply('{"scores": [{"trajectory_id": "1", "explanation": "goo', finish_reason="length")
+    fake.script = [cut, cut, cut]
+    reward = RulerReward(client(fake, max_retries=2), rubric="r", prompt=FACTS)
+    scores = asyncio.run(reward.score_group(DOC, ["one", "two"]))
+    assert all(isinstance(s, Missing) and s.kind == "ReplyCutOff" for s in scores), scores
+    assert "cut off at max_tokens" in scores[0].error and len(fake.requests) == 3  # 2 before, 1 here
+    assert (reward.client.usage.calls, reward.client.usage.retries) == (1, 0)
 
 
 def test_ruler_gives_each_score_to_the_summary_its_id_names(fake, secret_env):

@@ -500,11 +500,15 @@ _ASKED: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future] = {}
 
 def strip_fences(text: str) -> str:
     """A reply's JSON without the Markdown fence (```json ... ```) a model may wrap it in, and without the prose a model
-    may write around that fence ("Here are the answers:"). Bare JSON is read as it is: a fence inside one of its
-    strings (a summary quoting code) is not the reply."""
+    may write around that fence ("Here are the answers:"). Bare JSON is read as it is, up to its end: a fence inside
+    one of its strings (a summary quoting code) is not the reply, and a line after it ("I hope this helps!") was
+    refused as extra data, retried and paid for each time."""
     text = text.strip()
     if text.startswith(("{", "[")):
-        return text
+        try:
+            return text[:json.JSONDecoder(strict=False).raw_decode(text)[1]]
+        except ValueError:  # not JSON, or cut off: read as it is, and refused (or named cut off) as such
+            return text
     match = (re.match(r"^```(?:json)?\s*(.*?)\s*```$", text, re.S)
              or re.search(r"^```(?:json)?[ \t]*\n(.*?)\n[ \t]*```[ \t]*$", text, re.S | re.M))
     return match.group(1).strip() if match else text

@@ -10,15 +10,16 @@ still cannot score comes back missing: the loop leaves it out and counts it.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import math
 import sys
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from art.metrics import MetricsBuilder
 
 from summrl.data import Document
-from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError, strip_fences
+from summrl.judges.client import JudgeClient, JudgeError, ReplyCutOff, ReplyShapeError, strip_fences
 from summrl.rewards.base import Missing, Score
 from summrl.prompt import SummaryPrompt, word_count
 
@@ -73,6 +74,12 @@ def patched_ruler() -> None:
         module.acompletion = _unfenced_completion
 
 
+# The last RULER reply of this asyncio context, as it came: (its text, its finish_reason), read by RulerReward once
+# ART has parsed it (ART's pydantic model reads true and "0" as scores, and says nothing of a reply cut off).
+_REPLY: contextvars.ContextVar[Optional[tuple[str, Optional[str]]]] = contextvars.ContextVar("summrl_ruler_reply",
+                                                                                             default=None)
+
+
 async def _unfenced_completion(*args: Any, **kwargs: Any) -> Any:
     import litellm
 
@@ -81,6 +88,7 @@ async def _unfenced_completion(*args: Any, **kwargs: Any) -> Any:
         message = getattr(choice, "message", None)
         if message is not None and isinstance(message.content, str):
             message.content = strip_fences(message.content)
+            _REPLY.set((message.content, getattr(choice, "finish_reason", None)))
     return response
 
 
@@ -96,6 +104,21 @@ def routed(model: str, api_base: Any = None) -> str:
     except Exception:  # litellm can't route it: the preflight named it already
         return model
     return f"{provider}/{model}" if provider else model
+
+
+def not_numbers(reply: Optional[tuple[str, Optional[str]]]) -> None:
+    """ReplyShapeError (retried) where a RULER reply's score is not a JSON number: ART's model read true as 1.0 and
+    "0" as 0.0, where the QA judge's replies refuse such items (list_of)."""
+    if reply is None:
+        return
+    try:
+        scores = json.loads(reply[0], strict=False).get("scores")
+        given = [item.get("score") for item in scores]
+    except (ValueError, AttributeError, TypeError):
+        return  # ART parsed it, so its shape is ART's to judge
+    bad = [score for score in given if isinstance(score, bool) or not isinstance(score, (int, float))]
+    if bad:
+        raise ReplyShapeError(f"RULER scores must be JSON numbers, got {json.dumps(bad[:3])}")
 
 
 class RulerReward:
@@ -138,11 +161,13 @@ class RulerReward:
                 # ART prices a RULER call through the active metrics builder, which it looks up as it records:
                 # this one adds the call's tokens and $ to the judge's usage (it was counted, never priced)
                 token = MetricsBuilder.activate(UsageRecorder(client))  # type: ignore[arg-type]
+                _REPLY.set(None)
                 try:
                     # ART's ruler(), not ruler_score_group(): the latter pairs scores with trajectories in the reply's
                     # order, so a judge that listed the best first gave its score to the first summary
                     scored = await ruler(trajectories, routed(client.model, client.api_base),
                                          self._litellm_params(n_scores), self.rubric)
+                    not_numbers(_REPLY.get())
                     ids = [str(i + 1) for i in range(len(summaries))]
                     if sorted(s.trajectory_id for s in scored) != sorted(ids):
                         raise ReplyShapeError(f"RULER must score trajectories {', '.join(ids)} once each, got ids "
@@ -157,6 +182,10 @@ class RulerReward:
                         raise ReplyShapeError(f"RULER scores must lie in [0, 1], got {bad[:3]}")
                 except ValueError:
                     client.usage.calls += 1  # answered, with the wrong shape
+                    reply = _REPLY.get()
+                    if reply is not None and reply[1] == "length":  # the same cut at temperature 0: not retried
+                        raise ReplyCutOff(f"the reply was cut off at max_tokens before its JSON ended ({len(reply[0])} "
+                                          "characters)") from None
                     raise
                 finally:
                     token.var.reset(token)

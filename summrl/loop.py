@@ -499,9 +499,11 @@ def check_reference(config: Config, step: int) -> None:
 
 def run_totals(session: Session, record: RunRecord) -> dict[str, Any]:
     """The run's judge calls, $ and retries and its rollouts scored and missing: its earlier invocations' (a resumed
-    or recovered run) plus this one's (the judge's up to its last ``judge_usage``)."""
+    or recovered run) plus this one's (the judge's up to its last ``judge_usage``). ``judge_unpriced_calls``: replies
+    that came without token counts, whose $ is unknown (litellm priced them at $0, and so did this record)."""
     totals: dict[str, Any] = {f"judge_{k}": record.earlier.get(f"judge_{k}", 0.0)
-                              + session.judge_totals.get(f"judge/{k}", 0.0) for k in ("calls", "cost_usd", "retries")}
+                              + session.judge_totals.get(f"judge/{k}", 0.0)
+                              for k in ("calls", "cost_usd", "retries", "unpriced_calls")}
     earlier, now = record.earlier.get("rollouts") or {}, session.missing.record()  # type: ignore[union-attr]
     totals["rollouts"] = {"scored": earlier.get("scored", 0) + now["scored"],
                           "missing": earlier.get("missing", 0) + now["missing"],

@@ -166,7 +166,8 @@ def collect(folder: Path) -> tuple[pd.DataFrame, dict[str, dict[str, list[tuple[
             # steps at which no group was trained (every summary of each group scored alike): an arm that learned
             # nothing shows here rather than as a val curve that merely stayed flat
             "steps_untrained": len(result["untrained_steps"]) if "untrained_steps" in result else None,
-            "judge_cost_usd": result.get("judge_cost_usd"),
+            # unknown (empty) where a judge reply came without token counts: its $ is not known, never $0
+            "judge_cost_usd": None if result.get("judge_unpriced_calls") else result.get("judge_cost_usd"),
             "minutes": round(result["wall_s"] / 60, 1) if "wall_s" in result else None,
             "overrides": " ".join(overrides),
             "error": result.get("error", ""),

@@ -868,6 +868,16 @@ def test_a_resumed_invocation_that_stops_early_keeps_the_runs_spend_and_figures(
     record.fail("interrupted", "interrupted: stopped before the first checkpoint (SIGTERM)", 143)
     saved = json.loads((tmp_path / "result.json").read_text())
     assert (saved["judge_calls"], saved["judge_cost_usd"], saved["rollouts"]) == (18.0, 0.00077, first["rollouts"])
+    # a judge reply without token counts is counted as such: its $ is unknown, not the $0 litellm gives it
+    from types import SimpleNamespace
+
+    from summrl.loop import run_totals
+
+    missing = SimpleNamespace(record=lambda: {"scored": 2, "missing": 0, "missing_by_error": {}})
+    session = SimpleNamespace(judge_totals={"judge/calls": 3.0, "judge/cost_usd": 0.0, "judge/unpriced_calls": 3.0},
+                              missing=missing)
+    totals = run_totals(session, SimpleNamespace(earlier={**saved, "judge_unpriced_calls": 1.0}))
+    assert (totals["judge_calls"], totals["judge_unpriced_calls"], totals["judge_cost_usd"]) == (21.0, 4.0, 0.00077)
     assert (saved["best_val_score"], saved["status"], saved["exit_code"]) == (0.4, "interrupted", 143)
     resumed = {"kind": "documents", "questions": {"cost_usd": 0.0, "written_now": 0}}
     assert with_earlier_question_cost(resumed, saved)["questions"]["cost_usd"] == pytest.approx(0.00112)

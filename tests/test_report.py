@@ -53,6 +53,8 @@ def sweep(tmp_path):
 
 def test_report_table_stats_and_plots(sweep, tmp_path):
     out = tmp_path / "report"
+    priced_in_part = sweep / "3" / "result.json"  # a judge reply without token counts: its $ is unknown, not $0.25
+    priced_in_part.write_text(json.dumps({**json.loads(priced_in_part.read_text()), "judge_unpriced_calls": 2.0}))
     result = subprocess.run([sys.executable, "-m", "summrl.report", str(sweep), "--out", str(out)],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -63,6 +65,7 @@ def test_report_table_stats_and_plots(sweep, tmp_path):
     assert table.loc[1, "best_val_qa_accuracy"] == 0.7 and table.loc[1, "final_val_qa_accuracy"] == 0.7
     assert table.loc[4, "error"] == "MissingRewardsError: judge down"
     assert table.minutes.tolist()[0] == 1.5 and table.judge_cost_usd.tolist()[0] == 0.25
+    assert pd.isna(table.judge_cost_usd[3])
     assert table.steps_untrained.tolist()[:4] == [0, 0, 2, 2] and pd.isna(table.steps_untrained[4])
 
     report = (out / "report.md").read_text()

@@ -549,12 +549,14 @@ def with_failed_question_cost(earlier: dict, spent: float) -> dict:
 # dataset.train_size (growing train keeps val fixed) and every operational setting may change.
 RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "dataset.files", "dataset.hf_path",
                       "dataset.hf_split", "dataset.seed", "dataset.val_size", "dataset.max_document_tokens",
-                      "dataset.long_documents", "reward.", "judge.kind", "judge.model", "judge.min_recall",
+                      "dataset.long_documents", "dataset.questions.", "reward.", "judge.kind", "judge.model", "judge.min_recall",
                       "trainer.prompt", "trainer.max_words", "trainer.val_rollouts_per_doc", "trainer.val_temperature",
                       "trainer.val_qa_max_chars", "trainer.val_qa_forbid_han",
                       "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.", "sft.kind")
 # What online learning (dataset=inbox) must keep of the run it goes on from: its adapter's model, the prompt it serves.
 RESUMED_ONLINE = ("model.base_model", "model.weights", "model.lora.", "trainer.prompt", "trainer.max_words")
+# dataset.questions.*: other settings write other questions for the val documents, whose QA scores the earlier ones
+# are ranked with (their cost, cache and confirmation are OPERATIONAL).
 # ART's iterate_dataset finds where a resume goes on from the step and groups_per_step: another group count went on
 # from another document, training some twice in the epoch and skipping others. sft.kind: a run trained with SFT
 # resumed without counted the SFT checkpoint as a GRPO step, and one trained without it resumed with it ran SFT on top

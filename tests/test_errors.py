@@ -989,6 +989,13 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
     with pytest.raises(ConfigError, match=r"trained with trainer.val_qa_forbid_han=True \(now False\): its"):
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "reward=ruler",
                                                  "trainer.val_qa_forbid_han=false"]), RunRecord(tmp_path, ruler))
+    # dataset=documents: other question settings write other questions for the val documents (found by an audit)
+    documents = ["experiment=local", "run.name=r", "dataset=documents", f"dataset.path={tmp_path}"]
+    write_result(tmp_path, {**earlier, "config": flat_config(compose_config(documents), JobInfo())})
+    check_resumed_as_trained(compose_config([*documents, "dataset.questions.confirm=false",
+                                             "dataset.questions.max_cost_usd=1"]), RunRecord(tmp_path))
+    with pytest.raises(ConfigError, match=r"trained with dataset.questions.per_document=5 \(now 3\): its"):
+        check_resumed_as_trained(compose_config([*documents, "dataset.questions.per_document=3"]), RunRecord(tmp_path))
     write_result(tmp_path, earlier)
     # online learning (dataset=inbox) goes on from any run, with its own val set (test_serve's online loop)
     inbox = JobInfo(choices={"dataset": "inbox"})

@@ -584,6 +584,9 @@ class RubricRewardConfig:
             _require(getattr(self, key) >= 0, f"reward.{key}", f"must be >= 0, got {getattr(self, key)}")
         _require(self.positive_weight + self.negative_weight > 0, "reward.positive_weight",
                  "must be > 0 when reward.negative_weight is 0 (the rubrics would weigh nothing)")
+        # "" read as off, silently, as judge.cache_dir's: every run paid again for the rubrics it had written
+        _require(self.cache_dir != "", "reward.cache_dir",
+                 "is empty: name a folder, or null to keep no written rubrics")
 
 
 LENGTH_SHAPES = ("hard", "linear", "quadratic")
@@ -876,6 +879,9 @@ class ServerlessBackendConfig:
 
     kind: str = "serverless"
     base_url: Optional[str] = None  # null = W&B's default endpoint
+
+    def __post_init__(self) -> None:
+        check_api_base(self.base_url, "backend.base_url")
 
 
 # --------------------------------------------------------------------------- storage

@@ -429,16 +429,17 @@ async def online_documents(config: Config, splits: Splits) -> tuple[Splits, Opti
         splits = carry_question_cost(await load_documents(config), splits)
 
 
-def nothing_learned(config: Config, steps: list[int]) -> str:
-    """Why a run whose every step trained no group learned nothing, and what to change."""
+def nothing_learned(config: Config, steps: list[int], reward: Optional[str] = None) -> str:
+    """Why a run whose every step trained no group learned nothing, and what to change. ``reward``: the reward group's
+    option as chosen (reward=length_penalized is a weighted reward by then, and was named reward=weighted)."""
     span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
     if "ruler" in reward_kinds(config.reward) and config.judge.kind in ("local", "embedded"):
         why = (f"judge={config.judge.kind}'s embedded model gave every summary of a group the same RULER score; "
                "RULER needs a judge that can rank: a hosted one (judge=gemini_flash) or an instruct model of a few "
                "billion parameters behind judge=openai_compatible")
     else:
-        why = (f"reward={config.reward.kind} gave every summary of a group the same reward; it needs summaries that "
-               "differ (trainer.temperature > 0) and a reward that tells them apart")
+        why = (f"reward={reward or config.reward.kind} gave every summary of a group the same reward; it needs "
+               "summaries that differ (trainer.temperature > 0) and a reward that tells them apart")
     return (f"summrl: {span} trained nothing (the LoRA is as it was before; result.json untrained_steps): GRPO learns "
             f"from differences within a group, and {why}")
 
@@ -549,7 +550,8 @@ def with_failed_question_cost(earlier: dict, spent: float) -> dict:
 # dataset.train_size (growing train keeps val fixed) and every operational setting may change.
 RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "dataset.files", "dataset.hf_path",
                       "dataset.hf_split", "dataset.seed", "dataset.val_size", "dataset.max_document_tokens",
-                      "dataset.long_documents", "dataset.questions.", "reward.", "judge.kind", "judge.model", "judge.min_recall",
+                      "dataset.long_documents", "dataset.questions.", "reward.", "judge.kind", "judge.model",
+                      "judge.min_recall",
                       "trainer.prompt", "trainer.max_words", "trainer.val_rollouts_per_doc", "trainer.val_temperature",
                       "trainer.val_qa_max_chars", "trainer.val_qa_forbid_han",
                       "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.", "sft.kind")
@@ -736,7 +738,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             if session.stopping:
                 raise asyncio.CancelledError  # the signal's stop, its step recorded
         if trained_steps and all(flat for _, flat in trained_steps):
-            log.warning(nothing_learned(config, [s for s, _ in trained_steps]))
+            log.warning(nothing_learned(config, [s for s, _ in trained_steps], record.job.choices.get("reward")))
         if not scored_at(history, step, key):
             history.append(await evaluate(session, val, step))
             save()  # before the final upload: a machine lost during it would pay for this val pass again

@@ -221,6 +221,11 @@ def test_bad_values_name_the_key(override, message):
     (["dataset=inbox", "reward=ruler", "algorithm.lr_schedule=cosine"],
      r"algorithm.lr_schedule: is cosine, which decays to 0 at trainer.max_steps \(16\); dataset=inbox trains after"),
     (["backend.packed_sequence_length=0"], r"backend.packed_sequence_length: must be > 0 or null"),
+    # "" read as off: paid rubric writing repeated every run (judge.cache_dir="" was refused for it already)
+    (["reward=rubric", "reward.cache_dir="], r"reward.cache_dir: is empty: name a folder, or null"),
+    # checked as judge.api_base is: a URL without its scheme failed only once the run had started
+    (["backend=serverless", "storage.enabled=false", "backend.base_url=localhost:9"],
+     r"backend.base_url: must be an http:// or https:// URL with a host"),
     (["backend.json_max_string_chars=0"], r"backend.json_max_string_chars: must be > 0"),
     (["backend.device=cuda:abc"], r"backend.device: must be auto, cpu, cuda, cuda:N or mps"),
     (["dataset.files=[]"], r"dataset.files: is an empty list, which would read the hub instead"),

@@ -168,6 +168,9 @@ def test_a_run_that_trained_nothing_says_why_and_what_to_change():
     qa = nothing_learned(compose_config(["experiment=local"]), [1])
     assert qa.startswith("summrl: step 1 trained nothing") and "reward=qa gave every summary" in qa
     assert "RULER" not in qa
+    # the option chosen, not the weighted reward it is composed into (found by an audit)
+    penalized = nothing_learned(compose_config(["experiment=local", "reward=length_penalized"]), [1], "length_penalized")
+    assert "reward=length_penalized gave every summary" in penalized
 
 
 def test_a_run_whose_epochs_end_before_max_steps_says_so_when_it_starts(caplog):

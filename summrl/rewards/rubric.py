@@ -127,7 +127,7 @@ def cached_files(config: Any) -> list[Path]:
         return []
     files = []
     for reward in rewards_of_kind(config.reward, "rubric").values():
-        if reward.cache_dir is None:
+        if not reward.cache_dir:
             continue
         cache = JsonCache(reward.cache_dir)
         for path in sorted(cache.directory.glob("*.json")) if cache.directory.is_dir() else ():
@@ -184,7 +184,7 @@ def plans(config: Any, documents: Sequence[Document]) -> tuple[list[Plan], list[
     own = [d for d in documents if d.positive_rubrics is None and d.negative_rubrics is None]
     found, notes = [], []
     for key, term in terms.items():
-        if term.cache_dir is None:
+        if not term.cache_dir:
             notes.append(f"summrl: rubrics: {key}.cache_dir=null keeps none, so training would write them again: "
                          f"nothing to prepare (set {key}.cache_dir to keep them)")
             continue

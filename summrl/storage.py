@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from summrl.errors import ExpectedFailure, is_network
+from summrl.errors import ConfigError, ExpectedFailure, is_network
 from summrl.job import read_result, write_atomic
 
 log = logging.getLogger(__name__)
@@ -193,10 +193,19 @@ class CheckpointBackup:
             return None
         self._restore_sft()
         local = local_steps(self.local / "checkpoints")
+        steps = self.complete_steps()
         if local:
+            if steps and steps[-1] > max(local):
+                # the run went on elsewhere (another machine, another folder of this run.name): going on from here
+                # trained those steps again and replaced their backup and record, the other invocation's lost
+                name = self.root.rsplit("/", 1)[-1]
+                raise ConfigError(
+                    f"run.name={name}: {self.url} holds step {steps[-1]}, past this folder's latest "
+                    f"checkpoint (step {max(local)}): the run went on elsewhere. Resume it in an empty folder "
+                    f"(hydra.run.dir=<new folder>) to restore step {steps[-1]}, or set storage.restore=false to go on "
+                    f"from step {max(local)} here, replacing the backup past it")
             self._restore_reference(max(local))  # (a restore cut short between the latest and the reference)
             return None
-        steps = self.complete_steps()
         if not steps:
             return None
         step = steps[-1]
@@ -532,4 +541,6 @@ def _ensure_bucket(client: Any, bucket: str, label: str, storage: Any) -> None:
     region = storage.region or client.meta.region_name
     extra = {"CreateBucketConfiguration": {"LocationConstraint": region}} if region and region != "us-east-1" else {}
     client.create_bucket(Bucket=bucket, **extra)
-    log.info(f"summrl: created bucket {label}{where}")
+    # a warning: a mistyped bucket on a fresh machine is created empty, and the run it was to resume starts at step 0
+    log.warning(f"summrl: warning: created bucket {label}{where}: it holds no backup, so nothing is restored from it "
+                "(a run this was to resume starts at step 0: check storage.bucket)")

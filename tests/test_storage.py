@@ -74,6 +74,29 @@ def test_interrupted_upload_is_ignored_and_the_last_complete_step_restored(tmp_p
     assert fresh.restore() is None
 
 
+
+def test_a_folder_behind_its_backup_is_refused_not_trained_again_over_it(tmp_path, s3_endpoint, aws_env):
+    """Another folder (another machine) of the run went on to step 2 and backed it up; this one, at step 1, went on
+    from its own step 1: it trained step 2 again, replaced its backup, and the record lost the other's attempt
+    (found by an audit). A folder behind its backup is now refused, naming both steps and the way out."""
+    from summrl.errors import ConfigError
+
+    ahead = storage_config(tmp_path / "ahead", s3_endpoint, "behind")
+    backup = CheckpointBackup.open(ahead)
+    for step in (1, 2):
+        write_checkpoint(ahead, step, f"step {step}".encode() * 100)
+        asyncio.run(backup.after_step(step))
+    behind = storage_config(tmp_path / "behind", s3_endpoint, "behind")
+    write_checkpoint(behind, 1, b"step 1" * 100)
+    with pytest.raises(ConfigError, match=r"^run.name=r1: s3://behind/summrl/summrl/r1 holds step 2, past this "
+                                          r"folder's latest checkpoint \(step 1\): .*\(hydra.run.dir=<new folder>\) to "
+                                          r"restore step 2, or set storage.restore=false"):
+        CheckpointBackup.open(behind).restore()
+    assert CheckpointBackup.open(storage_config(tmp_path / "behind", s3_endpoint, "behind",
+                                                "storage.restore=false")).restore() is None  # goes on from step 1
+    assert CheckpointBackup.open(ahead).restore() is None  # a folder at its backup's step goes on as before
+
+
 def test_a_machine_lost_while_a_checkpoint_goes_up_keeps_every_trained_steps_history_row_once(tmp_path, s3_endpoint,
                                                                                               aws_env, monkeypatch):
     """The checkpoint went up before the history: a machine lost in between left checkpoint 2 complete and history

@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from summrl.errors import ConfigError
 from summrl.job import comparable
@@ -106,6 +106,23 @@ def resolve_step(run: TrainedRun, spec: Union[str, int], key: str = "step") -> i
     return int(text)
 
 
+def load_trained(path: Path, key: str, groups: Any = ("model",)) -> Any:
+    """A run folder's saved training config, read: one cut short or edited by hand ended serve, export and the
+    benchmark in yaml's traceback, and an empty one in an error about an override the user never typed."""
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        saved = OmegaConf.load(path)
+    except Exception as e:  # yaml's errors, a file that is not text
+        raise ConfigError(f"{key}: {path} can't be read ({' '.join(str(e).split())[:200]}): it is not the config "
+                          f"python -m summrl.train saved; point {key} at a training run folder") from None
+    missing = [group for group in groups if not isinstance(saved, DictConfig) or group not in saved]
+    if missing:
+        raise ConfigError(f"{key}: {path} is not a training config (it has no {', '.join(missing)}): point {key} at a "
+                          "training run folder")
+    return saved
+
+
 def run_config(run: TrainedRun, key: str = "run_dir"):
     """The training config the run was made with (``storage.trained_config``: Hydra's, as its last training invocation
     saved it), typed and
@@ -120,7 +137,7 @@ def run_config(run: TrainedRun, key: str = "run_dir"):
     if not path.is_file():
         raise ConfigError(f"{key}: {path} is missing (python -m summrl.train writes it): point {key} at a training run "
                           "folder")
-    saved = OmegaConf.load(path)
+    saved = load_trained(path, key, KIND_SCHEMAS)
     for group, schemas in KIND_SCHEMAS.items():  # each group typed by its option's schema, as Hydra composed it
         kind = saved[group].get("kind")
         if kind not in schemas:

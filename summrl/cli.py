@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from hydra.errors import CompactHydraException, ConfigCompositionException
+from hydra.errors import CompactHydraException, ConfigCompositionException, OverrideParseException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -50,10 +50,14 @@ def run(main: Callable[[], object]) -> NoReturn:
             if full_errors():
                 raise
             _config_failure(config_error(e))
+        except OverrideParseException as e:  # a usage error (exit 2), not a bug (exit 1)
+            if full_errors():
+                raise
+            _config_failure(override_error(e))
         except CompactHydraException as e:  # a sweep's failed jobs (train.JobFailed), Hydra's own usage errors
             if full_errors():
                 raise
-            print(e, file=sys.stderr, flush=True)
+            print(redact_text(str(e)), file=sys.stderr, flush=True)
             sys.exit(1)
         except KeyboardInterrupt:  # an entry point with no interrupted path of its own (export, serve's start)
             failure = Failure("interrupted", f"stopped ({stop_signal()})")
@@ -62,6 +66,16 @@ def run(main: Callable[[], object]) -> NoReturn:
     except SystemExit as e:
         _exit(e.code)
     _exit(0)
+
+
+def override_error(e: OverrideParseException) -> ConfigError:
+    """Hydra's grammar error as one line naming the argument; an argument with no "=" (a run folder, typed as
+    summrl.report and summrl.sweep take one) also says how overrides are written."""
+    detail = "; ".join(line for line in e.message.splitlines()
+                       if not line.startswith(("Error parsing override", "See https://")))
+    hint = ("" if "=" in e.override else ": each argument is key=value (trainer.max_steps=5; a run folder is "
+            "run_dir=<folder> for serve and export, benchmark.run_dir=<folder> for the benchmark)")
+    return ConfigError(f"can't read the override {e.override!r}{hint} (Hydra: {detail})")
 
 
 # Hydra's flags that print the config (``--cfg job --resolve`` with its interpolations resolved, ``${oc.env:...}``
@@ -218,6 +232,6 @@ def _check_folder(config: DictConfig, key: str) -> None:
 
 def _config_failure(error: ConfigError) -> NoReturn:
     """A config error's one line on stderr (printed: logging is not set up before Hydra composes), and exit code 2."""
-    failure = Failure("config", str(error))
+    failure = Failure("config", redact_text(str(error)))  # a key typed as another setting's value: masked
     print(failure.line, file=sys.stderr, flush=True)
     sys.exit(failure.exit_code)

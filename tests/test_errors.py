@@ -1060,3 +1060,39 @@ def test_a_resume_refused_by_a_config_error_leaves_the_completed_run_completed(t
     with pytest.raises(ConfigError, match="trainer.groups_per_step=999"):
         asyncio.run(train(config, record))
     assert read_result(fresh)["status"] == "failed"
+
+
+def test_an_argument_without_equals_is_a_config_error_and_a_key_typed_as_a_value_is_masked(tmp_path):
+    """A run folder passed as summrl.report takes one (summrl.export runs/x) ended in Hydra's grammar error with exit 1,
+    the code of a bug; a key pasted as another setting's value was printed whole in the config error's line (found
+    by this stop's CLI audit)."""
+    secret = "AIzaSyFAKEKEY1234567890abcdefghijklmno"
+    bare = run_cli_module("summrl.export", [str(tmp_path)], {})
+    assert bare.returncode == 2 and "Traceback" not in bare.stderr, bare.stderr
+    assert f"summrl: config error: can't read the override '{tmp_path}': each argument is key=value" in bare.stderr
+    assert "run_dir=<folder> for serve and export" in bare.stderr
+    pasted = run_cli([f"trainer.max_steps={secret}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT,
+                     env={"GEMINI_API_KEY": secret})
+    assert pasted.returncode == 2 and "summrl: config error: trainer.max_steps: Value '***'" in pasted.stderr
+    assert secret not in pasted.stderr + pasted.stdout
+
+
+def test_a_run_folders_saved_config_that_cant_be_read_is_one_line_naming_it(tmp_path):
+    """serve, export and the benchmark read the run's .hydra/trained.yaml: one cut short ended in yaml's traceback,
+    and an empty one in "dataset is not in the config ... add it with +dataset=<value>" (found by this stop's CLI
+    audit)."""
+    import re
+
+    from summrl.checkpoints import load_trained
+    from summrl.errors import ConfigError
+
+    saved = tmp_path / "trained.yaml"
+    for text, said in (("model: [\n", r"can't be read \(while parsing"), ("", r"is not a training config \(it has no "
+                                                                          r"model, dataset\)"),
+                       ("- a\n- b\n", r"is not a training config")):
+        saved.write_text(text)
+        with pytest.raises(ConfigError, match=rf"^run_dir: {re.escape(str(saved))} {said}.*point run_dir at a "
+                                              r"training run folder"):
+            load_trained(saved, "run_dir", ("model", "dataset"))
+    saved.write_text("model:\n  base_model: m\ndataset:\n  kind: repliqa\n")
+    assert load_trained(saved, "run_dir", ("model", "dataset")).model.base_model == "m"

@@ -25,7 +25,7 @@ from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.keys import missing_model_keys
 from summrl.preflight import unknown_provider
-from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, sft_step
+from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, load_trained, sft_step
 from summrl.job import override_key, read_result
 from summrl.storage import trained_config
 from summrl.prompt import PROMPT_BEFORE_THE_OPTION
@@ -322,7 +322,7 @@ def _check_run_matches(config: BenchmarkConfig, run: TrainedRun) -> None:
     saved = trained_config(run.run_dir)
     if not saved.exists():
         return  # a run folder without Hydra's record (copied checkpoints): the adapter load checks shapes
-    trained = OmegaConf.load(saved)
+    trained = load_trained(saved, "benchmark.run_dir")
     choice = _saved_choice(run.run_dir, "model")
     fix = f"pass model={choice}" if choice else "select the model the run was trained with"
     base = OmegaConf.select(trained, "model.base_model")

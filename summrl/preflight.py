@@ -90,6 +90,10 @@ def teacher_key_problems(config: Any) -> list[str]:
 
 
 def check(config: Any) -> None:
-    found = problems(config)
+    refuse(problems(config))
+
+
+def refuse(found: list[str], what: str = "this run") -> None:
+    """PreflightError listing every item ``found`` (each with its fix), so that they are fixed at once."""
     if found:
-        raise PreflightError("this run can't start yet:\n" + "\n".join(f"  - {p}" for p in found))
+        raise PreflightError(f"{what} can't start yet:\n" + "\n".join(f"  - {p}" for p in found))

@@ -33,6 +33,7 @@ from summrl.errors import ConfigError, ExpectedFailure
 from summrl.judges import build_judge, missing_keys
 from summrl.judges.cache import JsonCache
 from summrl.judges.client import REQUEST_COST, SPEND_GUARD, SpendStopped
+from summrl.preflight import refuse
 from summrl.storage import latest_local_step
 from summrl.judges.questions import (Checked, QuestionBank, QuestionSettings, estimated_tokens, question_writer,
                                      totals)
@@ -265,9 +266,9 @@ def question_bank(config: Any, lookup_only: bool = False) -> QuestionBank:
     judge = None
     if config.judge.kind not in FREE_JUDGES:
         missing = missing_keys(config.judge)
-        if missing and not lookup_only:
-            raise ConfigError(f"dataset=documents: the judge writes the questions, and its key {missing[0]} is not set: "
-                              f"export {missing[0]}=... (or put it in .env), or use judge=lexical offline")
+        if missing and not lookup_only:  # a preflight error (exit 3), as training's preflight names the judge's key
+            refuse([f"dataset=documents: the judge writes the questions, and its key {missing[0]} is not set: "
+                    f"export {missing[0]}=... (or put it in .env), or use judge=lexical offline"], "question writing")
         judge = build_judge(replace(config.judge, cache_dir=None) if lookup_only else config.judge)
     settings = QuestionSettings(q.per_document, q.unanswerable_share, q.check)
     return QuestionBank(question_writer(config.judge, judge), settings, JsonCache(q.cache_dir))

@@ -141,8 +141,10 @@ def test_a_trainer_setting_the_benchmark_does_not_read_is_refused(tmp_path):
 def test_missing_key_stops_the_cli_before_anything_loads(tmp_path):
     result = run_benchmark_cli(["judge=lexical", f"hydra.run.dir={tmp_path / 'out'}"], timeout=60,
                                unset=("OPENROUTER_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"))
-    assert result.returncode == 2
-    assert "benchmark.models: openrouter/openai/gpt-4o needs OPENROUTER_API_KEY" in result.stderr
+    # a preflight error (exit 3) listing every key missing, as training's (a config error named one at a time)
+    assert result.returncode == 3, result.stderr
+    assert "summrl: preflight error: the benchmark can't start yet:" in result.stderr
+    assert "  - benchmark.models: openrouter/openai/gpt-4o needs OPENROUTER_API_KEY" in result.stderr
     assert not (tmp_path / "out" / "rows.csv").exists()
 
 
@@ -1037,7 +1039,8 @@ def test_a_misspelled_judge_or_rubrics_it_cannot_read_stop_the_benchmark_before_
     from tests.conftest import repliqa_rows
 
     monkeypatch.setenv("GEMINI_API_KEY", "planted")
-    with pytest.raises(ConfigError, match=r"^judge.model=gemini-2.5-flsh: litellm can't tell which provider serves it"):
+    with pytest.raises(ConfigError, match=r"\n  - judge.model=gemini-2.5-flsh: litellm can't tell which provider "
+                                          r"serves it"):
         check_keys(compose_benchmark(["experiment=local", "judge=gemini_flash", "judge.model=gemini-2.5-flsh"],
                                      tmp_path))
     data = [{**r, "positive_rubrics": ["Keeps the cost."]} for r in repliqa_rows(4)]

@@ -465,6 +465,12 @@ def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, c
     out = capsys.readouterr().out
     assert "summrl: questions: 10 documents to write questions for (0 cached): judge gemini/gemini-2.5-flash" in out
     assert "writing them needs GEMINI_API_KEY (the judge's key): export it, or put it in .env" in out
+    # prepare with the key missing: a preflight error (exit 3), as training's names the key (it was a config error)
+    with pytest.raises(SystemExit) as refused:
+        main(["prepare", *args, "judge=gemini_flash"])
+    assert refused.value.code == 3
+    assert ("summrl: preflight error: question writing can't start yet:\n  - dataset=documents: the judge writes the "
+            "questions, and its key GEMINI_API_KEY is not set") in capsys.readouterr().err
     main(["prepare", *args])
     out = capsys.readouterr().out
     assert "prepared 10 documents" in out and "10 written now, 0 from the cache" in out

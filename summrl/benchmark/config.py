@@ -24,7 +24,7 @@ from summrl.config import (EMBEDDED_JUDGES, ModelConfig, StorageConfig, TrainerC
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.keys import missing_model_keys
-from summrl.preflight import unknown_provider
+from summrl.preflight import refuse, unknown_provider
 from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, load_trained, sft_step
 from summrl.job import override_key, read_result
 from summrl.storage import trained_config
@@ -412,23 +412,23 @@ def _saved_choice(run_dir: Path, group: str) -> Optional[str]:
 
 
 def check_keys(config: BenchmarkConfig) -> None:
-    """Every key a paid model or judge needs, before anything is loaded or called."""
-    for name in missing_keys(config.judge):
-        raise ConfigError(f"judge={config.choices.get('judge') or config.judge.kind} needs {name}: export it or put it in .env")
+    """Every key a paid model or judge needs, before anything is loaded or called: all of them in one preflight error
+    (exit 3), as training lists its own (a config error named one at a time)."""
+    found = [f"judge={config.choices.get('judge') or config.judge.kind} needs {name}: export it or put it in .env"
+             for name in missing_keys(config.judge)]
     if config.judge.kind == "litellm":  # a misspelled judge failed at its first call, the models' summaries bought
-        for problem in unknown_provider(config.judge, "judge"):
-            raise ConfigError(problem)
+        found += unknown_provider(config.judge, "judge")
     for i, entry in enumerate(config.benchmark.models):
         model = entry.model if isinstance(entry, BestOfNEntry) else entry
         if model is None:
             continue
-        for problem in unknown_provider(model, f"benchmark.models.{i}"):
-            raise ConfigError(problem)
+        found += unknown_provider(model, f"benchmark.models.{i}")
         missing = missing_model_keys(model)
         if missing:
             other = "" if model.api_key_env else " (or name another with the entry's api_key_env)"
-            raise ConfigError(f"benchmark.models: {entry.label} needs {' or '.join(missing)}: export it or put it in "
-                              f".env{other}")
+            found.append(f"benchmark.models: {entry.label} needs {' or '.join(missing)}: export it or put it in "
+                         f".env{other}")
+    refuse(found, "the benchmark")
 
 
 def same_command(config: BenchmarkConfig, overrides: list[str]) -> str:

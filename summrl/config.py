@@ -1133,8 +1133,13 @@ def config_error(e: BaseException, prefix: str = "") -> ConfigError:
     typed on its own (a weighted reward's term)."""
     cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
     if not isinstance(cause, OmegaConfBaseException) or not cause.full_key:
-        text = str(e).split("Config search path")[0]  # e.g. an unknown option: Hydra lists the available ones
-        return ConfigError(" ".join(text.split()))
+        text = " ".join(str(e).split("Config search path")[0].split())  # e.g. an unknown option: Hydra lists them
+        # a group this command does not have: Hydra's fix (+experiment=local) failed in turn on serve and export
+        if group := re.match(r"Could not override '([\w.]+)'\. No match in the defaults list", text):
+            return ConfigError(f"{group[1]}: this command has no such config group (--help lists its groups; serve "
+                               "and export read the model and settings the run trained with from its run folder): "
+                               "drop it")
+        return ConfigError(text)
     key = ".".join(p for p in (prefix, str(cause.full_key)) if p)
     schema = cause.object_type if isinstance(cause.object_type, type) else None
     name = schema.__name__ if schema else "the config"

@@ -1071,6 +1071,10 @@ def test_an_argument_without_equals_is_a_config_error_and_a_key_typed_as_a_value
     assert bare.returncode == 2 and "Traceback" not in bare.stderr, bare.stderr
     assert f"summrl: config error: can't read the override '{tmp_path}': each argument is key=value" in bare.stderr
     assert "run_dir=<folder> for serve and export" in bare.stderr
+    # the training command's experiment= passed again: Hydra's fix (+experiment=local) failed in turn
+    again = run_cli_module("summrl.export", [f"run_dir={tmp_path}", "experiment=local"], {})
+    assert again.returncode == 2 and "summrl: config error: experiment: this command has no such config group" in \
+        again.stderr, again.stderr
     pasted = run_cli([f"trainer.max_steps={secret}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT,
                      env={"GEMINI_API_KEY": secret})
     assert pasted.returncode == 2 and "summrl: config error: trainer.max_steps: Value '***'" in pasted.stderr

@@ -190,12 +190,14 @@ def write_result(run_dir: str | Path, result: dict) -> None:
 
 
 def read_result(run_dir: str | Path) -> Optional[dict]:
-    """The run's result.json, or None: none yet, or one a crash left unreadable (written before write_atomic)."""
+    """The run's result.json, or None: none yet, one a crash left unreadable (written before write_atomic), or JSON
+    that is no record (a list: summrl.sweep status ended in a traceback on one)."""
     path = Path(run_dir) / RESULT_FILE
     try:
-        return json.loads(path.read_text()) if path.is_file() else None
+        record = json.loads(path.read_text()) if path.is_file() else None
     except (ValueError, UnicodeDecodeError):
         return None
+    return record if isinstance(record, dict) else None
 
 
 def comparable(history: list[dict]) -> list[dict]:

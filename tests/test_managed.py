@@ -764,3 +764,16 @@ def test_a_sweep_read_back_from_no_command_line_is_priced_as_its_jobs_so_far(mon
         found = plan.estimates(config, ["seed=2"], 2)
     assert found == [pricing.estimate_run(config)] * 3
     assert "the sweep so far is priced as 3 jobs of this one's estimate" in caplog.text
+
+
+def test_a_job_record_that_is_not_a_submission_is_passed_over_by_the_sweep_commands(tmp_path):
+    """A job's result.json that is valid JSON but no record ([1]), or a managed_job without its backup, ended
+    summrl.sweep status in a traceback (AttributeError, KeyError) (found by this stop's CLI audit)."""
+    from summrl.cloud.sweep import submitted
+    from summrl.job import read_result
+
+    for num, record in enumerate(([1], {"managed_job": {"id": 3}}, {"managed_job": {"id": 4, "backup": {}}})):
+        (tmp_path / str(num)).mkdir()
+        (tmp_path / str(num) / "result.json").write_text(json.dumps(record))
+    assert read_result(tmp_path / "0") is None
+    assert [(job.name, managed["id"]) for job, managed in submitted(tmp_path)] == [("2", 4)]

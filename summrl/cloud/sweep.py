@@ -39,8 +39,8 @@ def submitted(folder: Path) -> list[tuple[Path, dict]]:
     found = []
     for job in job_folders(folder):
         managed = (read_result(job) or {}).get("managed_job")
-        if managed:
-            found.append((job, managed))
+        if isinstance(managed, dict) and "id" in managed and isinstance(managed.get("backup"), dict):
+            found.append((job, managed))  # (a record edited by hand, without them, was a KeyError)
     return found
 
 

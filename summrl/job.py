@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

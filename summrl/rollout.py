@@ -78,6 +78,19 @@ async def rollout(
     )
 
 
+def longest_prompt(engine: Any, documents: Sequence[Document], prompt: SummaryPrompt,
+                   room: int) -> Optional[tuple[int, Document]]:
+    """(tokens, document) of the longest prompt among the documents whose prompt could take more than ``room`` tokens;
+    None when none could. A token holds at least one byte of the text (plus a few at the template's joins): only a
+    document whose bytes could overflow is tokenized (none of Repliqa's at the defaults; all of its 3,591 would take
+    about 4 s here)."""
+    instructions = len(engine.encode_chat(prompt.messages(replace(documents[0], text=""))))
+    near = [d for d in documents if instructions + len(d.text.encode()) + 16 > room]
+    if not near:
+        return None
+    return max(((len(engine.encode_chat(prompt.messages(d))), d) for d in near), key=lambda pair: pair[0])
+
+
 def check_context(engine: Any, documents: Sequence[Document], prompt: SummaryPrompt, max_tokens: int) -> None:
     """Refuse a run whose summary requests can't fit the policy's context (``engine.context_length``): the longest
     document's prompt plus ``trainer.max_summary_tokens``. The server refuses such a request, as vLLM does; checked
@@ -85,15 +98,9 @@ def check_context(engine: Any, documents: Sequence[Document], prompt: SummaryPro
     context = engine.context_length
     if context is None or not documents:
         return
-    # A token holds at least one byte of the text (plus a few at the template's joins): only a document whose bytes
-    # could overflow is tokenized (none of Repliqa's at the defaults; all of its 3,591 would take about 4 s here).
-    instructions = len(engine.encode_chat(prompt.messages(replace(documents[0], text=""))))
-    near = [d for d in documents if instructions + len(d.text.encode()) + 16 + max_tokens > context]
-    if not near:
-        return
-    longest, document = max(((len(engine.encode_chat(prompt.messages(d))), d) for d in near),
-                            key=lambda pair: pair[0])
-    if longest + max_tokens > context:
+    found = longest_prompt(engine, documents, prompt, context - max_tokens)
+    if found and found[0] + max_tokens > context:
+        longest, document = found
         room = context - longest
         raise ConfigError(
             f"trainer.max_summary_tokens={max_tokens}: the policy's context is {context} tokens and the longest "
@@ -106,19 +113,15 @@ def check_packing(engine: Any, documents: Sequence[Document], prompt: SummaryPro
                   packed_length: Optional[int]) -> None:
     """Refuse a ``backend.packed_sequence_length`` that a group of full-length summaries can't fit: the longest train
     prompt once, then ``rollouts`` summaries of up to ``max_tokens``, each with the prompt's last token (ART's
-    tokenization counts it in each completion, whose first logprob it predicts). The step that met such a group refused it (its
-    update would be of nothing) after the rollouts and judge calls were paid for; checked here, as ``check_context``
-    is, once the model loads. Only the documents whose bytes could overflow are tokenized, as there."""
+    tokenization counts it in each completion, whose first logprob it predicts). The step that met such a group
+    refused it (its update would be of nothing) after the rollouts and judge calls were paid for; checked here, as
+    ``check_context`` is, once the model loads."""
     if packed_length is None or not documents:
         return
     completions = rollouts * (max_tokens + 1) - 1
-    instructions = len(engine.encode_chat(prompt.messages(replace(documents[0], text=""))))
-    near = [d for d in documents if instructions + len(d.text.encode()) + 16 + completions > packed_length]
-    if not near:
-        return
-    longest, document = max(((len(engine.encode_chat(prompt.messages(d))), d) for d in near),
-                            key=lambda pair: pair[0])
-    if longest + completions > packed_length:
+    found = longest_prompt(engine, documents, prompt, packed_length - completions)
+    if found and found[0] + completions > packed_length:
+        longest, document = found
         raise ConfigError(
             f"backend.packed_sequence_length={packed_length}: a group can pack into {longest + completions} tokens "
             f"(the longest prompt, document {document.id}, {longest} tokens once, then trainer.rollouts_per_group="

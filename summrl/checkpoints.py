@@ -106,9 +106,10 @@ def resolve_step(run: TrainedRun, spec: Union[str, int], key: str = "step") -> i
     return int(text)
 
 
-def load_trained(path: Path, key: str, groups: Any = ("model",)) -> Any:
-    """A run folder's saved training config, read: one cut short or edited by hand ended serve, export and the
-    benchmark in yaml's traceback, and an empty one in an error about an override the user never typed."""
+def load_trained(path: Path, key: str, groups: Any = ()) -> Any:
+    """A run folder's saved training config, read, with each of ``groups`` in it: one cut short or edited by hand
+    ended serve, export and the benchmark in yaml's traceback, and an empty one in an error about an override the
+    user never typed."""
     from omegaconf import DictConfig, OmegaConf
 
     try:

@@ -469,8 +469,9 @@ def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, c
     with pytest.raises(SystemExit) as refused:
         main(["prepare", *args, "judge=gemini_flash"])
     assert refused.value.code == 3
-    assert ("summrl: preflight error: question writing can't start yet:\n  - dataset=documents: the judge writes the "
-            "questions, and its key GEMINI_API_KEY is not set") in capsys.readouterr().err
+    said = capsys.readouterr().err + caplog.text  # (printed, or logged where an earlier test set logging up)
+    assert ("question writing can't start yet:\n  - dataset=documents: the judge writes the questions, and its key "
+            "GEMINI_API_KEY is not set") in said and "preflight error" in said
     main(["prepare", *args])
     out = capsys.readouterr().out
     assert "prepared 10 documents" in out and "10 written now, 0 from the cache" in out

@@ -66,6 +66,7 @@ class WandbTracker(Tracker):
         # past every check (``trains``). Sent at the start, a resume then refused (another reward, a declined cost)
         # overwrote the config of the W&B run it had left as it was.
         self.config_pending = history_path.exists()
+        name = redact_text(job.name)
         self.run = wandb.init(
             project=logger.project,
             entity=logger.entity,
@@ -73,7 +74,8 @@ class WandbTracker(Tracker):
             id=wandb_id(config.run.name),
             resume="allow",
             group=job.sweep,
-            name=redact_text(job.name),
+            # A resume keeps the W&B run's name: its overrides (a raised trainer.max_steps) named another run.
+            name=None if self.config_pending else name,
             tags=[f"{g}={job.choices[g]}" for g in TAG_GROUPS if job.choices.get(g)],
             config=None if self.config_pending else self.config,
             dir=config.run.dir,
@@ -81,6 +83,8 @@ class WandbTracker(Tracker):
             reinit="create_new",
             settings=wandb.Settings(console="off", x_disable_stats=True),
         )
+        if self.config_pending and not getattr(self.run, "resumed", False):  # a folder's first W&B run
+            self.run.name = name
         self.run.define_metric("training_step")
         self.run.define_metric("*", step_metric="training_step")
         self.samples = logger.log_samples

@@ -356,6 +356,39 @@ def test_a_resumed_wandb_run_gets_this_invocations_config_only_once_it_trains(tm
     assert records[new_dir]["config"]["trainer.max_steps"] == 7
 
 
+def test_a_resume_keeps_its_wandb_runs_name_and_a_folders_first_wandb_run_gets_its_own(tmp_path, monkeypatch):
+    """W&B renames a run resumed with a name: a resume with a raised trainer.max_steps renamed the W&B run after that
+    override (W&B itself can't be reached here, and offline it never resumes: its init is recorded, as a W&B run)."""
+    import types
+
+    import wandb
+
+    from summrl.job import JobInfo
+    from summrl.tracking import open_tracker
+    from tests.conftest import compose_config
+
+    def opened(resumed: bool, holds_a_run: bool):
+        run_dir = tmp_path / f"{resumed}-{holds_a_run}"
+        run_dir.mkdir()
+        if holds_a_run:
+            (run_dir / "history.jsonl").write_text(json.dumps({"training_step": 0, "val/reward": 0.25}) + "\n")
+        inits = []
+
+        def init(**kwargs):
+            inits.append(kwargs)
+            return types.SimpleNamespace(name=kwargs["name"] or "the-runs-own-name", resumed=resumed, summary={},
+                                         define_metric=lambda *a, **k: None)
+
+        monkeypatch.setattr(wandb, "init", init)
+        config = compose_config(["experiment=local", "logger=wandb", f"run.dir={run_dir}", "run.name=r"])
+        tracker = open_tracker(config, JobInfo(overrides=["trainer.max_steps=9"]), run_dir / "history.jsonl")
+        return inits[0]["name"], tracker.run.name
+
+    assert opened(resumed=True, holds_a_run=True) == (None, "the-runs-own-name")
+    assert opened(resumed=False, holds_a_run=True) == (None, "trainer.max_steps=9")  # logger=wandb from now on
+    assert opened(resumed=False, holds_a_run=False) == ("trainer.max_steps=9", "trainer.max_steps=9")
+
+
 @pytest.mark.slow
 def test_a_wandb_key_refused_at_the_start_records_a_complete_failed_run_keeping_the_earlier_one(tmp_path, monkeypatch):
     """W&B refuses the key before the loop has recorded anything (the tracker opens first): one W&B line, exit 7,

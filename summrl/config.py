@@ -456,7 +456,7 @@ def _check_calls(client: Any, at: str) -> None:
     check_api_base(getattr(client, "api_base", None), f"{at}.api_base")
 
 
-def check_api_base(url: Optional[str], at: str) -> None:
+def check_api_base(url: Optional[str], at: str, example: str = "http://localhost:8000/v1") -> None:
     """An OpenAI-compatible server's base URL: http(s)://host[:port][/path]. One without its scheme (localhost:8000/v1)
     was taken, and every call failed as a connection error after the model loaded and val ran, retried and backed off,
     with "rerun the same command" for a fix."""
@@ -467,8 +467,22 @@ def check_api_base(url: Optional[str], at: str) -> None:
         fine = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
     except ValueError:  # a port that is not a number
         fine = False
-    _require(fine, at, f"must be an http:// or https:// URL with a host, e.g. http://localhost:8000/v1; "
+    _require(fine, at, f"must be an http:// or https:// URL with a host, e.g. {example}; "
                        f"got {redact_text(str(url))!r}")
+
+
+def bucket_problem(bucket: Optional[str], at: str) -> Optional[str]:
+    """An S3 bucket given as a URL or a path (s3://b, b/runs): boto3 refused it only at the first request, on a rented
+    cluster after its setup, or as "can't reach S3". ``at`` names where it came from; a name from $BACKUP_BUCKET
+    travels as a secret, so the message does not echo it."""
+    if bucket is None or str(bucket).startswith("${"):
+        return None
+    name = str(bucket)
+    if name and not any(c in name for c in "/: \t") and len(name) <= 255:
+        return None
+    shown = "" if at.startswith("$") else f" {name!r}"
+    return (f"{at} is{shown} not a bucket name: give the bucket's name alone, e.g. my-bucket (a folder within it is "
+            "storage.prefix)")
 
 
 @dataclass
@@ -857,6 +871,19 @@ class SkyPilotBackendConfig:
             parse_accelerators(c.accelerators, f"backend.candidates.{i}.accelerators")
         _require(self.failover in FAILOVER, "backend.failover",
                  f"must be cheapest (SkyPilot's any_of) or ordered, got {self.failover!r}")
+        # settings the task would drop without a word: the machine is the candidates' when they are given
+        if self.candidates:
+            for key in ("infra", "accelerators"):
+                value, default = getattr(self, key), getattr(SkyPilotBackendConfig, key)
+                _require(value == default, f"backend.{key}",
+                         f"is {value}, but backend.candidates lists the machines and only they are asked for: put "
+                         f"{key}: {value} in a candidate, or leave backend.{key} out")
+        _require(self.failover != "ordered" or len(self.candidates) > 1, "backend.failover",
+                 f"is ordered, but backend.candidates lists {len(self.candidates)} machines: list two or more to try in "
+                 "order, or leave backend.failover out")
+        _require(self.managed or self.job_recovery == JobRecoveryConfig(), "backend.job_recovery",
+                 "is how SkyPilot recovers a managed job, and this job is not managed: add backend.managed=true, or "
+                 "leave backend.job_recovery out")
         spot = self.use_spot or any(c.use_spot for c in self.candidates)
         _require(not spot or self.managed, "backend.use_spot",
                  "a spot pod is interrupted without notice and only a managed job comes back: add backend.managed=true")
@@ -904,6 +931,10 @@ class StorageConfig:
         _require(self.backup_every > 0, "storage.backup_every", f"must be > 0, got {self.backup_every}")
         _require(not self.prefix.startswith("/") and not self.prefix.endswith("/"), "storage.prefix",
                  f"must not start or end with '/', got {self.prefix!r}")
+        check_api_base(self.endpoint_url, "storage.endpoint_url", "http://localhost:9000")
+        problem = bucket_problem(self.bucket, "storage.bucket")
+        if problem:
+            raise ConfigError(problem)
 
 
 # --------------------------------------------------------------------------- logger
@@ -1464,6 +1495,12 @@ def check(config: Config) -> None:
             _require(length is None or length > summary, f"{gpu.at}.{key}",
                      f"{length} tokens leave no room for the prompt beside trainer.max_summary_tokens ({summary}): "
                      f"raise {gpu.at}.{key}, or lower trainer.max_summary_tokens")
+    # Only the embedded engine reads model.weights: vLLM, Unsloth and W&B load model.base_model from the hub, so a
+    # GPU run would train other weights than the ones named (and data's token counts would read the named ones).
+    _require(config.model.weights is None or config.backend.kind == "embedded", "model.weights",
+             f"is {config.model.weights}, which only backend=embedded loads; backend={config.backend.kind} loads "
+             f"model.base_model ({config.model.base_model}) from the Hugging Face hub: add model.weights=null, "
+             "or use backend=embedded")
     if config.backend.kind == "serverless" and config.model.chat_template_kwargs:
         # ART 0.5.18 sends them only from LocalBackend's model (its _internal_config); W&B's trainer renders without
         raise ConfigError(f"model.chat_template_kwargs={dict(config.model.chat_template_kwargs)}: backend=serverless "

@@ -14,7 +14,7 @@ from summrl.data.split import DataError
 from summrl.errors import ConfigError
 from summrl.judges import missing_keys
 from summrl.keys import key_names, missing_model_keys
-from summrl.storage import resolve_bucket
+from summrl.storage import bucket_problems, resolve_bucket
 
 
 class PreflightError(ConfigError):
@@ -53,7 +53,7 @@ def problems(config: Any) -> list[str]:
     if config.storage.enabled and not resolve_bucket(config.storage):
         found.append("storage.enabled=true needs a bucket: set BACKUP_BUCKET in the environment or .env, "
                      "or storage.bucket=<name>; or turn backups off with storage.enabled=false")
-    return found
+    return found + bucket_problems(config.storage)
 
 
 def unknown_provider(entry: Any, at: str) -> list[str]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from summrl.config import bucket_problem
 from summrl.errors import ConfigError, ExpectedFailure, is_network
 from summrl.job import read_result, write_atomic
 
@@ -68,6 +69,14 @@ class StorageError(ExpectedFailure, RuntimeError):
 def resolve_bucket(storage: Any) -> Optional[str]:
     """``storage.bucket``, else $BACKUP_BUCKET (from the environment or .env)."""
     return storage.bucket or os.environ.get("BACKUP_BUCKET") or None
+
+
+def bucket_problems(storage: Any) -> list[str]:
+    """The bucket a backup would use, when it is a URL or a path rather than a name (storage.bucket is checked as the
+    config is typed; $BACKUP_BUCKET only here, before anything runs)."""
+    bucket = resolve_bucket(storage) if storage.enabled else None
+    problem = bucket_problem(bucket, "storage.bucket" if storage.bucket else "$BACKUP_BUCKET")
+    return [problem] if problem else []
 
 
 def bucket_label(storage: Any) -> str:

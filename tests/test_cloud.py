@@ -221,7 +221,7 @@ def test_the_preflight_follows_the_candidates_and_refuses_a_judge_on_loopback(tm
     elsewhere = "backend.candidates=[{infra: lambda, accelerators: 'H100:1'}, {infra: aws, accelerators: 'H100:1'}]"
     assert not any("runpod" in p for p in launch.preflight(launcher_config(elsewhere)))
     on_runpod = "backend.candidates=[{infra: aws, accelerators: 'H100:1'}, {infra: runpod, accelerators: 'H100:1'}]"
-    assert any(".runpod/config.toml" in p for p in launch.preflight(launcher_config("backend.infra=aws", on_runpod)))
+    assert any(".runpod/config.toml" in p for p in launch.preflight(launcher_config(on_runpod)))
     judge = ["judge=openai_compatible", "judge.model=openai/j", "judge.api_base=http://localhost:8000/v1"]
     assert any(p.startswith("judge.api_base=http://localhost:8000/v1 is on this machine (loopback)")
                for p in launch.preflight(launcher_config(*judge)))
@@ -472,6 +472,11 @@ def test_preflight_lists_every_missing_item_before_provisioning(tmp_path, monkey
                  "AWS_SECRET_ACCESS_KEY"):
         assert item in message
     assert fake.calls == []
+    # a bucket given as a URL: boto3 refused it only on the cluster, after its paid setup
+    monkeypatch.setenv("BACKUP_BUCKET", "s3://planted-bucket")
+    with pytest.raises(PreflightError, match=r"\$BACKUP_BUCKET is not a bucket name") as e:
+        run_on_cluster(default_config(), [], None)
+    assert "planted-bucket" not in str(e.value) and fake.calls == []
 
 
 def test_wandb_mode_reaches_the_remote_job_and_only_an_online_run_needs_the_wandb_key(cloud_env, monkeypatch):

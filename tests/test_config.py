@@ -17,7 +17,8 @@ LOCAL = ["experiment=local"]
 
 
 # Choices that need another group's option beside them: judge=local runs on the embedded backend only.
-NEEDS = {("backend", b): ["judge=lexical"] for b in group_options("backend") if b != "embedded"}
+# GPU backends load model.base_model from the hub: experiment=local's model.weights (a .gguf) is the embedded engine's.
+NEEDS = {("backend", b): ["judge=lexical", "model.weights=null"] for b in group_options("backend") if b != "embedded"}
 NEEDS[("dataset", "documents")] = ["dataset.path=tests/fixtures/documents"]  # your documents: where they are
 
 
@@ -226,6 +227,25 @@ def test_bad_values_name_the_key(override, message):
     # checked as judge.api_base is: a URL without its scheme failed only once the run had started
     (["backend=serverless", "storage.enabled=false", "backend.base_url=localhost:9"],
      r"backend.base_url: must be an http:// or https:// URL with a host"),
+    # settings the SkyPilot task dropped without a word (found by an audit): the machines are the candidates', an
+    # order needs two of them, and job recovery is a managed job's
+    (["backend=skypilot", "judge=lexical", "model.weights=null", "backend.accelerators=A100:1",
+      "+backend.candidates=[{accelerators: 'H100:1', infra: runpod}]"],
+     r"backend.accelerators: is A100:1, but backend.candidates lists the machines .* put accelerators: A100:1 in a "
+     r"candidate, or leave backend.accelerators out"),
+    (["backend=skypilot", "judge=lexical", "model.weights=null", "backend.infra=lambda",
+      "+backend.candidates=[{accelerators: 'H100:1', infra: runpod}]"], r"backend.infra: is lambda, but"),
+    (["backend=skypilot", "judge=lexical", "model.weights=null", "backend.failover=ordered"],
+     r"backend.failover: is ordered, but backend.candidates lists 0 machines: list two or more"),
+    (["backend=skypilot", "judge=lexical", "model.weights=null", "backend.job_recovery.strategy=FAILOVER"],
+     r"backend.job_recovery: is how SkyPilot recovers a managed job, and this job is not managed: add "
+     r"backend.managed=true"),
+    # boto3 refused them only at its first request: on a cluster after its paid setup, or as "can't reach S3"
+    (["storage.endpoint_url=localhost:9000"],
+     r"storage.endpoint_url: must be an http:// or https:// URL with a host, e.g. http://localhost:9000"),
+    (["storage.bucket=s3://my-bucket"], r"storage.bucket is 's3://my-bucket' not a bucket name: give the bucket's "
+                                        r"name alone, e.g. my-bucket \(a folder within it is storage.prefix\)"),
+    (["storage.bucket=my-bucket/runs"], r"storage.bucket is 'my-bucket/runs' not a bucket name"),
     (["backend.json_max_string_chars=0"], r"backend.json_max_string_chars: must be > 0"),
     (["backend.device=cuda:abc"], r"backend.device: must be auto, cpu, cuda, cuda:N or mps"),
     (["dataset.files=[]"], r"dataset.files: is an empty list, which would read the hub instead"),
@@ -334,6 +354,9 @@ def test_a_key_a_map_lacks_is_named_with_what_the_map_holds_and_how_to_add_it(ov
     (["backend.spot_fallback=true"], ["backend.use_spot=true", "backend.managed=true"], True),
     # the remote job runs ART's GPU backend: without the gpu extra it failed on the cluster, after the paid setup
     (["backend.extras=dev"], ["backend.extras=gpu\\,dev"], False),
+    # only the embedded engine reads model.weights: vLLM would have trained the hub's weights of model.base_model
+    ([*LOCAL, "backend=local_gpu", "judge=lexical"], ["model.weights=null"], True),
+    ([*LOCAL, "backend=skypilot", "judge=lexical"], ["model.weights=null"], True),
 ])
 def test_the_fix_an_error_names_is_written_as_a_shell_takes_it_and_composes(overrides, fix, keep):
     """The message holds the fix as it is to be typed (``shlex.join``); typed, the config composes."""
@@ -410,6 +433,12 @@ def test_a_missing_judge_key_fails_before_anything_loads(tmp_path):
     assert "the judge's key is not set: export GEMINI_API_KEY or put it in .env" in result.stderr
     assert "storage.enabled=true needs a bucket: set BACKUP_BUCKET" in result.stderr
     assert not (tmp_path / "run" / "art").exists()
+    # a bucket from the environment that is a URL: named by its variable (it travels as a secret), not echoed
+    result = run_cli(["experiment=local", "storage.enabled=true", f"hydra.run.dir={tmp_path}/run2"], cwd=ROOT,
+                     timeout=60, env={"BACKUP_BUCKET": "s3://planted-bucket"})
+    assert result.returncode == 3
+    assert "$BACKUP_BUCKET is not a bucket name: give the bucket's name alone" in result.stderr
+    assert "planted-bucket" not in result.stderr + result.stdout
 
 
 @pytest.mark.parametrize("judge,model,key", [
@@ -645,7 +674,8 @@ def test_ordinary_setup_commands_pass_the_typed_key_check():
                     "pip install git+https://github.com/x/y@3f2a9c1d0e4b5a6978877665544332211aabbccd",
                     "export TOKENIZERS_PARALLELISM=false HF_HUB_ENABLE_HF_TRANSFER=1",
                     "echo sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"):
-        config = compose_config([*LOCAL, "judge=lexical", "backend=skypilot", f"backend.setup='{command}'"])
+        config = compose_config([*LOCAL, "judge=lexical", "backend=skypilot", "model.weights=null",
+                                 f"backend.setup='{command}'"])
         assert config.backend.setup == command
 
 

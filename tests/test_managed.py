@@ -660,15 +660,17 @@ PREEMPT_ARGS = ["experiment=local", "backend=skypilot", "backend.managed=true", 
                 "storage.bucket=preempt"]
 
 
-def local_command(task_run: str, run_dir) -> list[str]:
+def local_command(task_run: str, run_dir, weights: str) -> list[str]:
     """The managed job's own command (its task's last line), with the GPU backend it asks for swapped for the
-    embedded one: this machine has no GPU. Everything else (run name, data, trainer, storage) is the job's."""
+    embedded one and ``weights`` (``model.weights=...``) for the hub's: this machine has no GPU and no network.
+    Everything else (run name, data, trainer, storage) is the job's."""
     import shlex
 
     args = shlex.split(task_run.splitlines()[-1])
     assert args[:3] == ["python", "-m", "summrl.train"] and "backend=local_gpu" in args
-    kept = [a for a in args[3:] if a != "backend=local_gpu" and not a.startswith(("backend.", "++backend."))]
-    return [sys.executable, "-m", "summrl.train", *kept, "backend=embedded", f"hydra.run.dir={run_dir}"]
+    kept = [a for a in args[3:] if a != "backend=local_gpu" and not a.startswith(("backend.", "++backend.",
+                                                                                  "model.weights="))]
+    return [sys.executable, "-m", "summrl.train", *kept, "backend=embedded", weights, f"hydra.run.dir={run_dir}"]
 
 
 def test_a_preempted_managed_job_resumes_from_s3_with_no_step_repeated_or_lost(cloud_env, tmp_path, s3_endpoint,
@@ -680,9 +682,9 @@ def test_a_preempted_managed_job_resumes_from_s3_with_no_step_repeated_or_lost(c
     from summrl.testing import FakeLLM
     from tests.conftest import CREDENTIALS, keys
 
-    overrides = [*PREEMPT_ARGS, tiny_weights, f"storage.endpoint_url={s3_endpoint}"]
+    overrides = [*PREEMPT_ARGS, "model.weights=null", f"storage.endpoint_url={s3_endpoint}"]  # a GPU loads the hub's
     config = default_config(*overrides)
-    command = local_command(build_task(config, overrides, "summrl-preempt").run, tmp_path / "run")
+    command = local_command(build_task(config, overrides, "summrl-preempt").run, tmp_path / "run", tiny_weights)
     # The job's environment on a recovered machine: the same secrets, and SkyPilot's managed job id.
     env = {**os.environ, **CREDENTIALS, "SKYPILOT_MANAGED_JOB_ID": "41", "PYTHONUNBUFFERED": "1"}
     prefix = "summrl/summrl/summary-rl/"

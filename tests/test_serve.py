@@ -490,7 +490,8 @@ def test_requests_that_arrive_together_reach_the_embedded_server_as_one_burst(mo
         alone = tags(embedded, [0.0, 0.6])  # a group closes: the next request starts another
         assert [t["size"] for t in alone] == [2, 2] and alone[0]["id"] != alone[1]["id"]
         assert tags(embedded, [0.0, 0.15], chat=True) == [None, None]
-        assert tags(["experiment=local", "backend=local_gpu", "judge=lexical"], [0.0, 0.15]) == [None, None]
+        assert tags(["experiment=local", "backend=local_gpu", "judge=lexical", "model.weights=null"],
+                    [0.0, 0.15]) == [None, None]
 
 
 def test_the_online_loop_serve_record_train_reload(run_copy, tmp_path, tiny_weights):
@@ -702,7 +703,8 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
         section = ServeSection(api_key_env="SERVE_TEST_KEY", record=True, max_document_tokens=100)
         service = app.Service(ServeConfig(run=SimpleNamespace(name="r", run_dir=tmp_path), step=1, follow="fixed",
                                           train=compose_config(["experiment=local", "backend=local_gpu",
-                                                                "judge=lexical"]), serve=section))
+                                                                "judge=lexical", "model.weights=null"]),
+                                          serve=section))
         with TestClient(app.build_app(service)) as client:
             client.portal.call(service.start)
             key = {"Authorization": "bearer k-123"}  # the scheme is case-insensitive (RFC 7235)

@@ -224,7 +224,8 @@ def test_best_of_n_sends_each_wave_of_documents_as_one_burst_to_the_embedded_ser
     # a backend whose server does not read the tag is not sent it
     with FakeLLM() as server:
         config = compose_config(["experiment=local", "judge=lexical", "sft=best_of_n", "sft.samples_per_doc=2",
-                                 "sft.max_docs=2", "backend=local_gpu", f"run.dir={tmp_path / 'gpu'}"])
+                                 "sft.max_docs=2", "backend=local_gpu", "model.weights=null",
+                                 f"run.dir={tmp_path / 'gpu'}"])
         policy = art.Model(name="policy", project="p", inference_api_key="k", inference_base_url=server.base_url)
         asyncio.run(collect(config, policy, lexical_reward(config), train_split(config)))
         assert len(server.requests) == 4 and not any("summrl_burst" in r for r in server.requests)

@@ -27,7 +27,7 @@ from summrl.keys import missing_model_keys
 from summrl.preflight import refuse, unknown_provider
 from summrl.checkpoints import TrainedRun, checkpoint_steps, find_trained_model, load_trained, sft_step
 from summrl.job import override_key, read_result
-from summrl.storage import trained_config
+from summrl.storage import bucket_problems, trained_config
 from summrl.prompt import PROMPT_BEFORE_THE_OPTION
 
 log = logging.getLogger(__name__)
@@ -428,7 +428,7 @@ def check_keys(config: BenchmarkConfig) -> None:
             other = "" if model.api_key_env else " (or name another with the entry's api_key_env)"
             found.append(f"benchmark.models: {entry.label} needs {' or '.join(missing)}: export it or put it in "
                          f".env{other}")
-    refuse(found, "the benchmark")
+    refuse(found + bucket_problems(config.storage), "the benchmark")  # results go up after every call is paid
 
 
 def same_command(config: BenchmarkConfig, overrides: list[str]) -> str:

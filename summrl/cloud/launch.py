@@ -36,7 +36,7 @@ from summrl.judges import missing_keys
 from summrl.keys import key_names
 from summrl.preflight import PreflightError, teacher_key_names, teacher_key_problems, unknown_provider
 from summrl.secrets import MIN_SECRET, redact_text, secret_values
-from summrl.storage import fetch_result, resolve_bucket
+from summrl.storage import bucket_problems, fetch_result, resolve_bucket
 from summrl.tracking import wandb_mode
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ def preflight(config: Any, questions: Optional[QuestionCache] = None) -> list[st
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             if not os.environ.get(name):
                 problems.append(f"{name} (S3 backups from the cluster) is not set: export it or put it in .env")
+        problems += bucket_problems(config.storage)
     return problems
 
 

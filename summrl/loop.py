@@ -513,6 +513,13 @@ def run_totals(session: Session, record: RunRecord) -> dict[str, Any]:
     return totals
 
 
+def questions_written(dataset: dict) -> bool:
+    """Whether this invocation wrote (and paid for) questions: its record is saved at once, as the cache keeps them
+    and a rerun reads them at $0."""
+    questions = dataset.get("questions")
+    return isinstance(questions, dict) and bool(questions.get("written_now") or questions.get("cost_usd"))
+
+
 def with_earlier_question_cost(dataset: dict, earlier: dict) -> dict:
     """dataset=documents: the questions' $ over the run's invocations (a resume reads them from the cache at $0, and
     its record said the run had spent nothing on them). dataset=inbox's record keeps the val digest the run trained
@@ -650,6 +657,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             raise
         val, train_docs = splits.val, splits.train
         record.update(dataset=with_earlier_question_cost(splits.record, record.earlier))
+        if questions_written(splits.record):
+            record.save()  # the questions just paid for: a machine lost before the first val pass's save lost them
         check_documents(config, [*val, *train_docs])  # what the reward needs from the data, before the model loads
         check_groups_fit(config, len(train_docs), record.earlier)  # again: the question check may have left fewer
         warn_short_run(config, len(train_docs))
@@ -666,6 +675,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             val, train_docs = splits.val, splits.train
             record.update(dataset=with_earlier_question_cost(splits.record, record.earlier),
                           online={"new_documents": len(online.new), "consumed_before": online.start})
+            if questions_written(splits.record):
+                record.save()
             if len(online.new) < t.min_new_documents:
                 log.info(f"summrl: inbox: {len(online.new)} new document(s), fewer than trainer.min_new_documents="
                          f"{t.min_new_documents}: nothing to train (rerun when more have been recorded)")

@@ -449,6 +449,34 @@ def test_what_question_writing_paid_before_it_failed_stays_in_the_runs_record(tm
     assert spent > 0 and len(server.requests) > 1
 
 
+def test_questions_paid_for_are_on_disk_before_the_model_loads(tmp_path, monkeypatch):
+    """result.json was first written after the step-0 val pass: a machine killed while the model loaded (minutes, for
+    a GPU model) lost the questions' spend, and the rerun read them from the cache at $0 (found by an audit, with
+    SIGKILL). What the run's folder holds as the model starts to load is what such a kill leaves."""
+    import summrl.loop
+    from summrl.job import RunRecord, read_result
+    from summrl.loop import train
+
+    class Killed(BaseException):
+        pass
+
+    left = {}
+
+    async def loading(*args, **kwargs):
+        left.update(read_result(config.run.dir) or {})
+        raise Killed
+
+    monkeypatch.setattr(summrl.loop, "open_session", loading)
+    with FakeLLM() as server:
+        config = config_for(FIXTURE, tmp_path, "judge=openai_compatible", "judge.model=gpt-4o-mini",
+                            f"judge.api_base={server.base_url}", "dataset.questions.confirm=false",
+                            f"run.dir={tmp_path / 'run'}")
+        with pytest.raises(Killed):
+            asyncio.run(train(config, RunRecord(config.run.dir)))
+    questions = left["dataset"]["questions"]
+    assert questions["written_now"] > 0 and questions["cost_usd"] > 0 and server.requests
+
+
 def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, capsys, caplog, monkeypatch):
     import logging
 

@@ -528,6 +528,17 @@ def main(argv: list[str] | None = None) -> None:
             raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
         return value
 
+    def number(low: float, high: float, what: str) -> Callable[[str], float]:
+        def parse(text: str) -> float:  # faults at a rate of -1 or 5 ran two full training runs for nothing
+            try:
+                value = float(text)
+            except ValueError:
+                value = math.nan
+            if not low < value < high:
+                raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+            return value
+        return parse
+
     step = sub.add_parser("step", help="embedded GRPO step time, batched generation, start-up time")
     step.add_argument("--steps", type=positive, default=3, help="GRPO steps to time (median reported)")
     step.add_argument("--repeats", type=positive, default=2, help="throughput measurements (median reported)")
@@ -535,9 +546,11 @@ def main(argv: list[str] | None = None) -> None:
                                                  "scheme, and reward=rubric")
     judge.add_argument("--documents", type=positive, default=8, help="sample documents, one group each")
     judge.add_argument("--group-size", type=positive, default=8, help="rollouts per group")
-    judge.add_argument("--delay", type=float, default=0.2, help="seconds the judge takes per call, for group_wall_s")
+    seconds = number(-1e-9, math.inf, "a number of seconds, 0 or more")
+    judge.add_argument("--delay", type=seconds, default=0.2, help="seconds the judge takes per call, for group_wall_s")
     faults = sub.add_parser("faults", help="a training run against a faulty judge vs a fault-free one")
-    faults.add_argument("--rate", type=float, default=0.3, help="the share of judge calls that fail")
+    share = number(0.0, 1.0, "a share between 0 and 1 (both excluded)")
+    faults.add_argument("--rate", type=share, default=0.3, help="the share of judge calls that fail")
     faults.add_argument("--seed", type=int, default=1)
     sft = sub.add_parser("sft", help="embedded SFT time for 16 samples of up to 128 tokens")
     sft.add_argument("--samples", type=positive, default=16)

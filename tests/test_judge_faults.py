@@ -91,6 +91,18 @@ def test_perf_faults_says_a_training_run_failed_and_exits_non_zero(monkeypatch, 
     assert "a training run failed" in err
 
 
+@pytest.mark.parametrize("args", [["faults", "--rate", "-1"], ["faults", "--rate", "5"], ["faults", "--rate", "nan"],
+                                  ["faults", "--rate", "0"], ["judge", "--delay", "-2"]])
+def test_perf_refuses_a_rate_or_delay_that_measures_nothing_before_it_runs(args, capsys):
+    """--rate -1 (or 5) ran two full training runs whose comparison meant nothing (found by an audit)."""
+    from summrl import perf
+
+    with pytest.raises(SystemExit) as stop:
+        perf.main(args)
+    assert stop.value.code == 2
+    assert f"argument {args[1]}: must be" in capsys.readouterr().err
+
+
 def test_perf_sft_takes_the_longest_slices_that_fit_its_max_tokens():
     """Found by an audit: slices started at 60 words, so a --max-tokens past about 170 changed nothing."""
     from summrl.perf import longest_fit

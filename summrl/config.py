@@ -20,7 +20,7 @@ import math
 import os
 import re
 import shlex
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence, Union
 from urllib.parse import urlsplit
@@ -1507,6 +1507,13 @@ def check(config: Config) -> None:
                           "can't apply them (ART 0.5.18's ServerlessBackend sends them with no rollout, and W&B's "
                           "trainer renders the prompts without them), so the model would sample and train on other "
                           "prompts than these: use backend=local_gpu or backend=skypilot for this model")
+    if config.backend.kind == "serverless" and config.model.lora != LoraConfig():
+        # ART 0.5.18's ServerlessBackend registers model.base_model alone: W&B trains an adapter of its own choosing,
+        # so a swept model.lora.r would label identical runs as different
+        given = ", ".join(f"{k}={v}" for k, v in asdict(config.model.lora).items() if v != getattr(LoraConfig(), k))
+        raise ConfigError(f"model.lora: backend=serverless can't apply {given} (ART 0.5.18's ServerlessBackend sends "
+                          "W&B only model.base_model, and W&B Training chooses its own adapter): leave model.lora at "
+                          "its defaults, or use backend=local_gpu or backend=skypilot")
     if config.backend.kind == "serverless" and config.storage.enabled:
         raise ConfigError("backend=serverless keeps its checkpoints on W&B, so there is nothing local to back up: "
                           "add storage.enabled=false")

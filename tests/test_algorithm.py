@@ -56,7 +56,7 @@ def test_presets_compose_into_backend_train_arguments(preset, kwargs):
 def test_serverless_spells_the_loss_as_ppo_and_refuses_the_kl_penalty():
     ppo = compose_config([*LOCAL, "algorithm=ppo_clip"]).algorithm
     assert algorithm.train_kwargs(ppo, "serverless") == {"ppo": True, "epsilon": 0.2, "epsilon_high": 0.28}
-    serverless = [*LOCAL, "backend=serverless", "judge=lexical", "storage.enabled=false", "model.weights=null"]
+    serverless = [*LOCAL, "backend=serverless", "judge=lexical", "storage.enabled=false", "model=qwen2_5_3b"]
     with pytest.raises(ConfigError, match=r"algorithm.kl_penalty_coef: backend=serverless does not support it "
                                           r"\(ART 0.5.18's ServerlessBackend.train has no such setting\)"):
         compose_config([*serverless, "algorithm=grpo_kl"])

@@ -19,6 +19,7 @@ LOCAL = ["experiment=local"]
 # Choices that need another group's option beside them: judge=local runs on the embedded backend only.
 # GPU backends load model.base_model from the hub: experiment=local's model.weights (a .gguf) is the embedded engine's.
 NEEDS = {("backend", b): ["judge=lexical", "model.weights=null"] for b in group_options("backend") if b != "embedded"}
+NEEDS[("backend", "serverless")] = ["judge=lexical", "model=qwen2_5_3b"]  # W&B chooses the adapter: no model.lora
 NEEDS[("dataset", "documents")] = ["dataset.path=tests/fixtures/documents"]  # your documents: where they are
 
 
@@ -240,6 +241,10 @@ def test_bad_values_name_the_key(override, message):
     (["backend=skypilot", "judge=lexical", "model.weights=null", "backend.job_recovery.strategy=FAILOVER"],
      r"backend.job_recovery: is how SkyPilot recovers a managed job, and this job is not managed: add "
      r"backend.managed=true"),
+    # W&B Training chooses its own adapter: a swept model.lora.r labelled identical runs as different (an audit)
+    (["backend=serverless", "storage.enabled=false", "judge=lexical", "model.weights=null"],
+     r"model.lora: backend=serverless can't apply r=16, alpha=32 \(ART 0.5.18's ServerlessBackend sends W&B only "
+     r"model.base_model"),
     # boto3 refused them only at its first request: on a cluster after its paid setup, or as "can't reach S3"
     (["storage.endpoint_url=localhost:9000"],
      r"storage.endpoint_url: must be an http:// or https:// URL with a host, e.g. http://localhost:9000"),

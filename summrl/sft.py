@@ -193,7 +193,8 @@ class Teacher:
                                   retry_base_s=t.retry_base_s, retry_max_s=t.retry_max_s)
         self.earlier = teacher_usage(self.folder)
         budget = t.max_cost_usd
-        self.budget = None if budget is None else CallBudget(self.client, budget, "sft.teacher.max_cost_usd")
+        self.budget = None if budget is None else CallBudget(lambda: self.client.usage.cost_usd, budget,
+                                                             "sft.teacher.max_cost_usd")
 
     def usage(self) -> dict[str, float]:
         now = self.client.usage

@@ -645,6 +645,36 @@ def test_an_empty_reply_from_a_paid_model_is_a_failed_call_not_a_summary_scored(
         asyncio.run(LiteLLMSource(model="openai/o4-mini", **ask).summarize(document))
 
 
+def test_the_benchmarks_budget_refuses_an_estimate_over_it_and_starts_no_document_that_could_pass_it(tmp_path,
+                                                                                                        caplog):
+    """benchmark.max_cost_usd (stop 73's known list: the benchmark had no dollar budget, only the estimate it asks
+    to confirm): a model whose replies run far past the estimate's max_summary_tokens is stopped once another document
+    might pass the budget; what it made is kept, and the rerun with the same budget calls nothing."""
+    out = tmp_path / "out"
+    with FakeLLM() as fake:
+        fake.script = [Reply("word " * 400) for _ in range(12)]  # ~400 tokens a reply; 16 were estimated
+        base = ["experiment=local", "judge=lexical", "dataset.val_size=6", "benchmark.rollouts_per_doc=2",
+                "trainer.max_summary_tokens=16", "benchmark.max_concurrency=2", "benchmark.confirm=false",
+                f"benchmark.models=[{fake_model(fake, 'gpt-4o', label='m')}]"]
+        with caplog.at_level(logging.INFO, logger="summrl"):
+            assert asyncio.run(run(compose_benchmark([*base, "benchmark.max_cost_usd=0.001"], out))) == 3
+            assert fake.requests == [] and "benchmark.max_cost_usd=0.001: this folder spent $0.0000 and the rest is " \
+                                              "estimated at $0.0" in caplog.text
+            assert asyncio.run(run(compose_benchmark([*base, "benchmark.max_cost_usd=0.02"], out))) == 1
+        calls = len(fake.requests)
+        rows = pd.read_csv(out / "rows.csv")
+        spent = float(rows.model_cost_usd.sum())
+        assert 2 <= calls == len(rows) < 12 and 0 < spent <= 0.02  # whole documents, each paid summary kept
+        assert re.search(r"benchmark.max_cost_usd=0.02 reached \(\$0\.0\d+ spent by this folder\): \d+ summaries not "
+                         r"made; raise it and run the same command to make only those", caplog.text)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="summrl"):  # the folder's spend counts: nothing more fits
+            assert asyncio.run(run(compose_benchmark([*base, "benchmark.max_cost_usd=0.02"], out))) == 3
+        assert len(fake.requests) == calls and f"this folder spent ${spent:.4f}" in caplog.text
+    with pytest.raises(ConfigError, match=r"benchmark.max_cost_usd: must be a number of \$ above 0, or null"):
+        compose_benchmark(["experiment=local", "benchmark.max_cost_usd=0"], out)
+
+
 def test_a_paid_call_whose_summary_failed_is_counted_and_each_reason_is_logged(tmp_path, caplog):
     """An empty reply is paid for: the row stays undone, and its cost was counted nowhere, so $ / 1k understated a
     reasoning model's spend; only the first failure's reason reached benchmark.log (found by an audit)."""

@@ -9,6 +9,7 @@ parsed here into :class:`ModelEntry` / :class:`BestOfNEntry`, and ``benchmark.ru
 from __future__ import annotations
 
 import logging
+import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,7 @@ class BenchmarkSettings:
     max_retries: int
     confirm: bool
     split: str = "val"  # val: training's val split; all: every document of the dataset (train_size/val_size unused)
+    max_cost_usd: Optional[float] = None  # the folder's $ (models and judge, every invocation); null: no limit
 
 
 @dataclass
@@ -105,8 +107,14 @@ class BenchmarkSection:
     max_retries: int = 3  # per model call (litellm's retries)
     confirm: bool = True  # ask on stdin before any call that may cost money
     split: str = "val"  # val: training's val split (dataset.val_size); all: every document of the dataset's files
+    # A hard limit on the folder's spend (model and judge calls, over every invocation): an estimate over it calls
+    # nothing, and no document starts whose calls might pass it. null: no limit (the estimate is still confirmed).
+    max_cost_usd: Optional[float] = None
 
     def __post_init__(self) -> None:
+        if self.max_cost_usd is not None and not 0 < self.max_cost_usd < math.inf:
+            raise ConfigError(f"benchmark.max_cost_usd: must be a number of $ above 0, or null (no limit), got "
+                              f"{self.max_cost_usd!r}")
         for key, low in (("rollouts_per_doc", 1), ("max_concurrency", 1), ("every", 1), ("max_retries", 0)):
             if getattr(self, key) < low:
                 raise ConfigError(f"benchmark.{key}: must be an integer >= {low}, got {getattr(self, key)!r}")
@@ -183,6 +191,7 @@ def _settings(section: BenchmarkSection) -> BenchmarkSettings:
         name=section.name, output_dir=section.output_dir, models=models, run=run,
         rollouts_per_doc=section.rollouts_per_doc, max_concurrency=section.max_concurrency,
         timeout_s=section.timeout_s, max_retries=section.max_retries, confirm=section.confirm, split=section.split,
+        max_cost_usd=section.max_cost_usd,
     )
 
 

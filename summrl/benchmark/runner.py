@@ -6,6 +6,7 @@ summaries with the judge and the training reward, append the rows → summary ta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -31,6 +32,7 @@ from summrl.errors import ConfigError, first_line
 from summrl.facts import hallucinates
 from summrl.job import append_jsonl, jsonl_rows, write_json
 from summrl.judges import build_judge, embedded_endpoint
+from summrl.judges.client import REQUEST_COST, CallBudget, SpendStopped
 from summrl.rewards import Missing, build_reward, check_documents
 from summrl.rewards.ruler import RulerReward
 from summrl.secrets import redact_text
@@ -479,12 +481,16 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin, rerun: str = "the same c
     kept = KeptSummaries(out_dir / GENERATED_FILE)  # read once: priced by the plan, scored by the jobs
     lines = cost_plan(config, todo, val, kept)
     log.info(render(lines, total, total - sum(len(r) for j in todo for r in j.pending.values())))
+    over = over_budget(config, lines, folder_spend(store)) if todo else None
+    if over:
+        log.error(f"summrl: not confirmed: {over}; nothing was called")
+        return 3
     if todo and config.benchmark.confirm and needs_confirmation(lines) and not confirmed(stdin):
         log.error("summrl: not confirmed: benchmark: the cost was not confirmed; nothing was called "
                   "(benchmark.confirm=false skips the question)")  # the line every not-confirmed stop prints
         return 3
     record_identity(out_dir, identity_record)
-    failures = await run_jobs(config, todo, val, store, kept) if todo else []
+    failures, unmade = await run_jobs(config, todo, val, store, kept) if todo else ([], 0)
     write_outputs(config, jobs, out_dir)
     log.info(f"summrl: benchmark output in {out_dir}")
     publish(config, out_dir)
@@ -494,8 +500,43 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin, rerun: str = "the same c
             log.error(f"summrl: {label}{where}: {count} x {redact_text(error)}")
         log.error(f"summrl: {len(failures)} summaries could not be made or scored (the reasons above, and in "
                   f"{FAILURES_FILE}); run {rerun} to retry only those")
-        return 1
-    return 0
+    if unmade:
+        budget = config.benchmark.max_cost_usd
+        log.error(f"summrl: benchmark.max_cost_usd={budget:g} reached (${folder_spend(store):.4f} spent by this "
+                  f"folder): {unmade} summaries not made; raise it and run {rerun} to make only those")
+    return 1 if failures or unmade else 0
+
+
+def folder_spend(store: RowStore) -> float:
+    """What the folder's rows and failed calls cost (every invocation; an unknown price counts 0)."""
+    def known(value: Any) -> float:
+        try:
+            usd = float(value)
+        except (TypeError, ValueError):
+            return 0.0
+        return usd if math.isfinite(usd) else 0.0
+
+    failed = store.path.with_name(FAILURES_FILE)
+    records = [*(read_rows(store.path).to_dict("records") if store.path.exists() else []), *(
+        jsonl_rows(failed.read_text(encoding="utf-8", errors="replace")) if failed.exists() else [])]
+    return sum(known(r.get("model_cost_usd")) + known(r.get("judge_cost_usd")) for r in records)
+
+
+def over_budget(config: BenchmarkConfig, lines: Sequence[Calls], spent: float) -> Optional[str]:
+    """Why benchmark.max_cost_usd refuses the plan before any call: a price it can't count, or an estimate over it."""
+    budget = config.benchmark.max_cost_usd
+    if budget is None:
+        return None
+    setting = f"benchmark.max_cost_usd={budget:g}"
+    unknown = [line.who for line in lines if line.usd is None]
+    if unknown:
+        return (f"{setting}: the price of {', '.join(unknown)} is unknown (not in litellm's cost map), so the spend "
+                "can't be held under it: benchmark such a model without the limit (benchmark.max_cost_usd=null)")
+    estimate = sum(line.usd or 0.0 for line in lines)
+    if spent + estimate > budget:
+        return (f"{setting}: this folder spent ${spent:.4f} and the rest is estimated at ${estimate:.4f}: raise it, or "
+                "benchmark fewer models or documents")
+    return None
 
 
 def progress_bar(total: int) -> Any:
@@ -507,7 +548,8 @@ def progress_bar(total: int) -> Any:
 
 
 async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequence[Document],
-                   store: RowStore, kept: KeptSummaries) -> list[FailedRow]:
+                   store: RowStore, kept: KeptSummaries) -> tuple[list[FailedRow], int]:
+    """The rows' failures, and how many summaries benchmark.max_cost_usd left unmade."""
     ruler = ruler_used(config, jobs)
     needs_server = (config.judge.kind == "embedded" or (config.judge.kind == "local" and ruler)
                     or any(j.serve_step is not None for j in jobs))
@@ -523,6 +565,12 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
         scorer = Scorer(config, judge_config, endpoint, judge_cost_known=known, kept=kept)
         ruler_judge = build_judge(judge_config, endpoint) if any(isinstance(j.entry, BestOfNEntry) for j in jobs) else None
         by_id = {d.id: d for d in documents}
+        here = [0.0]  # this invocation's $ (REQUEST_COST: each judge and model call adds its own)
+        spent_before = folder_spend(store)
+        budget = (CallBudget(lambda: spent_before + here[0], config.benchmark.max_cost_usd, "benchmark.max_cost_usd")
+                  if config.benchmark.max_cost_usd is not None else None)
+        counting = REQUEST_COST.set(here)
+        unmade = 0
         failures: list[FailedRow] = []
         failed_file = store.path.with_name(FAILURES_FILE)
         progress = progress_bar(sum(len(r) for j in jobs for r in j.pending.values()))
@@ -535,9 +583,14 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
             limit = asyncio.Semaphore(config.benchmark.max_concurrency)
 
             async def one(doc_id: str) -> int:
+                nonlocal unmade
                 async with limit:
                     try:  # a failed summary is among the errors score returns, never raised
-                        rows, errors = await scorer_for_job.score(job, source, by_id[doc_id])
+                        async with budget.guard() if budget is not None else contextlib.nullcontext():
+                            rows, errors = await scorer_for_job.score(job, source, by_id[doc_id])
+                    except SpendStopped:  # no room for this document's calls: left for a rerun with more
+                        unmade += len(job.pending[doc_id])
+                        return 0
                     finally:
                         progress.update(len(job.pending[doc_id]))
                     store.append(rows)  # as soon as the document is scored: a crash loses only what is in flight
@@ -555,7 +608,8 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
                 log.info(f"summrl: {job.label}{where}: {written} of {sum(len(r) for r in job.pending.values())} "
                          "summaries scored")
         progress.close()
-        return failures
+        REQUEST_COST.reset(counting)
+        return failures, unmade
     finally:
         if server is not None:
             await server.close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from summrl.data import Document
+from summrl.judges.client import REQUEST_COST
 from summrl.rewards import Missing
 from summrl.rewards.ruler import RulerReward
 from summrl.prompt import SummaryPrompt
@@ -82,6 +83,9 @@ class LiteLLMSource:
             # every known secret, and a key in a URL (litellm puts gemini/* keys in the request URL as ?key=)
             raise SummaryError(f"{self.model}: {redact_text(message)[:500]}") from None
         cost = 0.0 if self.local else call_cost(response)
+        spent = REQUEST_COST.get()
+        if spent is not None and math.isfinite(cost):  # the caller's share (benchmark.max_cost_usd counts it)
+            spent[0] += cost
         if not response.choices:  # a 200 with nothing in it (a provider's filter): an IndexError ended the benchmark
             raise SummaryError(f"{self.model}: a reply with no choices", 1, cost)
         text = response.choices[0].message.content or ""

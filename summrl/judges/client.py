@@ -68,13 +68,14 @@ SPEND_GUARD: contextvars.ContextVar[Optional[Callable[[], AsyncContextManager[No
 
 
 class CallBudget:
-    """A hard $ budget over one client's calls, retries too, as a ``SPEND_GUARD``: a call is made once what the
-    client has spent, plus the price of the dearest call so far for each call in flight and for this one, fits the
-    budget; until then it waits for calls in flight to end, and with none in flight and no room it is SpendStopped,
-    naming ``setting``. Until a call's price is known, calls are made one at a time."""
+    """A hard $ budget over units of paid work (a client's calls, retries too, as a ``SPEND_GUARD``; a benchmark's
+    documents): a unit starts once ``spent()``, plus the price of the dearest unit so far for each unit in flight and
+    for this one, fits the budget; until then it waits for units in flight to end, and with none in flight and no room
+    it is SpendStopped, naming ``setting``. Until a unit's price is known, units run one at a time. A unit's price is
+    what the judge calls and model calls in it add to ``REQUEST_COST``."""
 
-    def __init__(self, client: "JudgeClient", budget: float, setting: str) -> None:
-        self.client, self.budget, self.setting = client, budget, setting
+    def __init__(self, spent: Callable[[], float], budget: float, setting: str) -> None:
+        self.spent, self.budget, self.setting = spent, budget, setting
         self.dearest: Optional[float] = None
         self.in_flight = 0
         self.changed = asyncio.Condition()
@@ -82,10 +83,10 @@ class CallBudget:
     @contextlib.asynccontextmanager
     async def guard(self) -> AsyncIterator[None]:
         async with self.changed:
-            while self.in_flight and (self.dearest is None or self.client.usage.cost_usd
+            while self.in_flight and (self.dearest is None or self.spent()
                                       + (self.in_flight + 1) * self.dearest > self.budget):
                 await self.changed.wait()
-            spent = self.client.usage.cost_usd
+            spent = self.spent()
             if spent + (self.dearest or 0.0) > self.budget:
                 raise SpendStopped(f"{self.setting}={self.budget:g} reached (${spent:.4f} spent): no room for another "
                                    "call")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import copy
 import os
+import re
 import signal
 import sys
 import threading
@@ -28,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from summrl.config import config_error, refuse_secrets
 from summrl.errors import ConfigError, Failure, full_errors, stop_signal, stopped_by
 from summrl.keys import load_env_file
-from summrl.secrets import redact_text
+from summrl.secrets import name_secret_variables, redact_text
 
 
 def run(main: Callable[[], object]) -> NoReturn:
@@ -43,6 +44,7 @@ def run(main: Callable[[], object]) -> NoReturn:
     if any(prints_config(arg) for arg in sys.argv[1:]):
         sys.stdout = _Redacted(sys.stdout)
     load_env_file()  # before Hydra composes: ${oc.env:X} may read an X that only .env sets
+    name_secret_variables(env_settings(sys.argv[1:]))  # Hydra's own errors come before the config names them
     try:
         try:
             main()
@@ -104,6 +106,17 @@ class _Redacted:
 
     def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding: the stream's own
         return getattr(self.stream, name)
+
+
+def env_settings(args: list[str]) -> list[str]:
+    """The variables the command line's ``*_env`` settings name (``judge.api_key_env=MYJUDGE``, a benchmark entry's
+    ``{..., api_key_env: MYJUDGE}``, a sweep's ``A,B``): their values are keys, whatever the names, and a key typed as
+    another setting's value was printed in Hydra's error, which comes before the typed config names them."""
+    names = []
+    for arg in args:
+        for found in re.finditer(r"_env\s*[=:]\s*([^}\]]*)", arg):
+            names += re.findall(r"[A-Za-z_][A-Za-z0-9_]*", found.group(1))
+    return names
 
 
 def _terminate(signum: int, frame: Any) -> None:

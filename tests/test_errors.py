@@ -1112,6 +1112,14 @@ def test_an_argument_without_equals_is_a_config_error_and_a_key_typed_as_a_value
                      env={"GEMINI_API_KEY": secret})
     assert pasted.returncode == 2 and "summrl: config error: trainer.max_steps: Value '***'" in pasted.stderr
     assert secret not in pasted.stderr + pasted.stdout
+    # a key whose variable's name says nothing of a key: named by judge.api_key_env (found by this stop's secrets
+    # audit: masked only once the typed config named it, after Hydra's own error had printed it)
+    plain = "PLANTEDmyjudge0009abcdef"
+    pasted = run_cli(["experiment=local", "judge=openai_compatible", "judge.api_key_env=MYJUDGE",
+                      f"trainer.max_steps={plain}", f"hydra.run.dir={tmp_path / 'run2'}"], cwd=ROOT,
+                     env={"MYJUDGE": plain})
+    assert pasted.returncode == 2 and "summrl: config error: trainer.max_steps: Value '***'" in pasted.stderr
+    assert plain not in pasted.stderr + pasted.stdout
 
 
 def test_a_run_folders_saved_config_that_cant_be_read_is_one_line_naming_it(tmp_path):

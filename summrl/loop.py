@@ -632,6 +632,14 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             record.update(**run_totals(session, record))
         record.save()
 
+    def save_scored() -> None:
+        """After a val pass: the record, backed up with the history's rows of the pass. They went up with the next
+        step's backup only: a machine lost before it paid for the pass again on the next one (the step-0 and
+        before-SFT passes too, which no backup followed before step 1's)."""
+        save()
+        if backup is not None:
+            backup.after_val(config.run.dir)
+
     end_cut_line(history_path(config))
     tracker = open_tracker(config, record.job, history_path(config))  # first: any failure shows on the W&B run
     backup: Optional[CheckpointBackup] = None
@@ -706,7 +714,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
 
         sft_steps = 0
         if config.sft.kind != "none":
-            step, sft_record = await sft_stage(session, val, train_docs, history, step, backup, save)
+            step, sft_record = await sft_stage(session, val, train_docs, history, step, backup, save_scored)
             record.update(sft=sft_record)
             sft_steps = sft_record["step"]
             record.trained(step)  # SFT's checkpoint: a stop from here on names its step
@@ -720,13 +728,13 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         key = val_set(config, val)
         if online is not None and not scored_at(history, step, key):  # where online learning starts, on its val set
             history.append(await evaluate(session, val, step))
-            save()
+            save_scored()
         for batch in batches:
             if batch.step >= t.max_steps and online is None:
                 break
             if batch.step % t.eval_every == 0 and not scored_at(history, batch.step + sft_steps, key):
                 history.append(await evaluate(session, val, batch.step + sft_steps))
-                save()  # survives a crash
+                save_scored()  # survives a crash, and the machine
             if online is not None:
                 online.before_step(batch)  # the watermark first: see summrl.inbox
             scored, trained = await train_step(session, batch.items, batch.step)

@@ -215,12 +215,12 @@ class CheckpointBackup:
                     f"from step {max(local)} here, replacing the backup past it")
             self._restore_reference(max(local))  # (a restore cut short between the latest and the reference)
             return None
-        if not steps:
-            return None
-        step = steps[-1]
+        step = steps[-1] if steps else 0  # none: the step-0 val pass's rows, if it went up (``after_val``)
         history = self._get("history.jsonl", missing_ok=True)  # before the checkpoint: restore ends once it is there
         if history is not None and not (self.local / "history.jsonl").exists():
             write_atomic(self.local / "history.jsonl", history_through(history, step))
+        if not steps:
+            return None
         self._download(step)
         log.info(f"summrl: restored step {step} from {self.url}")
         self._restore_reference(step, steps)
@@ -384,6 +384,19 @@ class CheckpointBackup:
                         f"({_describe(e, self.bucket, self.label)}); training goes on and the next backup tries again")
             return False
 
+    def after_val(self, run_dir: str) -> None:
+        """After a val pass: the history, then result.json, so that a fresh machine neither scores the pass again
+        nor lacks its rows (the restore keeps them with the checkpoint of their step; with none, those of step 0)."""
+        history = self.local / "history.jsonl"
+        try:
+            if history.exists():
+                self._upload(history, f"{self.root}/history.jsonl")
+        except Exception as e:  # result.json stays as it was: the pass is scored again there, its rows with it
+            log.warning(f"summrl: warning: upload of history.jsonl to {self.url} failed "
+                        f"({_describe(e, self.bucket, self.label)})")
+            return
+        self.save_result(run_dir)
+
     def save_result(self, run_dir: str) -> None:
         """Upload result.json (status, val scores), so that the launcher of a remote run can read it."""
         path = Path(run_dir) / "result.json"
@@ -434,6 +447,9 @@ class NoBackup:
         return True
 
     def save_result(self, run_dir: str) -> None:
+        return None
+
+    def after_val(self, run_dir: str) -> None:
         return None
 
     async def save_sft(self, *, force: bool = False) -> None:

@@ -283,6 +283,51 @@ def test_a_fresh_machine_that_cannot_read_the_backed_up_record_leaves_it_as_it_w
     assert fetch_result(config) == earlier
 
 
+@pytest.mark.parametrize("lost_at", [1, 2])
+def test_a_val_pass_is_backed_up_with_its_rows_and_a_fresh_machine_does_not_pay_for_it_again(lost_at, tmp_path,
+                                                                                            s3_endpoint, aws_env,
+                                                                                            tiny_weights, monkeypatch):
+    """A val pass went up with the next step's backup: a machine lost before it ran and paid for the pass again on
+    the next one (the step-0 pass too, before any backup: stop 73's known list). Backed up at once, its rows go up with
+    it: a fresh machine that skips the pass keeps them in history.jsonl (ART's and W&B's record)."""
+    import summrl.loop
+    from summrl.job import RunRecord
+    from summrl.loop import history_path, train
+
+    class Lost(BaseException):  # the machine, gone as a step starts: nothing of this process runs after it
+        pass
+
+    small = ["trainer.max_steps=2", "trainer.eval_every=1", "dataset.val_size=1", "trainer.val_rollouts_per_doc=1",
+             "trainer.max_summary_tokens=4", tiny_weights]
+    config = storage_config(tmp_path, s3_endpoint, f"val{lost_at}", *small)
+    passes, steps = [], []
+    step, evaluate = summrl.loop.train_step, summrl.loop.evaluate
+
+    async def lost(session, documents, at):
+        steps.append(at)
+        if len(steps) == lost_at:
+            raise Lost
+        return await step(session, documents, at)
+
+    async def counted(session, val, at):
+        passes.append(at)
+        return await evaluate(session, val, at)
+
+    monkeypatch.setattr(summrl.loop, "evaluate", counted)
+    monkeypatch.setattr(summrl.loop, "train_step", lost)
+    with pytest.raises(Lost):
+        asyncio.run(train(config, RunRecord(config.run.dir)))
+    scored = list(range(lost_at))  # the passes before the lost step: 0, or 0 and 1
+    assert passes == scored and [h["step"] for h in fetch_result(config)["val_history"]] == scored
+    monkeypatch.setattr(summrl.loop, "train_step", step)
+    fresh = storage_config(tmp_path / "fresh", s3_endpoint, f"val{lost_at}", *small)
+    assert asyncio.run(train(fresh, RunRecord(fresh.run.dir))) is not None
+    assert passes == [*scored, *range(lost_at, 3)]  # each pass once
+    assert [h["step"] for h in fetch_result(fresh)["val_history"]] == [0, 1, 2]
+    rows = [json.loads(line) for line in history_path(fresh).read_text().splitlines()]
+    assert sorted(r["training_step"] for r in rows if "val/reward" in r) == [0, 1, 2]
+
+
 def test_a_fresh_machine_refuses_a_resume_with_other_settings_as_the_machine_that_trained_it_does(
         tmp_path, s3_endpoint, aws_env):
     """The settings check ran before the backed-up record was adopted, so on a fresh machine it had nothing to

@@ -328,6 +328,13 @@ class RunRecord:
             same = [a for a in self.attempts if a["managed_job_id"] == managed_job_id]
             self.update(managed_job_id=managed_job_id, recoveries=len(same) - 1)
 
+    def idle(self) -> None:
+        """This invocation found the run finished and trained or scored nothing: its time and its attempt are not the
+        run's (each rerun of a sweep's finished job added an attempt of 0 steps and its load time to wall_s)."""
+        self.timed = False
+        if self.attempts and self.attempts[-1]["steps_trained"] == 0:
+            self.attempts.pop()
+
     def trained(self, step: int) -> None:
         """This attempt has trained up to ``step``."""
         self.stepped = True

@@ -706,6 +706,7 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
         keep_trained_config(config.run.dir)  # past every check: what serve, export and benchmark read
         tracker.trains()
         history = record.val_history
+        scored_before = len(history)
         planned = (f"{len(online.new)} new inbox documents, {math.ceil(len(online.new) / t.groups_per_step)} step(s) "
                    f"from step {step}" if online is not None else
                    f"{'resuming at' if step else 'starting at'} step {step} of {t.max_steps}")
@@ -769,6 +770,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
                                "run folder off before the machine goes, or run the same command again on it once S3 "
                                "answers: it trains no step again and backs the checkpoint up")
         record.update(status="completed", steps=step, **val_summary(history))
+        if not record.stepped and len(history) == scored_before:
+            record.idle()  # a rerun of a finished run (a sweep's finished job, rerun with the rest)
         return history[-1]["val_reward"]
     except (KeyboardInterrupt, asyncio.CancelledError) as e:  # Ctrl-C: asyncio.run cancels this task, then raises
         if record.stopped_waiting:

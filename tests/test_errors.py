@@ -1045,6 +1045,29 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
                                                  "trainer.prompt=summary_rl"]), RunRecord(tmp_path, inbox))
 
 
+def test_a_rerun_of_a_finished_run_adds_no_attempt_and_none_of_its_time(tmp_path, tiny_weights):
+    """A sweep rerun after a crash runs its finished jobs again: each loaded its model, trained nothing, and added an
+    attempt of 0 steps and its time to wall_s, so summrl.report's minutes for that job grew with every rerun (found
+    by this stop's crash audit: 10.5, 17.7, 25.6 s)."""
+    import asyncio
+
+    from summrl.job import RunRecord, read_result
+    from summrl.loop import train
+    from tests.conftest import compose_config
+
+    config = compose_config(["experiment=local", tiny_weights, "run.name=r", f"run.dir={tmp_path}",
+                             "trainer.max_steps=1", "dataset.val_size=1", "trainer.val_rollouts_per_doc=1",
+                             "trainer.max_summary_tokens=4"])
+    asyncio.run(train(config, record := RunRecord(tmp_path)))
+    record.save()
+    first = read_result(tmp_path)
+    asyncio.run(train(config, record := RunRecord(tmp_path)))
+    record.save()
+    again = read_result(tmp_path)
+    assert again["status"] == "completed" and again["steps"] == 1 and again["val_history"] == first["val_history"]
+    assert again["attempts"] == first["attempts"] and again["wall_s"] == first["wall_s"]
+
+
 def test_a_resume_refused_by_a_config_error_leaves_the_completed_run_completed(tmp_path):
     """Found by an audit: a resume refused inside the loop (here, its val documents are others; also a summary
     budget past the policy's context, once the model loaded) wrote status "failed" with its error over a completed

@@ -395,6 +395,7 @@ async def sft_stage(session: Session, val: Sequence[Document], train_docs: Seque
         await backup.after_step(step)
     if step == record["step"] and not scored_at(history, step) and not session.stopping:  # the SFT checkpoint's own
         history.append({**await evaluate(session, val, step), "stage": "after_sft"})
+        save_progress()
     by_step = {h["step"]: h for h in history}
     return step, {**record, "val_before": by_step.get(0), "val_after": by_step.get(record["step"])}
 
@@ -715,10 +716,12 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
 
         sft_steps = 0
         if config.sft.kind != "none":
+            before = step
             step, sft_record = await sft_stage(session, val, train_docs, history, step, backup, save_scored)
             record.update(sft=sft_record)
             sft_steps = sft_record["step"]
-            record.trained(step)  # SFT's checkpoint: a stop from here on names its step
+            if step != before:  # SFT trained now (a resumed run never redoes it): a stop from here on names its step
+                record.trained(step)
             save()
             if session.stopping:
                 raise asyncio.CancelledError  # the signal's stop, SFT's step recorded

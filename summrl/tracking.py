@@ -74,8 +74,10 @@ class WandbTracker(Tracker):
             id=wandb_id(config.run.name),
             resume="allow",
             group=job.sweep,
-            # A resume keeps the W&B run's name: its overrides (a raised trainer.max_steps) named another run.
-            name=None if self.config_pending else name,
+            # A W&B run resumed keeps its name: a resume's overrides (a raised trainer.max_steps) named another run.
+            # Named below once W&B says it is new: a fresh machine's folder (its history restored from S3 after the
+            # tracker opens) can't tell.
+            name=None,
             tags=[f"{g}={job.choices[g]}" for g in TAG_GROUPS if job.choices.get(g)],
             config=None if self.config_pending else self.config,
             dir=config.run.dir,
@@ -83,7 +85,7 @@ class WandbTracker(Tracker):
             reinit="create_new",
             settings=wandb.Settings(console="off", x_disable_stats=True),
         )
-        if self.config_pending and not getattr(self.run, "resumed", False):  # a folder's first W&B run
+        if not getattr(self.run, "resumed", False):
             self.run.name = name
         self.run.define_metric("training_step")
         self.run.define_metric("*", step_metric="training_step")

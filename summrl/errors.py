@@ -48,15 +48,8 @@ _stopped_by = signal.SIGINT
 
 
 def stopped_by(signum: int) -> None:
-    """The signal that stops the process: the first one. A SIGTERM after Ctrl-C (an impatient ``kill``) named the
-    stop SIGTERM, and its exit code was 143, though Ctrl-C's path was already under way (the runner counts it)."""
-    global _stopped_by, _stop_named
-    if not (_stop_named or getattr(_runner, "_interrupt_count", 0)):
-        _stopped_by, _stop_named = signal.Signals(signum), True
-
-
-_runner: Optional[asyncio.Runner] = None  # run_async's, while it runs: it counts the Ctrl-Cs that reached it
-_stop_named = False  # a stop signal came (SIGTERM through stopped_by, or Ctrl-C through the runner)
+    global _stopped_by
+    _stopped_by = signal.Signals(signum)
 
 
 def stop_signal() -> str:
@@ -110,21 +103,14 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
     The loop is built with Ctrl-C and SIGTERM held (:func:`signals_held`): one that came while it was built (a
     supervisor stopping ``summrl.serve`` as it starts) left it half built, and its ``__del__`` printed a traceback,
     with a warning that ``main`` was never awaited."""
-    global _runner, _stop_named
-    main_thread = threading.current_thread() is threading.main_thread()
     loop = None
     try:
         with signals_held():
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)  # as the runner does with a loop of its own making
         with asyncio.Runner(loop_factory=lambda: loop) as runner:
-            if main_thread:  # (the one whose Ctrl-C handler it is: ART runs loops of its own in threads too)
-                _runner = runner
             return runner.run(main)
     finally:
-        if main_thread:  # a SIGTERM after the run's end (while the process closes) is not the stop either
-            _stop_named = _stop_named or bool(getattr(_runner, "_interrupt_count", 0))
-            _runner = None
         main.close()  # a signal came before it started: closed, not warned about; once it has run, a no-op
         if loop is not None:
             asyncio.set_event_loop(None)

@@ -270,10 +270,10 @@ def test_a_failed_model_call_leaves_its_row_undone_for_the_rerun_and_never_shows
                                     f"benchmark.models=[{fake_model(fake, api_key_env='FAKE_KEY')}]"], tmp_path / "out")
         assert asyncio.run(run(config)) == 1
         assert len(read_rows(tmp_path / "out" / "rows.csv")) == 1
-        fake.script = [Reply("Another summary.")]
+        fake.script = [Reply("Another summary. sk-secret-77")]  # and in a reply (found by this stop's secrets audit)
         assert asyncio.run(run(config)) == 0
         assert len(fake.requests) == 3
-    assert sorted(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary.", "Another summary."]
+    assert sorted(read_rows(tmp_path / "out" / "rows.csv").summary) == ["A summary.", "Another summary. ***"]
     printed, errors = capsys.readouterr(), said(caplog, logging.ERROR)
     assert "could not be made or scored" in errors and "run the same command to retry only those" in errors
     assert "sk-secret-77" not in printed.out + printed.err + caplog.text
@@ -665,6 +665,7 @@ def test_the_benchmarks_budget_refuses_an_estimate_over_it_and_starts_no_documen
         rows = pd.read_csv(out / "rows.csv")
         spent = float(rows.model_cost_usd.sum())
         assert 2 <= calls == len(rows) < 12 and 0 < spent <= 0.02  # whole documents, each paid summary kept
+        assert json.loads((out / "spend.json").read_text())["usd"] == pytest.approx(spent)
         assert re.search(r"benchmark.max_cost_usd=0.02 reached \(\$0\.0\d+ spent by this folder\): \d+ summaries not "
                          r"made; raise it and run the same command to make only those", caplog.text)
         caplog.clear()
@@ -673,6 +674,23 @@ def test_the_benchmarks_budget_refuses_an_estimate_over_it_and_starts_no_documen
         assert len(fake.requests) == calls and f"this folder spent ${spent:.4f}" in caplog.text
     with pytest.raises(ConfigError, match=r"benchmark.max_cost_usd: must be a number of \$ above 0, or null"):
         compose_benchmark(["experiment=local", "benchmark.max_cost_usd=0"], out)
+
+
+def test_the_folders_spend_counts_a_judge_whose_cost_the_rows_leave_unknown(tmp_path):
+    """Best-of-N's RULER ranking (and reward=ruler) leaves each row's judge cost unknown: the folder's spend, which a
+    rerun's benchmark.max_cost_usd starts from, left the judge out (found by this stop's review). spend.json counts
+    each call as it returns."""
+    with FakeLLM() as policy, FakeLLM() as judge:
+        policy.script = [Reply("A summary of the document with several words.") for _ in range(6)]
+        entry = "{best_of_n: " + fake_model(policy, "gpt-4o", n=3, label="bo3") + "}"
+        config = compose_benchmark(
+            ["experiment=local", "judge=openai_compatible", f"judge.api_base={judge.base_url}",
+             "judge.model=openai/gpt-4o-mini", f"judge.cache_dir={tmp_path / 'cache'}", "dataset.val_size=2",
+             "benchmark.rollouts_per_doc=1", f"benchmark.models=[{entry}]", "benchmark.confirm=false"], tmp_path / "out")
+        assert asyncio.run(run(config)) == 0 and judge.requests
+    rows = pd.read_csv(tmp_path / "out" / "rows.csv")
+    assert rows.judge_cost_usd.isna().all()  # RULER's cost: unreported per row
+    assert json.loads((tmp_path / "out" / "spend.json").read_text())["usd"] > rows.model_cost_usd.sum() > 0
 
 
 def test_a_paid_call_whose_summary_failed_is_counted_and_each_reason_is_logged(tmp_path, caplog):

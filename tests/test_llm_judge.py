@@ -239,6 +239,10 @@ def test_free_text_calls_retry_like_json_ones_and_are_never_cached(fake, secret_
     ask = lambda: asyncio.run(teacher.complete_text(messages, max_tokens=32, temperature=1.0, check=non_empty))  # noqa: E731
     assert ask() == ("A summary.", "stop") and teacher.usage.retries == 2
     assert ask()[0] == "Another." and len(fake.requests) == 4 and teacher.usage.cached_calls == 0
+    # a reply that echoes the key (a broken endpoint): an SFT sample is stored and trained on (this stop's secrets
+    # audit found the key in sft/summaries.jsonl and samples.jsonl), and a judge's reply is cached
+    fake.script = [Reply(f"It says {SECRET}.")]
+    assert ask()[0] == "It says ***." and SECRET not in str(teacher.usage.last_error)
     fake.script = [Reply("")] * 4
     with pytest.raises(JudgeError, match="failed after 4 attempt.*an empty summary") as failed:
         ask()

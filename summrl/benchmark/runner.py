@@ -306,6 +306,7 @@ async def source_for(config: BenchmarkConfig, job: Job, server: Any, ruler_judge
 
 IDENTITY_FILE = "benchmark.json"
 GENERATED_FILE = "generated.jsonl"  # summaries paid for and not yet scored (rows.KeptSummaries)
+SPEND_FILE = "spend.json"  # the folder's $ so far, every invocation ({"usd": ...}; benchmark.max_cost_usd reads it)
 
 
 # Settings of how rows are made, not of what they are: a folder resumes under other values of them (a longer timeout,
@@ -508,7 +509,13 @@ async def run(config: BenchmarkConfig, stdin=sys.stdin, rerun: str = "the same c
 
 
 def folder_spend(store: RowStore) -> float:
-    """What the folder's rows and failed calls cost (every invocation; an unknown price counts 0)."""
+    """What the folder's model and judge calls cost, every invocation: ``spend.json``, which counts each call as it
+    returns (summaries paid for and not yet scored, and the judge's calls where a row's judge cost is unknown, are
+    in it); a folder from before it, the known costs of its rows and failed calls."""
+    ledger = store.path.with_name(SPEND_FILE)
+    if ledger.exists():
+        return float(json.loads(ledger.read_text())["usd"])
+
     def known(value: Any) -> float:
         try:
             usd = float(value)
@@ -566,7 +573,7 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
         ruler_judge = build_judge(judge_config, endpoint) if any(isinstance(j.entry, BestOfNEntry) for j in jobs) else None
         by_id = {d.id: d for d in documents}
         here = [0.0]  # this invocation's $ (REQUEST_COST: each judge and model call adds its own)
-        spent_before = folder_spend(store)
+        spent_before, ledger = folder_spend(store), store.path.with_name(SPEND_FILE)
         budget = (CallBudget(lambda: spent_before + here[0], config.benchmark.max_cost_usd, "benchmark.max_cost_usd")
                   if config.benchmark.max_cost_usd is not None else None)
         counting = REQUEST_COST.set(here)
@@ -593,6 +600,7 @@ async def run_jobs(config: BenchmarkConfig, jobs: Sequence[Job], documents: Sequ
                         return 0
                     finally:
                         progress.update(len(job.pending[doc_id]))
+                        write_json(ledger, {"usd": spent_before + here[0]})
                     store.append(rows)  # as soon as the document is scored: a crash loses only what is in flight
                     if errors:  # what they cost is the folder's spend too (unknown: null)
                         append_jsonl(failed_file, [{k: None if isinstance(v, float) and math.isnan(v) else v

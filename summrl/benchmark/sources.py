@@ -17,7 +17,7 @@ from summrl.judges.client import REQUEST_COST
 from summrl.rewards import Missing
 from summrl.rewards.ruler import RulerReward
 from summrl.prompt import SummaryPrompt
-from summrl.secrets import redact_text
+from summrl.secrets import MIN_SECRET, redact_text
 
 
 @dataclass
@@ -89,6 +89,9 @@ class LiteLLMSource:
         if not response.choices:  # a 200 with nothing in it (a provider's filter): an IndexError ended the benchmark
             raise SummaryError(f"{self.model}: a reply with no choices", 1, cost)
         text = response.choices[0].message.content or ""
+        if key and len(key) >= MIN_SECRET:  # a reply that echoes the key (a broken endpoint): rows and W&B keep it
+            text = text.replace(key, "***")
+        text = redact_text(text)
         if not text.strip() and not self.local:
             # a reasoning model that spent max_tokens thinking, or a content filter: not a summary to score (an empty
             # one answers every unanswerable question); the row stays undone, and its cost is counted apart. A

@@ -394,7 +394,8 @@ class JudgeClient:
         async def attempt() -> tuple[Any, Optional[str]]:
             async with self._semaphore:
                 response = await self._response(messages, params)
-            return check(response.choices[0].message.content or ""), response.choices[0].finish_reason
+            # a reply that echoes the caller's key (a hostile or broken endpoint) is kept and trained on: masked
+            return check(self.redact(response.choices[0].message.content or "")), response.choices[0].finish_reason
 
         return await self.retrying(attempt)
 
@@ -446,7 +447,7 @@ class JudgeClient:
 
     async def _call(self, messages: list[dict], params: dict) -> str:
         response = await self._response(messages, params)
-        text = response.choices[0].message.content or ""
+        text = self.redact(response.choices[0].message.content or "")  # cached, and logged in records: never a key
         if params.get("response_format") and response.choices[0].finish_reason == "length":
             try:  # (one that ended exactly at the limit is whole)
                 json.loads(strip_fences(text), strict=False)

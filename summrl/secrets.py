@@ -75,6 +75,15 @@ def redact_text(text: str, values: list[str] | None = None) -> str:
     return _mask_urls(text) if "://" in text else text
 
 
+def mask_keys(text: str, keys: Iterable[Optional[str]]) -> str:
+    """``text`` with a caller's own ``keys`` masked (one held in memory is in no variable), then every known secret
+    (``redact_text``). A placeholder shorter than MIN_SECRET ("x", "none") is left alone."""
+    for key in keys:
+        if key and len(key) >= MIN_SECRET:
+            text = text.replace(key, MASK)
+    return redact_text(text)
+
+
 def redact(obj: Any, values: list[str] | None = None) -> Any:
     """A copy of a JSON-like object with secret values and secret-looking keys masked."""
     values = secret_values() if values is None else values

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from summrl.data import Document
-from summrl.judges.client import REQUEST_COST
+from summrl.judges.client import add_request_cost
 from summrl.rewards import Missing
 from summrl.rewards.ruler import RulerReward
 from summrl.prompt import SummaryPrompt
-from summrl.secrets import MIN_SECRET, redact_text
+from summrl.secrets import mask_keys
 
 
 @dataclass
@@ -77,21 +77,15 @@ class LiteLLMSource:
                 **({"extra_body": self.extra_body} if self.extra_body else {}),
             )
         except Exception as e:
-            message = f"{type(e).__name__}: {e}"
-            if key:
-                message = message.replace(key, "***")
-            # every known secret, and a key in a URL (litellm puts gemini/* keys in the request URL as ?key=)
-            raise SummaryError(f"{self.model}: {redact_text(message)[:500]}") from None
+            # the key, every known secret, and a key in a URL (litellm puts gemini/* keys in the request URL as ?key=)
+            raise SummaryError(f"{self.model}: {mask_keys(f'{type(e).__name__}: {e}', [key])[:500]}") from None
         cost = 0.0 if self.local else call_cost(response)
-        spent = REQUEST_COST.get()
-        if spent is not None and math.isfinite(cost):  # the caller's share (benchmark.max_cost_usd counts it)
-            spent[0] += cost
+        if math.isfinite(cost):  # the caller's share (benchmark.max_cost_usd counts it)
+            add_request_cost(cost)
         if not response.choices:  # a 200 with nothing in it (a provider's filter): an IndexError ended the benchmark
             raise SummaryError(f"{self.model}: a reply with no choices", 1, cost)
-        text = response.choices[0].message.content or ""
-        if key and len(key) >= MIN_SECRET:  # a reply that echoes the key (a broken endpoint): rows and W&B keep it
-            text = text.replace(key, "***")
-        text = redact_text(text)
+        # a reply that echoes the key (a broken endpoint): rows, generated.jsonl and W&B keep it
+        text = mask_keys(response.choices[0].message.content or "", [key])
         if not text.strip() and not self.local:
             # a reasoning model that spent max_tokens thinking, or a content filter: not a summary to score (an empty
             # one answers every unanswerable question); the row stays undone, and its cost is counted apart. A

@@ -31,7 +31,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from summrl.errors import ExpectedFailure
 from summrl.keys import key_names
-from summrl.secrets import MIN_SECRET, SECRET_NAME, redact_text
+from summrl.secrets import MIN_SECRET, SECRET_NAME, mask_keys
 
 
 class JudgeError(ExpectedFailure, RuntimeError):
@@ -51,6 +51,13 @@ class JudgeError(ExpectedFailure, RuntimeError):
 # every caller, so concurrent requests read each other's spending from it.
 REQUEST_COST: contextvars.ContextVar[Optional[list[float]]] = contextvars.ContextVar("summrl_request_cost",
                                                                                        default=None)
+
+
+def add_request_cost(cost: float) -> None:
+    """A call's $ into the caller's own ``REQUEST_COST``, where one is set."""
+    spent = REQUEST_COST.get()
+    if spent is not None:
+        spent[0] += cost
 
 
 class SpendStopped(JudgeError):
@@ -294,10 +301,7 @@ class JudgeClient:
         return min(self.retry_max_s, max(self.backoff_s(attempt), _retry_after(error) or 0.0))
 
     def redact(self, text: str) -> str:
-        for key in (*(os.environ.get(n) for n in self._key_names), self.api_key):
-            if key and len(key) >= MIN_SECRET:  # a placeholder ("x", "none") would be masked inside every word
-                text = text.replace(key, "***")
-        return redact_text(text)  # and any other secret variable's value, or a credential in a URL
+        return mask_keys(text, (*(os.environ.get(n) for n in self._key_names), self.api_key))
 
     @property
     def cache_endpoint(self) -> Optional[str]:
@@ -488,9 +492,7 @@ class JudgeClient:
         except Exception:  # a model missing from litellm's cost map costs what we can't know: 0
             cost = 0.0
         self.usage.cost_usd += cost
-        spent = REQUEST_COST.get()
-        if spent is not None:  # one caller's own share of a client many share (summrl.serve's requests)
-            spent[0] += cost
+        add_request_cost(cost)  # one caller's own share of a client many share (summrl.serve's requests)
         return cost
 
 

@@ -35,12 +35,7 @@ from summrl.secrets import name_secret_variables, redact_text
 def run(main: Callable[[], object]) -> NoReturn:
     os.environ.setdefault("SUMMRL_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", ""))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it would print; the user's choice is kept above
-    signal.signal(signal.SIGTERM, _terminate)
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        # Started in the background by a script (`cmd &`), which ignores Ctrl-C for it: SIGTERM takes Ctrl-C's path,
-        # so that needs Python's handler (and asyncio's, which it installs only over Python's). Otherwise a SIGTERM
-        # during an update was ignored, and at other times raised wherever the main thread was (a __del__ drops it).
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    take_signals()
     if any(prints_config(arg) for arg in sys.argv[1:]):
         sys.stdout = _Redacted(sys.stdout)
     load_env_file()  # before Hydra composes: ${oc.env:X} may read an X that only .env sets
@@ -117,6 +112,16 @@ def env_settings(args: list[str]) -> list[str]:
         for found in re.finditer(r"_env\s*[=:]\s*([^}\]]*)", arg):
             names += re.findall(r"[A-Za-z_][A-Za-z0-9_]*", found.group(1))
     return names
+
+
+def take_signals() -> None:
+    """Every command's handling of the signals that stop it: SIGTERM takes Ctrl-C's path (:func:`_terminate`)."""
+    signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started in the background by a script (`cmd &`), which ignores Ctrl-C for it: SIGTERM takes Ctrl-C's path,
+        # so that needs Python's handler (and asyncio's, which it installs only over Python's). Otherwise a SIGTERM
+        # during an update was ignored, and at other times raised wherever the main thread was (a __del__ drops it).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _terminate(signum: int, frame: Any) -> None:

@@ -1353,9 +1353,11 @@ def test_a_document_with_no_question_a_summary_must_answer_is_left_out_and_named
             "team-values.txt") in caplog.text
 
 
-def test_ctrl_c_while_prepare_writes_questions_is_one_line_and_exit_130(tmp_path):
+@pytest.mark.parametrize("stop, code, named", [("SIGINT", 130, "Ctrl-C or SIGINT"), ("SIGTERM", 143, "SIGTERM")])
+def test_a_signal_while_prepare_writes_questions_is_one_line_with_the_signals_exit_code(tmp_path, stop, code, named):
     """It was asyncio's CancelledError and KeyboardInterrupt tracebacks, exit 1, with no word that what was written is
-    cached (found by an audit)."""
+    cached (found by an audit). SIGTERM killed it at once, and so did Ctrl-C where a script had started it in the
+    background (`cmd &`: the shell has it ignore Ctrl-C), as this one is: prepare ran on, and paid, to the end."""
     import os
     import signal
     import time
@@ -1367,15 +1369,15 @@ def test_ctrl_c_while_prepare_writes_questions_is_one_line_and_exit_130(tmp_path
              f"judge.api_base={server.base_url}", "dataset.questions.confirm=false",
              f"dataset.questions.cache_dir={tmp_path / 'questions'}"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         deadline = time.monotonic() + 120
         while not server.requests:  # writing: the judge has been asked
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()
             time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(getattr(signal, stop))
         out, err = process.communicate(timeout=120)
-    assert process.returncode == 130 and "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1] == ("summrl: interrupted: stopped (Ctrl-C or SIGINT); the questions and rubrics "
+    assert process.returncode == code and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"summrl: interrupted: stopped ({named}); the questions and rubrics "
                                             "written so far are cached: the same command writes only the rest")
 
 

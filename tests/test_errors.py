@@ -822,7 +822,7 @@ async def run():
     await asyncio.sleep(20)
     print("went on")
 
-signal.signal(signal.SIGTERM, cli._terminate)
+cli.take_signals()  # as every command does: SIGTERM down Ctrl-C's path
 try:
     run_async(run())
 except KeyboardInterrupt:
@@ -863,7 +863,7 @@ BaseSelectorEventLoop._make_self_pipe = interrupted_while_building
 async def serve():
     print("started")
 
-signal.signal(signal.SIGTERM, cli._terminate)
+cli.take_signals()  # as every command does: SIGTERM down Ctrl-C's path
 try:
     run_async(serve())
 except KeyboardInterrupt:

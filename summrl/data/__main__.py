@@ -21,7 +21,7 @@ import logging
 import sys
 import time
 
-from summrl import logs
+from summrl import cli, logs
 from summrl.config import compose, validate
 from summrl.data import load_splits
 from summrl.data.documents import policy_token_counter
@@ -38,6 +38,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("command", choices=("inspect", "prepare"))
     parser.add_argument("overrides", nargs="*", help="training's overrides, e.g. dataset=documents dataset.path=docs/")
     args = parser.parse_args(argv)  # a missing or unknown command: its usage and exit code 2
+    cli.take_signals()  # SIGTERM, as Ctrl-C: the line that says what is cached, and exit 143 (was: killed at once)
     command, overrides = args.command, args.overrides
     logs.console()
     load_env_file()  # keys, and any ${oc.env:X} of the overrides, as for training

@@ -549,16 +549,24 @@ def free_port() -> int:
 
 
 class InferenceServer:
-    """uvicorn in a background thread, bound to 127.0.0.1 on a free port."""
+    """uvicorn in a background thread, bound to 127.0.0.1 on ``port`` or, by default, on a free port."""
 
     def __init__(self, app: FastAPI, port: Optional[int] = None) -> None:
-        self.port = port or free_port()
+        # A free port is bound here and its socket handed to uvicorn: a port found free, then bound by uvicorn a
+        # moment later, could be taken meanwhile by another process doing the same (two runs, a sweep's jobs).
+        self.socket: Optional[socket.socket] = None
+        if port is None:
+            self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.socket.bind(("127.0.0.1", 0))
+            port = self.socket.getsockname()[1]
+        self.port = port
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.app = app
+        sockets = None if self.socket is None else [self.socket]
         # serve() under our own event loop: Server.run() expects the thread to have a current event loop
         # in some uvicorn releases, and a background thread has none.
-        self.thread = threading.Thread(target=lambda: run_async(self.server.serve()), name="summrl-inference",
+        self.thread = threading.Thread(target=lambda: run_async(self.server.serve(sockets)), name="summrl-inference",
                                        daemon=True)
 
     @property
@@ -576,4 +584,6 @@ class InferenceServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        if self.socket is not None:  # uvicorn closes it once serving; not if it never started
+            self.socket.close()
         getattr(self.app.state, "release", lambda: None)()  # see build_app

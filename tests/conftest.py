@@ -23,12 +23,24 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # One de-quantized copy of the GGUF model for every run of the session, subprocesses included, also those that
 # point HOME elsewhere (W&B tests): the first load writes it, every later one reads it in about a second.
 os.environ.setdefault("SUMMRL_CACHE_DIR", str(Path.home() / ".cache" / "summrl"))
+# Every test its own home (the fixture below): by default the judge's replies, the written questions and the rubrics
+# are cached under ~, keyed by the endpoint, and a fake judge's loopback port is new each time. Shared, a test whose
+# fake judge got a port that an earlier test (or an earlier suite run on this machine) had used read that test's
+# cached replies: its scripted 500 was never served, and it trained for 230 s. Matplotlib's font cache and Hugging
+# Face's stay where they were: each new home would rebuild them.
+for _name, _path in (("MPLCONFIGDIR", ".config/matplotlib"), ("HF_HOME", ".cache/huggingface")):
+    os.environ.setdefault(_name, str(Path.home() / _path))
 # pytest-xdist: each worker's torch (and each subprocess it starts) gets its share of the cores. Two workers of two
 # threads each on 2 cores put 4 OpenMP threads on 2 cores, and every small op then waits for a descheduled one.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
     os.environ.setdefault("OMP_NUM_THREADS", _threads)
     os.environ.setdefault("MKL_NUM_THREADS", _threads)
+
+
+@pytest.fixture(autouse=True)
+def own_home(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
 
 
 def compose_raw(overrides: list[str]):

@@ -27,6 +27,7 @@ from summrl.benchmark.runner import run
 from summrl.config import compose
 from summrl.data import load_splits
 from summrl.errors import ConfigError
+from summrl.facts import hallucinates
 from summrl.judges.lexical import LexicalJudge
 from summrl.testing import FakeLLM, Reply
 from tests.conftest import CONF, ROOT, compose_config, keys, said, wandb_records
@@ -198,9 +199,11 @@ def test_fake_frontier_rows_table_confidence_intervals_resume_and_charts(tmp_pat
             assert json.loads(row.correct) == verdicts
             assert row.score == pytest.approx(sum(verdicts) / len(verdicts)) and row.reward == pytest.approx(row.score)
             assert row.words == len(row.summary.split())
+            # another document's answers are facts this one lacks: "% inventing" (it was never read from a real row)
+            assert row.hallucinated == int(hallucinates(row.summary, by_id[row.document_id].text))
             assert math.isnan(row.model_cost_usd)  # not in litellm's cost map: unknown, not $0
             assert row.judge_cost_usd == 0 and row.judge_calls == 0  # the lexical judge is local
-        assert rows.score.nunique() > 1
+        assert rows.score.nunique() > 1 and rows.hallucinated.nunique() == 2
 
         table = pd.read_csv(out / "summary.csv")
         (line,) = table.itertuples()
@@ -209,6 +212,7 @@ def test_fake_frontier_rows_table_confidence_intervals_resume_and_charts(tmp_pat
         assert (line.ci_low_pct, line.ci_high_pct) == pytest.approx((low, high), abs=1e-3)
         assert line.documents == 3 and line.summaries == 6 and math.isnan(line.usd_per_1k)
         assert line.mean_words == pytest.approx(rows.words.mean())
+        assert line.hallucination_pct == pytest.approx(100 * rows.hallucinated.mean())
         assert "unknown" in (out / "summary.md").read_text()
         assert_png(out / "models.png")
 
@@ -329,7 +333,17 @@ def test_cost_guard_estimates_and_refusal_calls_nothing(tmp_path):
         assert fake.requests == []
     assert "0 already in rows.csv" in result.stdout and "8 of 8 summaries to do" in result.stdout
     priced = next(line for line in result.stdout.splitlines() if "model openai/gpt-4o:" in line)
-    assert "4 calls" in priced and "$" in priced and "unknown" not in priced
+    # the price of the tokens it names, at litellm's rates for gpt-4o (any "$" passed, $0.0000 included)
+    import litellm
+
+    found = re.search(r": 4 calls, ~([\d,]+) input / <= ([\d,]+) output tokens, \$([\d.]+)$", priced)
+    assert found, priced
+    tokens_in, tokens_out = (int(found.group(i).replace(",", "")) for i in (1, 2))
+    rates = litellm.model_cost["gpt-4o"]
+    assert tokens_in > 4 * 100 and tokens_out == 4 * compose_config(["experiment=local"]).trainer.max_summary_tokens
+    assert float(found.group(3)) == pytest.approx(tokens_in * rates["input_cost_per_token"]
+                                                  + tokens_out * rates["output_cost_per_token"], abs=5e-5)
+    assert float(found.group(3)) > 0
     unpriced = next(line for line in result.stdout.splitlines() if "model openai/fake-frontier:" in line)
     assert "unknown (not in litellm's cost map)" in unpriced
     assert "estimated total: $" in result.stdout and "+ unknown for model openai/fake-frontier" in result.stdout

@@ -13,6 +13,7 @@ import re
 import os
 import shutil
 import socket
+import signal
 import subprocess
 import sys
 import time
@@ -194,6 +195,7 @@ def test_plus_settings_change_the_runs_own_backend_and_judge_and_are_checked_as_
                                "serve.selector=ruler ranks the samples with the judge (gemini/gemini-2.5-flash), whose "
                                "key GEMINI_API_KEY is not set"),
                               # one greedy summary 4 times, ranked by the judge
+                              ("serve.shutdown_grace_s=-1", "serve.shutdown_grace_s: must be >= 0, got -1"),
                               ("serve.best_of_n=4 serve.temperature=0",
                                "serve.temperature: is 0 (greedy), so serve.best_of_n=4 would sample one summary 4 times"),
                               # it said the run had been trained with it, and then a torch traceback for a device
@@ -286,7 +288,7 @@ def test_a_request_whose_client_gives_up_stops_generating_and_the_next_is_served
     max_tokens for no one and every request behind them waited (36 s for 16 x 400 tokens of SmolLM2)."""
     import re
 
-    served = ServeProcess(run_copy, ["step=latest"], tmp_path / "serve.log")
+    served = ServeProcess(run_copy, ["step=latest", "serve.shutdown_grace_s=1"], tmp_path / "serve.log")
     try:
         model = httpx.get(f"{served.url}/v1/models", timeout=10).json()["data"][0]["id"]
         chat = {"model": model, "messages": [{"role": "user", "content": "Write a long story."}]}
@@ -314,9 +316,26 @@ def test_a_request_whose_client_gives_up_stops_generating_and_the_next_is_served
         assert int(ran[0]) < 3000
         after = httpx.post(f"{served.url}/v1/chat/completions", json={**chat, "max_tokens": 3}, timeout=120)
         assert after.status_code == 200  # and its place in flight was given back
+        # Ctrl-C while a stream is open: it gets serve.shutdown_grace_s to end, then is cut, and the server stops (it
+        # waited for the stream's 8 x 3000 tokens, over 2 minutes, with no word)
+        with httpx.stream("POST", f"{served.url}/v1/chat/completions", timeout=120,
+                          json={**chat, "n": 8, "max_tokens": 3000, "stream": True}) as stream:
+            lines = stream.iter_lines()
+            while '"content":' not in next(lines):
+                pass
+            served.process.send_signal(signal.SIGINT)
+            stopping = time.monotonic()
+            with pytest.raises(httpx.RemoteProtocolError):  # cut: no [DONE]
+                for _ in lines:
+                    pass
+        served.process.wait(timeout=60)
+        assert time.monotonic() - stopping < 20 and served.process.returncode == 0
+        assert ("summrl: POST /v1/chat/completions was cut: still in flight serve.shutdown_grace_s=1 s after the server "
+                "was told to stop") in served.log.read_text()
     finally:
         served.stop()
     assert "Traceback" not in served.log.read_text() and "never retrieved" not in served.log.read_text()
+    assert served.log.read_text().rstrip().endswith("summrl: the server stopped (SIGINT)")
 
 
 def test_perf_serve_refuses_what_the_server_would_before_starting_one(tmp_path):

@@ -146,6 +146,18 @@ def test_weighted_qa_plus_rubric_trains_offline_on_your_documents_and_logs_terms
     (val_document,) = split_whole(read_documents(config, report=False), config.dataset)[0]
     # the split as made, before the question check (which settings that may change can make keep more or fewer)
     assert dataset["val_sha256"] == val_digest([val_document])
+    # the rate is the share of val summaries that state a number, date or name their document lacks, recomputed from
+    # the summaries ART saved (a rate of 0 whatever the summaries said passed the range check this had alone)
+    import pandas as pd
+
+    from summrl.facts import hallucinates
+
+    saved_val = run_dir / "art" / "summrl" / "models" / "rubric" / "trajectories" / "val"
+    flags = {step: [hallucinates(messages[-1]["content"], val_document.text)
+                    for messages in pd.read_parquet(saved_val / f"{step:04d}.parquet")["messages"]] for step in (0, 1)}
+    assert {step: val[step]["val/hallucination_rate"] for step in flags} == {
+        step: pytest.approx(sum(f) / len(f)) for step, f in flags.items()}
+    assert all(len(f) == 2 for f in flags.values()) and any(any(f) for f in flags.values()), flags
     (folder / val_document.id.split("#")[0]).unlink()  # the val document itself: the val split can't stay the same
     resumed = run_cli([*args, "trainer.max_steps=2"], cwd=ROOT)
     assert resumed.returncode == 2, resumed.stderr[-3000:]

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+from typing import Any, Optional
 
 import hydra
 import uvicorn
@@ -28,7 +29,16 @@ log = logging.getLogger("summrl.serve")
 
 class Server(uvicorn.Server):
     """uvicorn's server, less its re-raising of the signal that stopped it: raised after the shutdown, it cancelled
-    closing the backend (two tracebacks, exit 1 on Ctrl-C). Ctrl-C or SIGTERM stops the server gracefully, exit 0."""
+    closing the backend (two tracebacks, exit 1 on Ctrl-C). Ctrl-C or SIGTERM stops the server gracefully, exit 0:
+    requests in flight get ``serve.shutdown_grace_s`` to finish, then each is cut with a line of its own."""
+
+    def __init__(self, config: uvicorn.Config, service: Any) -> None:
+        super().__init__(config)
+        self.service = service
+
+    async def shutdown(self, sockets: Optional[list[socket.socket]] = None) -> None:
+        self.service.stopping = True
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -69,7 +79,12 @@ async def serve(config, sock: socket.socket) -> None:
     s = config.serve
     # no lifespan: the app has no startup or shutdown handlers, and uvicorn logged a cancelled lifespan's traceback
     # when Ctrl-C or SIGTERM came while the model loaded
-    server = Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning", lifespan="off"))
+    server = Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning", lifespan="off",
+                                   timeout_graceful_shutdown=s.shutdown_grace_s), service)
+    # uvicorn's words for the requests cut at the grace's end ("Cancel N running task(s)", then "returned without
+    # completing response" for each): each says so itself, in one line (summrl.serve.app.Unexpected)
+    logging.getLogger("uvicorn.error").addFilter(lambda record: not service.stopping or not str(record.msg).startswith(
+        ("Cancel %s running", "ASGI callable returned without completing response")))
     loading = asyncio.create_task(service.start())  # /health says 503 until it is done
 
     def loaded(task: asyncio.Task) -> None:  # a model that can't load stops the server: no process left answering 503

@@ -86,6 +86,7 @@ class Service:
         self.recorder = Recorder(config.run.run_dir) if config.serve.record else None
         self.tokenizer: Any = None
         self.arrivals: Any = None  # serve.arrivals.Arrivals, for the embedded server: concurrent summaries as one burst
+        self.stopping = False  # Ctrl-C or SIGTERM: requests still in flight after serve.shutdown_grace_s are cut
         s = config.serve
         key_env = s.api_key_env
         self.api_key = os.environ.get(key_env) if key_env else None
@@ -402,13 +403,14 @@ class Unexpected:
     goes on. Not an ``exception_handler(Exception)``: Starlette runs that one in its outermost middleware, which raises
     the exception again after the reply, and uvicorn logged its whole traceback, unmasked (a key in a backend URL)."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    def __init__(self, app: Any, service: Service) -> None:
+        self.app, self.service = app, service
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = False
+        where = f"{scope.get('method')} {scope.get('path')}"
 
         async def sending(message: dict) -> None:
             nonlocal started
@@ -418,11 +420,19 @@ class Unexpected:
         try:
             await self.app(scope, receive, sending)
             return
+        except asyncio.CancelledError:
+            if not self.service.stopping:
+                raise
+            # cut as the server stops: one line, where uvicorn logged the cancellation's traceback
+            grace = self.service.config.serve.shutdown_grace_s
+            log.warning(f"summrl: {where} was cut: still in flight serve.shutdown_grace_s={grace:g} s after the server "
+                        "was told to stop")
+            return
         except Exception as error:
             line = redact_text(" ".join(f"{type(error).__name__}: {error}".split()))[:300]
         # logged and answered outside the except block: a handler that fails to write prints its own traceback, and
         # inside the block that traceback went on with the error's, unmasked
-        log.error(f"summrl: {scope.get('method')} {scope.get('path')} failed: {line}")
+        log.error(f"summrl: {where} failed: {line}")
         if not started:  # (a reply already begun, a stream, ends where it is)
             await error_response(500, f"internal error: {line}")(scope, receive, send)
 
@@ -433,7 +443,7 @@ def build_app(service: Service) -> FastAPI:
 
     openai_errors(app)
 
-    app.add_middleware(Unexpected)
+    app.add_middleware(Unexpected, service=service)
 
     def authorize(authorization: Optional[str]) -> None:
         scheme, _, key = (authorization or "").strip().partition(" ")

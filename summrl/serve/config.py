@@ -40,6 +40,9 @@ class ServeSection:
     record: bool = False  # append each summarized document to <run_dir>/inbox/ (online learning: dataset=inbox)
     reload: str = "off"  # auto: serve a newer checkpoint of the run as soon as training writes one
     reload_check_s: float = 2.0  # how often auto reload looks for a newer checkpoint (loaded between requests)
+    # Ctrl-C or SIGTERM: how long requests in flight get to finish before they are cut (a stream open for minutes
+    # kept the server up as long)
+    shutdown_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
         _require(1 <= self.port <= 65535, "serve.port", f"must be in 1..65535, got {self.port}")
@@ -57,6 +60,7 @@ class ServeSection:
         _require(self.max_n > 0, "serve.max_n", f"must be > 0, got {self.max_n}")
         _require(self.reload in RELOAD, "serve.reload", f"must be off or auto, got {self.reload!r}")
         _require(self.reload_check_s > 0, "serve.reload_check_s", f"must be > 0, got {self.reload_check_s}")
+        _require(self.shutdown_grace_s >= 0, "serve.shutdown_grace_s", f"must be >= 0, got {self.shutdown_grace_s}")
 
     @property
     def judged(self) -> bool:

@@ -90,6 +90,14 @@ def unsupported_chat(body: dict) -> list[str]:
 
 
 CHAT_ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's newer name for system
+MESSAGE_FIELDS = ("role", "content", "name")  # name: the template's to read (vLLM passes it on too)
+
+
+def unsupported_message_fields(message: dict) -> list[str]:
+    """The fields of a chat message, other than MESSAGE_FIELDS, that ask for something (``tool_calls``,
+    ``tool_call_id``, ``audio``): the template never read them. Empty ones ask for nothing: an assistant message an
+    OpenAI client echoes back carries ``tool_calls: null``, ``refusal: null`` and ``annotations: []``."""
+    return [k for k, v in message.items() if k not in MESSAGE_FIELDS and v not in (None, [], {}, "")]
 
 
 def chat_role(role: Any) -> str:

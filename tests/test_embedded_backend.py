@@ -109,6 +109,17 @@ def test_the_endpoint_reads_developer_as_system_and_refuses_what_it_does_not_imp
     with pytest.raises(openai.BadRequestError, match="must be one of system, user, assistant, developer"):
         loop.run_until_complete(ask("robot"))
     assert loop.run_until_complete(ask(presence_penalty=0)).choices  # a zero asks for nothing
+    # a message's tool call went to the template, which never read it (an audit); echoed empty, it asks for nothing
+    called = {"role": "assistant", "content": "Red.", "tool_calls": [{"id": "c1", "type": "function",
+                                                                       "function": {"name": "f", "arguments": "{}"}}]}
+    for message, refused in ((called, True), ({**called, "tool_calls": None, "refusal": None}, False)):
+        request = client.chat.completions.create(model=model.get_inference_name(), max_tokens=1, messages=[
+            {"role": "user", "content": "Name a color."}, message, {"role": "user", "content": "Another."}])
+        if refused:
+            with pytest.raises(openai.BadRequestError, match="tool_calls not supported .this server has no tools."):
+                loop.run_until_complete(request)
+        else:
+            assert loop.run_until_complete(request).choices
 
 
 def test_a_summary_budget_past_the_context_is_refused_before_generating_as_the_server_would_refuse_it(loop, session):

@@ -747,6 +747,17 @@ def test_the_server_refuses_by_name_what_it_does_not_do_and_goes_on(monkeypatch,
                                json={**chat, "messages": [{"role": "user", "content": parts}]}).status_code == 200
             # a line each, as vLLM joins text parts: "bridgereopened." was one word to the model
             assert fake.requests[-1]["messages"] == [{"role": "user", "content": "Summarize: a bridge\nreopened."}]
+            # a message's tool fields were passed to the template, which never read them, and the reply came as if
+            # they had been (a serve audit); empty ones, as an OpenAI client echoes an assistant message, are fine
+            called = {"role": "assistant", "content": "x", "tool_calls": [{"id": "c1", "type": "function"}]}
+            assert error(client.post("/v1/chat/completions", headers=key, json={**chat, "messages": [called]}),
+                         400) == ("bad request: messages.0: tool_calls not supported (this server has no tools): send "
+                                  "role, content and optionally name")
+            echoed = {"role": "assistant", "content": "x", "name": "a", "tool_calls": None, "refusal": None,
+                      "annotations": []}
+            assert client.post("/v1/chat/completions", headers=key,
+                               json={**chat, "messages": [echoed, *chat["messages"]]}).status_code == 200
+            assert fake.requests[-1]["messages"][0] == {"role": "assistant", "content": "x", "name": "a"}
             assert error(client.post("/v1/chat/completions", headers=key, json={"messages": chat["messages"]}),
                          400) == "bad request: model: required, the served model's id (r@1)"
             assert client.post("/v1/chat/completions", headers=key, json={**chat, "temperature": 0}).status_code == 200

@@ -40,8 +40,8 @@ from summrl.data.documents import PART
 from summrl.data.tokenizer import load_tokenizer
 from summrl.inbox import Recorder
 from summrl.judges.client import REQUEST_COST
-from summrl.prompt import (UNSUPPORTED_CHAT, SummaryPrompt, chat_role, chat_token_ids, content_text, unsupported_chat,
-                           word_count)
+from summrl.prompt import (MESSAGE_FIELDS, UNSUPPORTED_CHAT, SummaryPrompt, chat_role, chat_token_ids, content_text,
+                           unsupported_chat, unsupported_message_fields, word_count)
 from summrl.rewards.base import Missing
 from summrl.secrets import redact_text
 from summrl.serve.config import ServeConfig
@@ -388,7 +388,10 @@ def chat_messages(messages: list) -> list[dict]:
             content = content_text(message.get("content"))
         except ValueError as e:
             raise HTTPException(400, detail=f"{where}.content: {e}") from None
-        out.append({**message, "role": role, "content": content})
+        if extra := unsupported_message_fields(message):
+            raise HTTPException(400, detail=f"{where}: {', '.join(extra)} not supported (this server has no tools): "
+                                            "send role, content and optionally name")
+        out.append({k: v for k, v in message.items() if k in MESSAGE_FIELDS} | {"role": role, "content": content})
     return out
 
 

@@ -32,7 +32,7 @@ from summrl.backends.openai_errors import openai_errors
 from summrl.backends.seed import Seed
 from summrl.backends.stops import Stop, stop_sequences
 from summrl.errors import run_async
-from summrl.prompt import chat_role, content_text, unsupported_chat
+from summrl.prompt import chat_role, content_text, unsupported_chat, unsupported_message_fields
 from summrl.rollout import Burst, sample_seed
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,14 @@ class Message(BaseModel):
         """Text parts and null as the chat template reads them (they were refused); an image part is a 400 naming its
         type."""
         return content_text(content)
+
+    @model_validator(mode="after")
+    def no_tools(self) -> "Message":
+        """``tool_calls`` and the like are a 400 naming them: the template never read them."""
+        if extra := unsupported_message_fields(self.model_extra or {}):
+            raise ValueError(f"{', '.join(extra)} not supported (this server has no tools): send role, content and "
+                             "optionally name")
+        return self
 
 
 class ChatRequest(BaseModel):

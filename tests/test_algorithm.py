@@ -53,6 +53,36 @@ def test_presets_compose_into_backend_train_arguments(preset, kwargs):
     assert algorithm.train_kwargs(config.algorithm, "local_gpu") == kwargs
 
 
+@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "ppo_clip", "grpo_kl"])
+def test_the_training_loop_hands_each_presets_update_and_scheduled_rate_to_the_backend(preset, monkeypatch):
+    """Every other test of a preset's update calls the backend's train itself: a loop that dropped the preset's
+    arguments trained every preset as plain GRPO, and the multirun over presets stayed green (an audit)."""
+    from types import SimpleNamespace
+
+    import summrl.loop
+    from summrl.loop import Scored, train_step
+
+    config = compose_config([*LOCAL, f"algorithm={preset}", "algorithm.lr_schedule=linear", "trainer.max_steps=4"])
+    sent = []
+
+    async def train(model, groups, **kwargs):
+        sent.append(kwargs)
+        return SimpleNamespace(metrics={})
+
+    async def sampled(*args, **kwargs):
+        return Scored(groups=[])
+
+    monkeypatch.setattr(summrl.loop, "sample_and_score", sampled)
+    session = SimpleNamespace(config=config, trainer=config.trainer, reward=None, model=None, stopping=False,
+                              backend=SimpleNamespace(train=train))
+    asyncio.run(train_step(session, [], 2))
+    expected = algorithm.train_kwargs(config.algorithm, config.backend.kind)
+    rate = algorithm.learning_rate(config.algorithm, config.model.lr, 2, 4)
+    assert sent == [{"learning_rate": rate, **expected}] and rate < config.model.lr
+    assert expected == {"grpo": {}, "dr_grpo": {"scale_rewards": False}, "grpo_kl": {"kl_penalty_coef": 0.001},
+                        "ppo_clip": {"loss_fn": "ppo", "epsilon": 0.2, "epsilon_high": 0.28}}[preset]
+
+
 def test_serverless_spells_the_loss_as_ppo_and_refuses_the_kl_penalty():
     ppo = compose_config([*LOCAL, "algorithm=ppo_clip"]).algorithm
     assert algorithm.train_kwargs(ppo, "serverless") == {"ppo": True, "epsilon": 0.2, "epsilon_high": 0.28}

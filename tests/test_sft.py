@@ -168,6 +168,24 @@ def test_distill_collects_teacher_summaries_in_art_chat_format_and_never_calls_t
         assert len(lines(tmp_path / "sft" / COLLECTED)) == 3
 
 
+@pytest.mark.parametrize("good_first", [True, False], ids=["good-first", "good-last"])
+def test_top_k_keeps_the_summary_the_reward_scores_highest(tmp_path, good_first):
+    """Every other test's teacher said one thing each time, so none could tell which summary was kept: rewards paired
+    with the wrong summaries fine-tuned on the worst one, and they stayed green (an audit)."""
+    from summrl.sft import collect, training_samples
+    from summrl.testing import FakeLLM, Reply
+
+    with FakeLLM() as server:
+        config = distill_config(tmp_path, server, "sft.max_docs=1", "sft.teacher.max_concurrency=1")
+        train = train_split(config)
+        # the answers to every document's questions: the one collected scores its best on it
+        good = "Summary. " + " ".join(q.answer for d in train for q in d.questions if q.answerable)
+        bad = "Nothing of note happened."
+        server.script = [Reply(good), Reply(bad)] if good_first else [Reply(bad), Reply(good)]
+        asyncio.run(collect(config, None, lexical_reward(config), train))
+    assert [t.messages_and_choices[-1]["content"] for t in training_samples(config)] == [good]
+
+
 def test_a_summary_cut_off_at_max_tokens_is_not_kept_unless_sft_keep_cut_off(tmp_path):
     """A cut-off summary was kept as a finished turn, its end-of-turn token trained: at experiment=sft_ablation_local's
     64 tokens 31 of 32 summaries were cut, and every kept one ended mid-sentence (found by this stop's SFT audit)."""

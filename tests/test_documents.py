@@ -378,6 +378,32 @@ def test_questions_are_written_once_through_the_judge_and_reruns_make_no_calls(t
         assert len(server.requests) == calls  # every question came from the cache
         assert again.record["questions"]["cache_hits"] == 10 and again.record["questions"]["written_now"] == 0
         assert [d.questions for d in again.val] == [d.questions for d in splits.val]
+        # the folder saved with Windows' line endings: the same documents to the reader, and now to the cache (their
+        # questions were written and paid for again)
+        import hashlib
+
+        from summrl.splits import question_bank
+
+        crlf = tmp_path / "crlf"
+        for source in FIXTURE.rglob("*.md"):
+            target = crlf / source.relative_to(FIXTURE)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+        windows = config_for(crlf, tmp_path, "judge=openai_compatible", f"judge.api_base={server.base_url}",
+                             "dataset.questions.confirm=false", "dataset.val_size=3")
+        windows.judge.cache_dir = None
+        copied = asyncio.run(load(windows))
+        assert len(server.requests) == calls and copied.record["questions"]["cache_hits"] == 10
+        documents = [*copied.val, *copied.train]
+        assert all("\r\n" in d.text for d in documents)  # the text itself is kept as read
+        # an entry keyed by a CRLF text's own hash, as every one was before, is read, not paid for again
+        bank = question_bank(windows)
+        rest = (bank.writer.writer, bank.settings.per_document, bank.settings.unanswerable_share, bank.settings.check)
+        for document in documents:
+            earlier = bank.cache.path(hashlib.sha256(document.text.encode()).hexdigest(), *rest)
+            bank.path(document).rename(earlier)
+            assert bank.path(document) == earlier
+        assert asyncio.run(load(windows)).record["questions"]["cache_hits"] == 10 and len(server.requests) == calls
 
 
 def test_the_check_drops_a_question_answered_closed_book_and_one_the_document_does_not_answer(tmp_path, monkeypatch):

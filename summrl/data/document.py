@@ -35,6 +35,12 @@ class Document:
     negative_rubrics: Optional[tuple[str, ...]] = None
 
 
+def unix_newlines(text: str) -> str:
+    """The text with Windows' (CRLF) and old Macs' (CR) line endings as LF: what makes two copies of a document one
+    (duplicates, and the caches of what a judge wrote for it)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def resolve_path(spec: str) -> Path:
     """A plain path, or ``pkg:<package>/<relative path>`` for a file inside an installed package."""
     if not spec.startswith("pkg:"):

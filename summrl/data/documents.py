@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from summrl.data.document import UNANSWERABLE, Document, Question, rubric_list
+from summrl.data.document import UNANSWERABLE, Document, Question, rubric_list, unix_newlines
 from summrl.data.split import DataError
 from summrl.data.tokenizer import load_tokenizer
 
@@ -87,8 +87,8 @@ def text_hash(text: str) -> str:
 def same_text(text: str) -> str:
     """Duplicates' key: texts that differ only in line endings (a copy saved on Windows) or in the white space around
     them are one document (kept apart, the copies went one to val and one to train). The text itself is kept as read:
-    its questions are cached under its hash."""
-    return text_hash(text.replace("\r\n", "\n").replace("\r", "\n"))
+    its questions are cached under the hash of the same key (summrl.judges.cache.document_hash)."""
+    return text_hash(unix_newlines(text))
 
 
 # --------------------------------------------------------------------------- reading

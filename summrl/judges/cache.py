@@ -14,9 +14,19 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from summrl.data.document import unix_newlines
+
 
 def document_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    """The document's part of a key, its line endings as LF: a copy re-saved with Windows' line endings is one
+    document to the reader, and its questions were paid for again."""
+    return hashlib.sha256(unix_newlines(text).encode()).hexdigest()
+
+
+def document_hashes(text: str) -> list[str]:
+    """``document_hash``, then the text's own hash where it differs: what keyed a CRLF document's entries before
+    2026-12-07 (read, so that they are not paid for again; never written)."""
+    return list(dict.fromkeys([document_hash(text), hashlib.sha256(text.encode()).hexdigest()]))
 
 
 class JsonCache:
@@ -25,6 +35,12 @@ class JsonCache:
 
     def path(self, *key: Any) -> Path:
         return self.directory / f"{hashlib.sha256(json.dumps(list(key)).encode()).hexdigest()}.json"
+
+    def document_path(self, text: str, *rest: Any) -> Path:
+        """The entry of a document's text (and ``rest`` of the key): the one on disk, under ``document_hashes``'
+        first key that has one, else where a new one goes."""
+        paths = [self.path(digest, *rest) for digest in document_hashes(text)]
+        return next((p for p in paths if p.exists()), paths[0])
 
     def read(self, path: Path) -> Optional[dict]:
         try:

@@ -29,7 +29,7 @@ from typing import Any, Optional, Protocol, Sequence
 from summrl.config import FREE_JUDGES
 from summrl.data import UNANSWERABLE, Document, Question
 from summrl.facts import MONTHS, WEEKDAYS, facts
-from summrl.judges.cache import JsonCache, document_hash
+from summrl.judges.cache import JsonCache
 from summrl.judges.client import JudgeClient, JudgeError, ReplyShapeError, SpendStopped, list_schema
 from summrl.judges.lexical import LexicalJudge, content_words
 from summrl.judges.llm import LLMJudge, listing
@@ -248,7 +248,7 @@ class QuestionBank:
     failures: dict[str, str] = field(default_factory=dict)  # document id -> why its questions could not be written
 
     def path(self, document: Document):
-        return self.cache.path(document_hash(document.text), self.writer.writer, self.settings.per_document,
+        return self.cache.document_path(document.text, self.writer.writer, self.settings.per_document,
                                self.settings.unanswerable_share, self.settings.check)
 
     def cached(self, document: Document) -> Optional[Checked]:

@@ -27,7 +27,7 @@ from summrl.config import rewards_of_kind
 from summrl.data import Document
 from summrl.errors import ExpectedFailure
 from summrl.judges.base import Judge, Rubrics
-from summrl.judges.cache import JsonCache, document_hash
+from summrl.judges.cache import JsonCache
 from summrl.judges.client import JudgeError
 from summrl.rewards.base import Missing, Score
 
@@ -40,7 +40,7 @@ class RubricCache:
         self.cache = JsonCache(directory)
 
     def path(self, document: Document, writer: str, max_rubrics: int) -> Path:
-        return self.cache.path(document_hash(document.text), writer, max_rubrics)
+        return self.cache.document_path(document.text, writer, max_rubrics)
 
     def read(self, path: Path) -> Optional[Rubrics]:
         saved = self.cache.read(path) or {}

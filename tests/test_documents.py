@@ -65,6 +65,25 @@ def config_for(path, tmp_path, *overrides):
 # --------------------------------------------------------------------------- reading
 
 
+def test_a_file_name_that_is_not_utf8_is_refused_naming_it_and_one_left_out_is_listed_printable(tmp_path):
+    """A Latin-1 name (café.txt from an old archive) was read, passed inspect and prepare, then ended training with a
+    UnicodeEncodeError when its id was hashed for a seed (a documents audit). One left out was printed as it was."""
+    import os
+
+    folder = tmp_path / "docs"
+    shutil.copytree(FIXTURE / "contracts", folder)
+    logo = os.fsdecode(bytes(folder) + b"/logo caf\xe9.png")
+    Path(logo).write_bytes(b"\x89PNG\r\n\x1a\n")
+    loaded = read(dataset(folder))
+    assert ("logo caf\\xe9.png", "not txt/md/markdown/html/htm/pdf") in loaded.skipped_files
+    print(loaded.skipped_files)  # printable: it raised UnicodeEncodeError
+    Path(os.fsdecode(bytes(folder) + b"/caf\xe9 notes.txt")).write_text("Ren\u00e9 Dubois opened the cafe in 1962.")
+    with pytest.raises(DataError, match=re.escape("caf\\xe9 notes.txt: its name is not UTF-8 (the \\x bytes): "
+                                                  "rename it, e.g. convmv -f latin1 -t utf-8 --notest, or move it "
+                                                  f"out of dataset.path={folder}")):
+        read(dataset(folder))
+
+
 def test_a_folder_is_read_with_relative_paths_as_ids_html_and_pdf_included_and_other_files_listed(tmp_path):
     folder = tmp_path / "docs"
     shutil.copytree(FIXTURE, folder)

@@ -147,11 +147,18 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     return sorted(files), skipped
 
 
+def _shown(relative: str) -> str:
+    """A path as it can be printed: a name that is not UTF-8 (its bytes, which Python keeps as surrogates) with those
+    bytes escaped (\\xe9). Printed as it was, it ended the run with a UnicodeEncodeError."""
+    return relative.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _read_folder(folder: Path) -> Loaded:
     documents = []
     files, skipped = _folder_files(folder)
+    skipped = [(_shown(name), why) for name, why in skipped]
     for path in files:
-        relative = path.relative_to(folder).as_posix()
+        relative = _shown(path.relative_to(folder).as_posix())
         if not path.exists():  # a link to nothing: listed, as every file left out is
             skipped.append((relative, "a broken link"))
             continue
@@ -164,6 +171,9 @@ def _read_folder(folder: Path) -> Loaded:
         if path.suffix.lower() not in READABLE:
             skipped.append((relative, f"not {'/'.join(s.lstrip('.') for s in READABLE)}"))
             continue
+        if relative != path.relative_to(folder).as_posix():  # its id: read, then training's seeds failed to hash it
+            raise DataError(f"{relative}: its name is not UTF-8 (the \\x bytes): rename it, e.g. convmv -f latin1 -t "
+                            f"utf-8 --notest, or move it out of dataset.path={folder}")
         documents.append(Document(id=relative, topic=path.parent.relative_to(folder).as_posix().strip("."),
                                   text=_file_text(path, relative), questions=()))
     if not documents:

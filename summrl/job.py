@@ -41,6 +41,9 @@ class JobInfo:
     choices: dict[str, Optional[str]] = field(default_factory=dict)  # config group -> chosen option
     sweep: Optional[str] = None  # the multirun folder's name, e.g. 2026-11-22_05-10-00; None for a single run
     num: Optional[int] = None  # the job's number within its sweep
+    # the keys a basic sweep varies (its jobs differ in them), of every sweep that trained this run: a later sweep in
+    # its folder may not change them (check_same_job), though it no longer varies them
+    varied: list[str] = field(default_factory=list)
 
     @classmethod
     def from_hydra(cls) -> "JobInfo":
@@ -52,7 +55,8 @@ class JobInfo:
         if hydra_cfg.mode != RunMode.MULTIRUN:
             return cls(task_overrides(hydra_cfg), choices)
         sweep_dir = Path(hydra_cfg.sweep.dir)
-        return cls(task_overrides(hydra_cfg), choices, f"{sweep_dir.parent.name}_{sweep_dir.name}", hydra_cfg.job.num)
+        return cls(task_overrides(hydra_cfg), choices, f"{sweep_dir.parent.name}_{sweep_dir.name}", hydra_cfg.job.num,
+                   sorted(sweep_varied(sweep_dir)))
 
     @property
     def name(self) -> str:
@@ -63,7 +67,8 @@ class JobInfo:
 
     def record(self) -> dict[str, Any]:
         # a secret's value never reaches result.json, whatever carried it
-        return {"overrides": redact(self.overrides), "choices": self.choices, "sweep": self.sweep, "job_num": self.num}
+        return {"overrides": redact(self.overrides), "choices": self.choices, "sweep": self.sweep, "job_num": self.num,
+                "sweep_varied": self.varied}
 
 
 def override_key(override: str) -> str:
@@ -96,6 +101,13 @@ def planned_jobs(folder: Path) -> list[list[str]]:
         return []
 
 
+def sweep_varied(folder: Path) -> set[str]:
+    """The keys in which the jobs a sweep folder's ``multirun.yaml`` plans differ (none: one job, or not a basic
+    sweep)."""
+    plan = [{override_key(o): o for o in job} for job in planned_jobs(folder)]
+    return {k for job in plan for k in job if len({j.get(k) for j in plan}) > 1}
+
+
 def check_same_job(hydra_cfg, earlier: dict) -> None:
     """A sweep resumed in its folder gives job N the run its job N trained: the same job only where the values the
     sweep varies are that run's. Optuna draws its trials anew (job N is another trial), and an edited sweep list moves
@@ -107,9 +119,8 @@ def check_same_job(hydra_cfg, earlier: dict) -> None:
     before = {override_key(o): o for o in earlier["overrides"]}
     now = {override_key(o): o for o in redact(list(hydra_cfg.overrides.task))}
     basic = hydra_cfg.sweeper.get("_target_") == BASIC_SWEEPER
-    if basic:
-        plan = [{override_key(o): o for o in job} for job in planned_jobs(Path(hydra_cfg.sweep.dir))]
-        varied = {k for job in plan for k in job if len({j.get(k) for j in plan}) > 1}
+    if basic:  # what this sweep varies, and what the sweeps that trained the run varied (an edited list fixes a key)
+        varied = sweep_varied(Path(hydra_cfg.sweep.dir)) | set(earlier.get("sweep_varied") or [])
     else:
         varied = set(now) | set(before)
     changed = [k for k in sorted(varied) if now.get(k) != before.get(k)]
@@ -296,6 +307,7 @@ class RunRecord:
         self.run_dir = Path(run_dir)
         self.job = job or JobInfo()
         self.earlier: dict = read_result(self.run_dir) or {}
+        self._keep_varied()
         self.fields: dict[str, Any] = {}
         self.val_history: list[dict] = list(self.earlier.get("val_history", []))
         self.attempts: list[dict] = list(self.earlier.get("attempts", []))  # one per invocation that trained
@@ -308,10 +320,14 @@ class RunRecord:
         self.stopped_waiting = False  # dataset=inbox: a signal came while it waited for documents, before training
         self.was_refused = False  # a resume refused before it trained (``refused``): the record is the earlier one
 
+    def _keep_varied(self) -> None:
+        self.job.varied = sorted({*self.job.varied, *(self.earlier.get("sweep_varied") or [])})
+
     def adopt(self, earlier: Optional[dict]) -> None:
         """A fresh machine: what the run's earlier invocations backed up (their result.json, restored from S3)."""
         if earlier and not self.earlier:
             self.earlier = earlier
+            self._keep_varied()
             self.val_history = list(earlier.get("val_history", []))
             self.attempts = list(earlier.get("attempts", []))
             self.untrained_steps = list(earlier.get("untrained_steps", []))

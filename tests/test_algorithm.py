@@ -517,6 +517,7 @@ def test_multirun_over_presets_records_each_choice(shared_sweep):
         assert record["status"] == "completed" and record["choices"]["algorithm"] == preset
         assert record["algorithm"]["name"] == preset
         assert record["algorithm"]["scale_rewards"] is (preset == "grpo")
+        assert record["sweep_varied"] == ["algorithm", "dataset.train_size"]  # conftest.SWEEP_ARMS: fixed from now on
         history = [json.loads(line) for line in next(job.glob("art/*/models/*/history.jsonl")).open()]
         assert any(h.get("loss/learning_rate") == 5e-4 for h in history)
 

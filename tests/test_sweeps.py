@@ -4,6 +4,7 @@ runs (read back from their .wandb records), the report, the joblib launcher and 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -139,3 +140,14 @@ def test_a_sweep_resumed_with_its_values_moved_is_refused_before_anything_loads(
             "the sweep's values changed, so its jobs moved") in result.stderr
     assert f"job 1 of this sweep resumes the run in {sweep}/1, trained with model.lr=0.0001" in result.stderr
     assert not (sweep / "0" / "art").exists() and not (sweep / "1" / "art").exists()  # nothing loaded or trained
+    # the list cut to one value: this sweep varies nothing, but the sweep that trained job 0 varied model.lr (its
+    # record says so): job 0 went on training the 0.0002 run at 0.0001 and was labelled 0.0001 (a sweeps audit)
+    shutil.rmtree(sweep / "1")
+    record = json.loads((sweep / "0" / "result.json").read_text())
+    (sweep / "0" / "result.json").write_text(json.dumps({**record, "sweep_varied": ["model.lr"]}))
+    result = run_cli(["-m", "experiment=local", "run.name=abl", "model.lr=0.0001", "trainer.max_steps=2",
+                      f"hydra.sweep.dir={sweep}"], cwd=ROOT, timeout=120)
+    assert result.returncode == 1
+    assert (f"job 0 of this sweep resumes the run in {sweep}/0, trained with model.lr=0.0002 (now model.lr=0.0001): "
+            "the sweep's values changed, so its jobs moved") in result.stderr
+    assert not (sweep / "0" / "art").exists()

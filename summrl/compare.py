@@ -199,3 +199,8 @@ def per_doc(result: dict, metric: str, step: Optional[int] = None) -> dict[str, 
         return {}
     return {doc: s[metric] for doc, s in history[-1]["per_doc"].items()
             if s.get(metric) is not None and math.isfinite(s[metric])}
+
+
+if __name__ == "__main__":  # a library: `python -m summrl.compare <folder>` printed nothing and exited 0
+    raise SystemExit("summrl.compare is the statistics summrl.report uses: run python -m summrl.report <sweep folder> "
+                     "(--baseline '<overrides>' for the paired comparisons)")

@@ -560,7 +560,8 @@ RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "d
                       "dataset.hf_split", "dataset.seed", "dataset.val_size", "dataset.max_document_tokens",
                       "dataset.long_documents", "dataset.questions.", "reward.", "judge.kind", "judge.model",
                       "judge.min_recall",
-                      "trainer.prompt", "trainer.max_words", "trainer.val_rollouts_per_doc", "trainer.val_temperature",
+                      "trainer.prompt", "trainer.max_words", "trainer.max_summary_tokens", "trainer.val_rollouts_per_doc",
+                      "trainer.val_temperature",
                       "trainer.val_qa_max_chars", "trainer.val_qa_forbid_han",
                       "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.", "sft.kind")
 # What online learning (dataset=inbox) must keep of the run it goes on from: its adapter's model, the prompt it serves.
@@ -799,7 +800,8 @@ async def train(config: Config, record: Optional[RunRecord] = None) -> Optional[
             record.update(**run_totals(session, record))
         if "sft" not in record.fields and (stopped := sft.record_before_training(config)):
             record.update(sft=stopped)
-        record.update(peak_rss_gb=peak_rss_gb())
+        # the run's peak: an invocation that resumed or only looked (a finished sweep rerun) peaks lower
+        record.update(peak_rss_gb=max(peak_rss_gb(), record.earlier.get("peak_rss_gb") or 0.0))
         if record.fields.get("status") in ("failed", "interrupted") and record.val_history:
             # what the run reached before it stopped, for summrl.report (it showed nothing)
             try:

@@ -441,3 +441,13 @@ def test_a_report_keeps_one_markdown_row_per_job_no_empty_side_table_and_no_stal
     assert (out / "paired.csv").exists()
     write_report(sweep, out)
     assert not (out / "paired.csv").exists() and "Difference from the baseline" not in (out / "report.md").read_text()
+
+
+def test_summrl_compare_run_as_a_command_names_the_command_that_compares(tmp_path):
+    """A library module: `python -m summrl.compare <folder>` printed nothing, wrote nothing and exited 0, so the
+    comparison seemed done (a sweeps audit)."""
+    result = subprocess.run([sys.executable, "-m", "summrl.compare", str(tmp_path)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip() == ("summrl.compare is the statistics summrl.report uses: run python -m summrl.report "
+                                     "<sweep folder> (--baseline '<overrides>' for the paired comparisons)")

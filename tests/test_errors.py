@@ -983,6 +983,10 @@ def test_a_resume_with_other_val_reward_or_model_settings_is_refused_before_anyt
     with pytest.raises(ConfigError, match=r"trained with trainer.temperature=1.0 \(now 0.5\): its checkpoints"):
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "trainer.temperature=0.5"]),
                                  RunRecord(tmp_path))
+    # val drawn with another token budget, ranked with the earlier passes (step=best; a sweeps audit)
+    with pytest.raises(ConfigError, match=r"trained with trainer.max_summary_tokens=128 \(now 48\): its checkpoints"):
+        check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "trainer.max_summary_tokens=48"]),
+                                 RunRecord(tmp_path))
     # another groups_per_step went on from another document: some trained twice in the epoch, others skipped
     with pytest.raises(ConfigError, match=r"trained with trainer.groups_per_step=2 \(now 3\): its checkpoints"):
         check_resumed_as_trained(compose_config(["experiment=local", "run.name=r", "trainer.groups_per_step=3"]),
@@ -1064,6 +1068,11 @@ def test_a_rerun_of_a_finished_run_adds_no_attempt_and_none_of_its_time(sft, tmp
                              "trainer.max_summary_tokens=4", *sft])
     asyncio.run(train(config, record := RunRecord(tmp_path)))
     record.save()
+    # the run's peak as a separate process would have measured it, above this test process's: the rerun, which loads
+    # less, put its own lower peak in its place (2.0 -> 0.75 GB in a sweeps audit)
+    from summrl.job import write_result
+
+    write_result(tmp_path, {**read_result(tmp_path), "peak_rss_gb": 99.0})
     first = read_result(tmp_path)
     asyncio.run(train(config, record := RunRecord(tmp_path)))
     record.save()
@@ -1071,6 +1080,7 @@ def test_a_rerun_of_a_finished_run_adds_no_attempt_and_none_of_its_time(sft, tmp
     assert again["status"] == "completed" and again["steps"] == 1 + bool(sft)
     assert again["val_history"] == first["val_history"]
     assert again["attempts"] == first["attempts"] and again["wall_s"] == first["wall_s"]
+    assert again["peak_rss_gb"] == 99.0
 
 
 def test_a_resume_refused_by_a_config_error_leaves_the_completed_run_completed(tmp_path):

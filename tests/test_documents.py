@@ -65,6 +65,29 @@ def config_for(path, tmp_path, *overrides):
 # --------------------------------------------------------------------------- reading
 
 
+def test_a_link_to_a_folder_in_the_tree_is_left_out_and_the_folder_keeps_its_own_path(tmp_path):
+    """In sorted order the first path owned a folder: a link "archive -> reports" added beside it renamed its documents
+    to archive/..., reshuffling val and train and refusing the run's resume, and reports was listed as the link (a
+    documents audit). A link to a folder outside is still read under its own name."""
+    folder = tmp_path / "docs"
+    shutil.copytree(FIXTURE / "contracts", folder / "reports")
+    (folder / "other.md").write_text("The other note says the depot opened on May 3, 2021.")
+    (folder / "archive").symlink_to(folder / "reports")
+    (folder / "deep").mkdir()
+    (folder / "deep" / "latest").symlink_to(folder / "reports")  # walked after reports/ either way
+    (folder / "a-latest").symlink_to(folder / "deep")  # sorted before deep/
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "memo.md").write_text("The ferry schedule changes on April 2.")
+    (folder / "b-outside").symlink_to(outside)
+    loaded = read(dataset(folder))
+    assert sorted(d.id for d in loaded.documents) == ["b-outside/memo.md", "other.md", "reports/lease-harbor-street.md",
+                                                      "reports/supply-agreement.md"]
+    assert sorted(loaded.skipped_files) == [("a-latest", "a link to a folder read already"),
+                                            ("archive", "a link to a folder read already"),
+                                            ("deep/latest", "a link to a folder read already")]
+
+
 def test_a_file_name_that_is_not_utf8_is_refused_naming_it_and_one_left_out_is_listed_printable(tmp_path):
     """A Latin-1 name (café.txt from an old archive) was read, passed inspect and prepare, then ended training with a
     UnicodeEncodeError when its id was hashed for a seed (a documents audit). One left out was printed as it was."""

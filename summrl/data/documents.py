@@ -124,6 +124,12 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     """Every file under ``folder`` (broken links included, to be listed), linked folders followed, as a user who
     linked one in expects (Path.rglob left them out unlisted); a real folder is read once, so a link loop ends."""
     files, skipped, seen = [], [], {os.path.realpath(folder)}
+    # the folders reached without a link: each is read under its own path, and a link to one is the one left out
+    # (in sorted order the first path owned it, so a link added beside a folder renamed its documents)
+    real = set()
+    for root, folders, _ in os.walk(folder):
+        folders[:] = [name for name in folders if not name.startswith(".")]  # not read: a link to one is
+        real.add(os.path.realpath(root))
 
     def unreadable(error: OSError) -> None:  # os.walk passed over a folder it can't list: its documents left unsaid
         where = Path(error.filename or folder)
@@ -138,11 +144,13 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[tuple[str, str]]]:
                 folders.remove(name)  # hidden link to a folder (.latest -> archive/2024) no longer hides the folder
                 skipped.append(((Path(root) / name).relative_to(folder).as_posix(), "hidden"))
                 continue
-            real = os.path.realpath(os.path.join(root, name))
-            if real in seen:
+            path = os.path.join(root, name)
+            target = os.path.realpath(path)
+            if target in seen or (os.path.islink(path) and target in real):
                 folders.remove(name)
                 skipped.append(((Path(root) / name).relative_to(folder).as_posix(), "a link to a folder read already"))
-            seen.add(real)
+                continue
+            seen.add(target)
         files += [Path(root) / name for name in names]
     return sorted(files), skipped
 

@@ -201,14 +201,14 @@ def split_whole(loaded: Loaded, dataset: Any) -> tuple[list[Document], list[Docu
 
 
 async def with_questions(config: Any, loaded: Loaded, val: list[Document], train: list[Document], *,
-                         train_needs: bool, train_required: bool) -> Splits:
+                         train_needs: bool, train_required: bool, progress: bool = False) -> Splits:
     """Questions for the val documents (and the train ones when ``train_needs``) that have none: cached, or written
-    and checked after the cost guard. A document none of whose questions pass is left out."""
+    and checked after the cost guard. A document none of whose questions pass is left out. ``progress``: a bar."""
     dataset = config.dataset
     need = needing_questions(val, train, train_needs)
     bank = question_bank(config)
     try:
-        checked = await fill(bank, need, dataset.questions) if need else {}
+        checked = await fill(bank, need, dataset.questions, progress=progress) if need else {}
     except BaseException as e:  # failed, over budget, or Ctrl-C part-way: what was paid still goes in the run's record
         if bank.writer.client is not None and bank.writer.client.usage.cost_usd:
             e.questions_cost_usd = bank.writer.client.usage.cost_usd  # type: ignore[attr-defined]
@@ -248,7 +248,7 @@ async def with_questions(config: Any, loaded: Loaded, val: list[Document], train
               "questions": {"given": sum(bool(d.questions) for d in loaded.documents),
                             "generated_documents": len(checked), "cache_hits": bank.hits, "written_now": bank.written,
                             **totals(checked), "left_out": left_out,
-                            "cost_usd": usage.cost_usd if usage else 0.0,
+                            "cost_usd": usage.cost_usd if usage else 0.0, "calls": usage.calls if usage else 0,
                             "per_document": {doc_id: c.counts() for doc_id, c in checked.items()}}}
     q = record["questions"]
     if checked:

@@ -581,6 +581,31 @@ def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, c
     assert splits.record["questions"]["cache_hits"] == 10 and splits.record["questions"]["written_now"] == 0
 
 
+def test_data_prepare_names_what_the_question_check_leaves_out_and_refuses_as_training_would(tmp_path, capsys, caplog):
+    """prepare printed its totals alone: a val document none of whose questions a summary must answer passed went
+    unnamed, prepare exited 0, and the run it prepared for was refused (a documents audit)."""
+    import logging
+
+    from summrl.data.__main__ import main
+    from summrl.splits import read_documents, split_whole
+
+    caplog.set_level(logging.INFO, logger="summrl")
+    folder = tmp_path / "docs"
+    shutil.copytree(FIXTURE, folder)
+    (folder / "prose.txt").write_text("the weather was mild and the river ran slowly past the old mill, as it does.")
+    args = ["experiment=local", "dataset=documents", f"dataset.path={folder}", "dataset.val_size=1",
+            f"dataset.questions.cache_dir={tmp_path / 'q'}"]
+    seed = next(seed for seed in range(100) if [d.id for d in split_whole(read_documents(compose_config(
+        [*args, f"dataset.seed={seed}"]), report=False), compose_config([*args, f"dataset.seed={seed}"]).dataset)[0]]
+        == ["prose.txt"])
+    with pytest.raises(SystemExit) as refused:
+        main(["prepare", *args, f"dataset.seed={seed}"])
+    assert refused.value.code == 2
+    assert "1 document(s) left out, none of their questions that a summary must answer passed the check: prose.txt" in (
+        caplog.text)
+    assert "after the question check, 0 val and 10 train documents are left: add documents, or change " in caplog.text
+
+
 def test_data_prepare_and_inspect_split_a_folder_with_a_split_document_as_training_does(tmp_path, capsys):
     """A long document's parts: summrl.data shuffled the parts one by one, training shuffles whole documents, so
     prepare wrote the questions of other val documents than training's (which then wrote its own), and inspect

@@ -111,17 +111,18 @@ async def prepare(config) -> None:
     started = time.monotonic()
     loaded = splits.read_documents(config)
     val, train = splits.split_whole(loaded, config.dataset)
-    need = splits.needing_questions(val, train, splits.needs_questions(config, True))
-    bank = splits.question_bank(config)
-    checked = await splits.fill(bank, need, config.dataset.questions, progress=True)
-    total = splits.totals(checked)
-    rate = total["closed_book_answer_rate"]
-    usage = bank.writer.client.usage if bank.writer.client is not None else None
-    print(f"summrl: prepared {len(checked)} documents in {time.monotonic() - started:.1f} s: {bank.written} written now, "
-          f"{bank.hits} from the cache ({bank.cache.directory}); questions written {total['written']}, kept "
-          f"{total['kept']}, dropped {', '.join(f'{k} {v}' for k, v in total['dropped'].items())}; closed-book "
-          f"answer rate {'n/a' if rate is None else f'{rate:.1%}'}"
-          + (f"; judge cost ${usage.cost_usd:.4f} in {usage.calls} calls" if usage else ""))
+    # as training does it: the documents its question check leaves out are named, and a split it would leave empty
+    # is training's config error, here (prepare said all was well, and the run was refused)
+    made = await splits.with_questions(config, loaded, val, train, train_needs=splits.needs_questions(config, True),
+                                       train_required=True, progress=True)
+    q = made.record["questions"]
+    rate = q["closed_book_answer_rate"]
+    print(f"summrl: prepared {q['generated_documents']} documents in {time.monotonic() - started:.1f} s: "
+          f"{q['written_now']} written now, {q['cache_hits']} from the cache ({config.dataset.questions.cache_dir}); "
+          f"questions written {q['written']}, kept {q['kept']}, dropped "
+          f"{', '.join(f'{k} {v}' for k, v in q['dropped'].items())}; closed-book answer rate "
+          f"{'n/a' if rate is None else f'{rate:.1%}'}"
+          + (f"; judge cost ${q['cost_usd']:.4f} in {q['calls']} calls" if q["calls"] else ""))
     await rubric.prepare(config, [*val, *train])
 
 

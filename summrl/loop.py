@@ -560,8 +560,8 @@ RESUMED_AS_TRAINED = ("seed", "dataset.kind", "dataset.name", "dataset.path", "d
                       "dataset.hf_split", "dataset.seed", "dataset.val_size", "dataset.max_document_tokens",
                       "dataset.long_documents", "dataset.questions.", "reward.", "judge.kind", "judge.model",
                       "judge.min_recall",
-                      "trainer.prompt", "trainer.max_words", "trainer.max_summary_tokens", "trainer.val_rollouts_per_doc",
-                      "trainer.val_temperature",
+                      "trainer.prompt", "trainer.max_words", "trainer.max_summary_tokens",
+                      "trainer.val_rollouts_per_doc", "trainer.val_temperature",
                       "trainer.val_qa_max_chars", "trainer.val_qa_forbid_han",
                       "trainer.groups_per_step", "model.base_model", "model.weights", "model.lora.", "sft.kind")
 # What online learning (dataset=inbox) must keep of the run it goes on from: its adapter's model, the prompt it serves.

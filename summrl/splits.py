@@ -194,9 +194,16 @@ def split_whole(loaded: Loaded, dataset: Any) -> tuple[list[Document], list[Docu
     val_ids, train_ids = split(loaded.read_ids or list(groups), dataset, loaded.source)
     val = [d for i in val_ids for d in groups.get(i, [])]
     if val_ids and not val and loaded.documents:
-        raise DataError(f"the val documents ({', '.join(val_ids[:5])}{', ...' if len(val_ids) > 5 else ''}) are all "
-                        f"over dataset.max_document_tokens={dataset.max_document_tokens} and skipped: raise the limit, "
-                        "set dataset.long_documents=split, or another dataset.seed")
+        named = f"{', '.join(val_ids[:5])}{', ...' if len(val_ids) > 5 else ''}"
+        copies = dict(loaded.duplicates)  # a document whose text is another's part: kept once, as that part
+        if all(i in copies for i in val_ids):  # (it was said to be over the limit, and told to split: it was)
+            raise DataError(f"the val documents ({named}) are each the text of another document's part, kept once "
+                            f"there ({copies[val_ids[0]]}): remove the copies from {loaded.source}, or another "
+                            "dataset.seed")
+        also = " (or copies of a part of another)" if any(i in copies for i in val_ids) else ""
+        raise DataError(f"the val documents ({named}) are all over dataset.max_document_tokens="
+                        f"{dataset.max_document_tokens} and skipped{also}: raise the limit, set "
+                        "dataset.long_documents=split, or another dataset.seed")
     return val, [d for i in train_ids for d in groups.get(i, [])]
 
 

@@ -581,6 +581,35 @@ def test_data_prepare_fills_the_cache_that_inspect_and_training_read(tmp_path, c
     assert splits.record["questions"]["cache_hits"] == 10 and splits.record["questions"]["written_now"] == 0
 
 
+def test_a_val_document_kept_as_another_documents_part_is_named_as_such_not_as_too_long(tmp_path):
+    """A file that is exactly a part of a longer one (an excerpt saved apart) is kept once, as the part. Drawn as the
+    only val document, the refusal said it was over the length limit, and to split, which was the setting in use (a
+    documents audit)."""
+    from summrl.splits import read_documents, split_whole
+
+    folder = tmp_path / "docs"
+    shutil.copytree(FIXTURE / "contracts", folder)
+    first = " ".join(f"The harbor board met on March {i} and approved {10 + i} new moorings." for i in range(1, 16))
+    second = " ".join(f"The ferry ran {i} extra crossings on route {30 + i} in June." for i in range(1, 16))
+    (folder / "a-report.txt").write_text(f"{first}\n\n{second}")
+    (folder / "b-excerpt.txt").write_text(second)
+    args = ["experiment=local", "dataset=documents", f"dataset.path={folder}", "dataset.val_size=1",
+            "dataset.max_document_tokens=300", "dataset.long_documents=split"]
+    for seed in range(100):
+        config = compose_config([*args, f"dataset.seed={seed}"])
+        loaded = read_documents(config, report=False)
+        assert ("b-excerpt.txt", "a-report.txt#part2") in loaded.duplicates
+        try:
+            split_whole(loaded, config.dataset)
+        except DataError as e:
+            assert str(e) == ("the val documents (b-excerpt.txt) are each the text of another document's part, kept "
+                              f"once there (a-report.txt#part2): remove the copies from {folder}, or another "
+                              "dataset.seed")
+            break
+    else:
+        pytest.fail("no seed drew b-excerpt.txt as the val document")
+
+
 def test_data_prepare_names_what_the_question_check_leaves_out_and_refuses_as_training_would(tmp_path, capsys, caplog):
     """prepare printed its totals alone: a val document none of whose questions a summary must answer passed went
     unnamed, prepare exited 0, and the run it prepared for was refused (a documents audit)."""
@@ -1462,7 +1491,8 @@ def test_a_signal_while_prepare_writes_questions_is_one_line_with_the_signals_ex
              f"judge.api_base={server.base_url}", "dataset.questions.confirm=false",
              f"dataset.questions.cache_dir={tmp_path / 'questions'}"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as `cmd &` starts it
         deadline = time.monotonic() + 120
         while not server.requests:  # writing: the judge has been asked
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()

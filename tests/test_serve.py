@@ -330,8 +330,8 @@ def test_a_request_whose_client_gives_up_stops_generating_and_the_next_is_served
                     pass
         served.process.wait(timeout=60)
         assert time.monotonic() - stopping < 20 and served.process.returncode == 0
-        assert ("summrl: POST /v1/chat/completions was cut: still in flight serve.shutdown_grace_s=1 s after the server "
-                "was told to stop") in served.log.read_text()
+        assert ("summrl: POST /v1/chat/completions was cut: still in flight serve.shutdown_grace_s=1 s after the "
+                "server was told to stop") in served.log.read_text()
     finally:
         served.stop()
     assert "Traceback" not in served.log.read_text() and "never retrieved" not in served.log.read_text()

@@ -1198,6 +1198,15 @@ def test_a_table_that_is_not_utf8_or_holds_half_a_character_is_one_line_naming_i
     (tmp_path / "wide" / "notes.txt").write_bytes("Minutes of the meeting.".encode("utf-16"))
     with pytest.raises(DataError, match=r"^notes.txt: UTF-16 text"):
         read(dataset(tmp_path / "wide"))
+    # with no byte-order mark (it was "a binary file ... save its text as .txt"), and UTF-32 (it was "UTF-16")
+    for encoding, said in (("utf-16-le", "UTF-16 text (every other byte is 0; no byte-order mark), not UTF-8: re-save "
+                                         "it as UTF-8, e.g. iconv -f utf-16le -t utf-8"),
+                           ("utf-16-be", "e.g. iconv -f utf-16be -t utf-8"),
+                           ("utf-32", "UTF-32 text (its first bytes say so), not UTF-8: re-save it as UTF-8, e.g. "
+                                      "iconv -f utf-32 -t utf-8")):
+        (tmp_path / "wide" / "notes.txt").write_bytes("Minutes of the meeting.".encode(encoding))
+        with pytest.raises(DataError, match=re.escape(said)):
+            read(dataset(tmp_path / "wide"))
     (tmp_path / "bad.parquet").write_bytes(b"not parquet")
     with pytest.raises(DataError, match=r"bad.parquet: can't be read as \.parquet \("):
         _read_rows(tmp_path / "bad.parquet")

@@ -192,10 +192,22 @@ def _read_folder(folder: Path) -> Loaded:
 
 
 def _not_utf16(data: bytes, where: str) -> None:
-    """UTF-16 (Notepad's "Unicode", PowerShell 5's ``>``) is named as such: it was called a binary file, or Latin-1."""
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise DataError(f"{where}: UTF-16 text (its first bytes say so), not UTF-8: re-save it as UTF-8, e.g. "
-                        "iconv -f utf-16 -t utf-8")
+    """UTF-16 (Notepad's "Unicode", PowerShell 5's ``>``) and UTF-32 are named as such: they were called a binary file
+    (UTF-16 with no byte-order mark, and UTF-32 was called UTF-16), or Latin-1."""
+    if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        said, source = "UTF-32 text (its first bytes say so)", "utf-32"
+    elif data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        said, source = "UTF-16 text (its first bytes say so)", "utf-16"
+    else:
+        head = data[:256]
+        head = head[:len(head) // 2 * 2]
+        low, high = head[0::2], head[1::2]  # text in the Latin range: one of each pair of bytes is always 0
+        if len(head) < 4 or not (high.count(0) == len(high) and 0 not in low
+                                 or low.count(0) == len(low) and 0 not in high):
+            return
+        endian = "le" if high.count(0) == len(high) else "be"
+        said, source = "UTF-16 text (every other byte is 0; no byte-order mark)", f"utf-16{endian}"
+    raise DataError(f"{where}: {said}, not UTF-8: re-save it as UTF-8, e.g. iconv -f {source} -t utf-8")
 
 
 def _utf8(data: bytes, where: str, also: str = "", by_line: bool = False) -> str:

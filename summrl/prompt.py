@@ -90,7 +90,8 @@ def unsupported_chat(body: dict) -> list[str]:
 
 
 CHAT_ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's newer name for system
-MESSAGE_FIELDS = ("role", "content", "name")  # name: the template's to read (vLLM passes it on too)
+# name, reasoning_content: the template's to read (Qwen3's reads an assistant turn's reasoning; vLLM passes both on)
+MESSAGE_FIELDS = ("role", "content", "name", "reasoning_content")
 
 
 def unsupported_message_fields(message: dict) -> list[str]:

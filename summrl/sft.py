@@ -156,7 +156,8 @@ def teacher_usage(folder: Path) -> dict[str, float]:
 # --------------------------------------------------------------------------- writers of summaries
 
 
-EMPTY_HINT = "raise trainer.max_summary_tokens for a thinking model"
+# a run keeps the summary budget its val passes were drawn with (loop.RESUMED_AS_TRAINED): a higher one is a new run
+EMPTY_HINT = "raise trainer.max_summary_tokens for a thinking model, in a new run (another run.name)"
 
 
 def non_empty() -> Callable[[str], str]:

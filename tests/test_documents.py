@@ -446,6 +446,11 @@ def test_questions_are_written_once_through_the_judge_and_reruns_make_no_calls(t
             bank.path(document).rename(earlier)
             assert bank.path(document) == earlier
         assert asyncio.run(load(windows)).record["questions"]["cache_hits"] == 10 and len(server.requests) == calls
+        # an old entry that can't be read (an earlier row format) is written again, under the new key
+        stale = bank.path(documents[0])
+        stale.write_text(json.dumps({"questions": [{"question": "q"}]}))
+        assert asyncio.run(load(windows)).record["questions"]["written_now"] == 1
+        assert bank.path(documents[0]) == bank.path(documents[0], new=True) != stale
 
 
 def test_the_check_drops_a_question_answered_closed_book_and_one_the_document_does_not_answer(tmp_path, monkeypatch):

@@ -317,7 +317,11 @@ def test_a_request_whose_client_gives_up_stops_generating_and_the_next_is_served
         after = httpx.post(f"{served.url}/v1/chat/completions", json={**chat, "max_tokens": 3}, timeout=120)
         assert after.status_code == 200  # and its place in flight was given back
         # Ctrl-C while a stream is open: it gets serve.shutdown_grace_s to end, then is cut, and the server stops (it
-        # waited for the stream's 8 x 3000 tokens, over 2 minutes, with no word)
+        # waited for the stream's 8 x 3000 tokens, over 2 minutes, with no word); a request not streamed gets a 503
+        import concurrent.futures
+
+        waiting = concurrent.futures.ThreadPoolExecutor(1).submit(
+            httpx.post, f"{served.url}/v1/chat/completions", json={**chat, "max_tokens": 3000}, timeout=120)
         with httpx.stream("POST", f"{served.url}/v1/chat/completions", timeout=120,
                           json={**chat, "n": 8, "max_tokens": 3000, "stream": True}) as stream:
             lines = stream.iter_lines()
@@ -330,6 +334,8 @@ def test_a_request_whose_client_gives_up_stops_generating_and_the_next_is_served
                     pass
         served.process.wait(timeout=60)
         assert time.monotonic() - stopping < 20 and served.process.returncode == 0
+        cut = waiting.result(timeout=60)
+        assert cut.status_code == 503 and cut.json()["error"]["message"].startswith("the server is stopping: ")
         assert ("summrl: POST /v1/chat/completions was cut: still in flight serve.shutdown_grace_s=1 s after the "
                 "server was told to stop") in served.log.read_text()
     finally:

@@ -20,6 +20,7 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 
 from summrl import cli, logs
 from summrl.config import compose, validate
@@ -118,12 +119,13 @@ async def prepare(config) -> None:
     q = made.record["questions"]
     rate = q["closed_book_answer_rate"]
     print(f"summrl: prepared {q['generated_documents']} documents in {time.monotonic() - started:.1f} s: "
-          f"{q['written_now']} written now, {q['cache_hits']} from the cache ({config.dataset.questions.cache_dir}); "
+          f"{q['written_now']} written now, {q['cache_hits']} from the cache "
+          f"({Path(config.dataset.questions.cache_dir).expanduser()}); "
           f"questions written {q['written']}, kept {q['kept']}, dropped "
           f"{', '.join(f'{k} {v}' for k, v in q['dropped'].items())}; closed-book answer rate "
           f"{'n/a' if rate is None else f'{rate:.1%}'}"
           + (f"; judge cost ${q['cost_usd']:.4f} in {q['calls']} calls" if q["calls"] else ""))
-    await rubric.prepare(config, [*val, *train])
+    await rubric.prepare(config, [*made.val, *made.train])  # not those the question check left out
 
 
 if __name__ == "__main__":

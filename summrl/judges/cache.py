@@ -36,11 +36,11 @@ class JsonCache:
     def path(self, *key: Any) -> Path:
         return self.directory / f"{hashlib.sha256(json.dumps(list(key)).encode()).hexdigest()}.json"
 
-    def document_path(self, text: str, *rest: Any) -> Path:
-        """The entry of a document's text (and ``rest`` of the key): the one on disk, under ``document_hashes``'
-        first key that has one, else where a new one goes."""
+    def document_path(self, text: str, *rest: Any, new: bool = False) -> Path:
+        """The entry of a document's text (and ``rest`` of the key): to read, the one on disk under
+        ``document_hashes``' first key that has one; ``new``, or none on disk: where an entry is written."""
         paths = [self.path(digest, *rest) for digest in document_hashes(text)]
-        return next((p for p in paths if p.exists()), paths[0])
+        return paths[0] if new else next((p for p in paths if p.exists()), paths[0])
 
     def read(self, path: Path) -> Optional[dict]:
         try:

@@ -247,9 +247,9 @@ class QuestionBank:
     written: int = 0
     failures: dict[str, str] = field(default_factory=dict)  # document id -> why its questions could not be written
 
-    def path(self, document: Document):
+    def path(self, document: Document, new: bool = False):
         return self.cache.document_path(document.text, self.writer.writer, self.settings.per_document,
-                               self.settings.unanswerable_share, self.settings.check)
+                                        self.settings.unanswerable_share, self.settings.check, new=new)
 
     def cached(self, document: Document) -> Optional[Checked]:
         saved = self.cache.read(self.path(document))
@@ -273,8 +273,8 @@ class QuestionBank:
             self.failures[document.id] = str(e)
             return None
         self.written += 1
-        self.cache.write(self.path(document), {"questions": checked.rows, "document_id": document.id,
-                                               "writer": self.writer.writer, **checked.counts()})
+        self.cache.write(self.path(document, new=True), {"questions": checked.rows, "document_id": document.id,
+                                                         "writer": self.writer.writer, **checked.counts()})
         return checked
 
 

@@ -39,8 +39,8 @@ class RubricCache:
     def __init__(self, directory: str) -> None:
         self.cache = JsonCache(directory)
 
-    def path(self, document: Document, writer: str, max_rubrics: int) -> Path:
-        return self.cache.document_path(document.text, writer, max_rubrics)
+    def path(self, document: Document, writer: str, max_rubrics: int, new: bool = False) -> Path:
+        return self.cache.document_path(document.text, writer, max_rubrics, new=new)
 
     def read(self, path: Path) -> Optional[Rubrics]:
         saved = self.cache.read(path) or {}
@@ -76,7 +76,8 @@ class RubricReward:
             return saved
         rubrics = await self.judge.write_rubrics(document, self.max_rubrics)
         if path:
-            self.cache.write(path, rubrics, document_id=document.id, writer=writer, max_rubrics=self.max_rubrics)
+            self.cache.write(self.cache.path(document, writer, self.max_rubrics, new=True), rubrics,
+                             document_id=document.id, writer=writer, max_rubrics=self.max_rubrics)
         return rubrics
 
     async def score_group(self, document: Document, summaries: Sequence[str]) -> list[Union[Score, Missing]]:

@@ -430,6 +430,10 @@ class Unexpected:
             grace = self.service.config.serve.shutdown_grace_s
             log.warning(f"summrl: {where} was cut: still in flight serve.shutdown_grace_s={grace:g} s after the server "
                         "was told to stop")
+            if not started:  # its client gets why, in OpenAI's shape (uvicorn sent a plain-text 500)
+                await error_response(503, "the server is stopping: this request was still in flight "
+                                          f"serve.shutdown_grace_s={grace:g} s after it was told to stop; send it to "
+                                          "another server, or again once this one is back")(scope, receive, send)
             return
         except Exception as error:
             line = redact_text(" ".join(f"{type(error).__name__}: {error}".split()))[:300]

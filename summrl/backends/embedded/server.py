@@ -32,7 +32,7 @@ from summrl.backends.openai_errors import openai_errors
 from summrl.backends.seed import Seed
 from summrl.backends.stops import Stop, stop_sequences
 from summrl.errors import run_async
-from summrl.prompt import chat_role, content_text, unsupported_chat, unsupported_message_fields
+from summrl.prompt import MESSAGE_FIELDS, chat_role, content_text, unsupported_chat, unsupported_message_fields
 from summrl.rollout import Burst, sample_seed
 
 log = logging.getLogger(__name__)
@@ -325,7 +325,7 @@ def build_app(
         if request.top_logprobs:  # each token's alternatives are not kept: an empty list was a wrong answer
             raise HTTPException(status_code=400, detail="top_logprobs: not supported here (each sampled token's own "
                                                         "logprob is, with logprobs=true)")
-        prompt = engine.encode_chat([m.model_dump() for m in request.messages])
+        prompt = engine.encode_chat([m.model_dump(include=set(MESSAGE_FIELDS)) for m in request.messages])
         response_format = None
         if request.response_format and request.response_format.get("type") != "text":
             response_format = json.dumps(request.response_format, sort_keys=True)
@@ -592,6 +592,6 @@ class InferenceServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
-        if self.socket is not None:  # uvicorn closes it once serving; not if it never started
-            self.socket.close()
+        if self.socket is not None and not self.thread.is_alive():  # uvicorn closes it once serving; not if it never
+            self.socket.close()  # started (and one still serving after the wait keeps it)
         getattr(self.app.state, "release", lambda: None)()  # see build_app

@@ -90,6 +90,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _require(self.lr > 0, "model.lr", f"must be > 0, got {self.lr} (e.g. model.lr=1e-5)")
         _require(bool(self.base_model), "model.base_model", "must not be empty")
+        _require(bool(self.name), "model.name", "must not be empty (it names runs, W&B tags and report rows)")
         _require(self.gpus in (1, 2), "model.gpus",
                  f"must be 1 or 2 (2: ART's dedicated mode; ART 0.5.18 serves on one GPU only), got {self.gpus}")
         _require(self.min_gpu_memory_gb is None or self.min_gpu_memory_gb > 0, "model.min_gpu_memory_gb",
@@ -177,6 +178,8 @@ class RepliqaDatasetConfig(SplitConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for key in ("name", "hf_path", "hf_split"):  # a run's name and where its data comes from
+            _require(bool(getattr(self, key)), f"dataset.{key}", "must not be empty")
         _require(self.files is None or len(self.files) > 0, "dataset.files",
                  "is an empty list, which would read the hub instead: list the files, or dataset.files=null for "
                  f"{self.hf_path}")
@@ -370,6 +373,7 @@ class AlgorithmConfig:
     min_lr_ratio: float = 0.0
 
     def __post_init__(self) -> None:
+        _require(bool(self.name), "algorithm.name", "must not be empty (it names runs and report rows)")
         _require(self.loss_fn in ("cispo", "ppo"), "algorithm.loss_fn",
                  f"must be cispo or ppo (ART 0.5.18's losses), got {self.loss_fn!r}")
         _require(self.epsilon is None or self.epsilon > 0, "algorithm.epsilon",
@@ -690,6 +694,9 @@ def _typed_term(key: str, term: Any) -> WeightedTerm:
     weight = body.pop("weight", 1.0)
     _require(isinstance(weight, (int, float)) and not isinstance(weight, bool), f"{key}.weight",
              f"must be a number, got {weight!r}")
+    # each term is a reward (higher is better): a negative weight rewards what it scores down (reward=length_penalized
+    # refuses a negative strength for the same reason)
+    _require(math.isfinite(weight) and weight >= 0, f"{key}.weight", f"must be a finite number >= 0, got {weight!r}")
     kind = body.get("kind")
     _require(kind in TERM_SCHEMAS, f"{key}.kind", f"must be one of {', '.join(TERM_SCHEMAS)}, got {kind!r}")
     try:
@@ -959,6 +966,8 @@ class WandbLoggerConfig:
         _require(self.mode in ("auto", "online", "offline"), "logger.mode",
                  f"must be one of auto, online, offline, got {self.mode!r}")
         _require(bool(self.project), "logger.project", "must name a W&B project")
+        _require(self.entity is None or bool(self.entity), "logger.entity",
+                 "must name a W&B team or user, or be null (your default entity), not empty")
 
 
 # --------------------------------------------------------------------------- sft (#13)

@@ -483,8 +483,7 @@ def scale_warnings(table: pd.DataFrame, metric: str, unlike: list[str]) -> list[
                             " job's val reward")
     if unlike:
         warnings.append(f"the jobs' {METRICS[metric].split(' (')[0]} was measured with different settings "
-                        f"({', '.join(unlike)}): scores under different "
-                        f"{'rewards or judges' if metric == 'reward' else 'judges'} are not on one scale, and the "
+                        f"({', '.join(unlike)}): scores measured differently are not on one scale, and the "
                         "paired table does not compare them")
     return warnings
 

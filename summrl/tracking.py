@@ -42,7 +42,7 @@ def flat_config(config: Config, job: JobInfo) -> dict[str, Any]:
     flat: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
+        if isinstance(value, dict) and (value or not prefix):  # an empty one is a value: {} (it left no key)
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v)
         else:

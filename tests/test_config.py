@@ -197,11 +197,18 @@ def test_cli_overrides_reach_typed_config():
         ("dataset.val_size='-1'", r"dataset.val_size: must be > 0 \(a count"),  # as VAL_SIZE=-1 gives it: a string
         ("trainer.val_temperature=-0.5", r"trainer.val_temperature: must be in \[0, 2\] or null"),
         ("trainer.val_temperature=0", "trainer.val_rollouts_per_doc: greedy val .* set trainer.val_rollouts_per_doc=1"),
+        # each was accepted, and named runs, tags or report rows with nothing (an options audit)
+        ("model.name=", "model.name: must not be empty"),
+        ("algorithm.name=", "algorithm.name: must not be empty"),
+        ("dataset.hf_split=", "dataset.hf_split: must not be empty"),
+        ("logger=wandb logger.entity=", r"logger.entity: must name a W&B team or user, or be null"),
+        # a term is a reward: a negative weight rewarded what it scores down (length_penalized refuses it)
+        ("reward=weighted reward.terms.qa.weight=-1", r"reward.terms.qa.weight: must be a finite number >= 0, got -1"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
-        compose_config([*LOCAL, override])
+        compose_config([*LOCAL, *override.split()])
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -770,6 +777,9 @@ def test_a_length_penalized_rewards_own_keys_reach_the_w_and_b_config_beside_its
     flat = flat_config(config, JobInfo(overrides=["reward=length_penalized", "reward.strength=0.5"]))
     assert (flat["reward.base"], flat["reward.shape"], flat["reward.strength"]) == ("qa", "quadratic", 0.5)
     assert flat["reward.kind"] == "weighted" and flat["reward.terms.length.weight"] == 0.5
+    # an empty mapping is a value: it left no key, so a run that set engine_args and one that did not differed by a
+    # missing key (an options audit)
+    assert (flat["model.engine_args"], flat["model.init_args"], flat["model.chat_template_kwargs"]) == ({}, {}, {})
 
 
 def test_a_judge_or_teacher_model_litellm_cant_route_is_refused_before_anything_loads(monkeypatch):

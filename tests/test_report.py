@@ -244,8 +244,8 @@ def test_val_rewards_of_different_reward_functions_are_not_compared(tmp_path, ca
     write_report(sweep, tmp_path / "out", baseline="reward=qa")
     report = (tmp_path / "out" / "report.md").read_text()
     assert "job(s) 1 recorded no val QA accuracy, so the score is each job's val reward" in report
-    assert ("measured with different settings (reward.kind, reward.terms.qa.weight): scores under different rewards "
-            "or judges are not on one scale") in report
+    assert ("measured with different settings (reward.kind, reward.terms.qa.weight): scores measured differently "
+            "are not on one scale") in report
     paired = pd.read_csv(tmp_path / "out" / "paired.csv")
     assert paired.verdict.tolist() == ["not comparable"]  # +0.5 on every document was "better"
     assert paired.note[0].startswith("measured with other settings than the baseline (reward.kind, "

@@ -694,9 +694,9 @@ def _typed_term(key: str, term: Any) -> WeightedTerm:
     weight = body.pop("weight", 1.0)
     _require(isinstance(weight, (int, float)) and not isinstance(weight, bool), f"{key}.weight",
              f"must be a number, got {weight!r}")
-    # each term is a reward (higher is better): a negative weight rewards what it scores down (reward=length_penalized
-    # refuses a negative strength for the same reason)
-    _require(math.isfinite(weight) and weight >= 0, f"{key}.weight", f"must be a finite number >= 0, got {weight!r}")
+    # (a negative weight is allowed: a term the sum counts against, e.g. a rubric of things to avoid; reward_range
+    # bounds it)
+    _require(math.isfinite(weight), f"{key}.weight", f"must be a finite number, got {weight!r}")
     kind = body.get("kind")
     _require(kind in TERM_SCHEMAS, f"{key}.kind", f"must be one of {', '.join(TERM_SCHEMAS)}, got {kind!r}")
     try:

@@ -49,7 +49,8 @@ def flat_config(config: Config, job: JobInfo) -> dict[str, Any]:
             flat[prefix] = value
 
     walk("", asdict(config))
-    walk("reward", getattr(config.reward, "as_given", {}))  # reward=length_penalized: its own keys too
+    if getattr(config.reward, "as_given", None):  # reward=length_penalized: its own keys too
+        walk("reward", config.reward.as_given)
     flat.update({group: choice for group, choice in job.choices.items() if choice is not None})
     flat["overrides"] = " ".join(job.overrides)
     return redact(flat)

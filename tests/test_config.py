@@ -202,8 +202,8 @@ def test_cli_overrides_reach_typed_config():
         ("algorithm.name=", "algorithm.name: must not be empty"),
         ("dataset.hf_split=", "dataset.hf_split: must not be empty"),
         ("logger=wandb logger.entity=", r"logger.entity: must name a W&B team or user, or be null"),
-        # a term is a reward: a negative weight rewarded what it scores down (length_penalized refuses it)
-        ("reward=weighted reward.terms.qa.weight=-1", r"reward.terms.qa.weight: must be a finite number >= 0, got -1"),
+        # an infinite weight made every reward inf or nan
+        ("reward=weighted reward.terms.qa.weight=inf", r"reward.terms.qa.weight: must be a finite number, got inf"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
